@@ -1,0 +1,26 @@
+"""snapcache: a persistent preprocessing cache and snapshot store for ML input pipelines.
+
+    import snapcache as sc
+    ds = sc.Dataset.range(10_000).map(expensive).snapshot("/tmp/snaps").shuffle(1000, seed=0)
+"""
+
+from snapcache._version import __version__
+from snapcache.errors import (
+    CorruptSnapshotError,
+    FingerprintError,
+    SnapcacheError,
+    UnsupportedValueError,
+)
+from snapcache.options import AUTOTUNE, SnapshotOptions
+from snapcache.pipeline.dataset import Dataset
+
+__all__ = [
+    "AUTOTUNE",
+    "CorruptSnapshotError",
+    "Dataset",
+    "FingerprintError",
+    "SnapcacheError",
+    "SnapshotOptions",
+    "UnsupportedValueError",
+    "__version__",
+]

@@ -1,0 +1,84 @@
+"""Every exception snapcache raises on purpose.
+
+The tree::
+
+    SnapcacheError                      base of everything below
+    ├── FingerprintError (TypeError)    a captured value cannot be hashed deterministically;
+    │                                   the message names the value and where it was captured
+    ├── UnsupportedValueError (TypeError)
+    │                                   an example holds a value that cannot be stored safely
+    │                                   (arbitrary Python objects are never pickled)
+    ├── SchemaMismatchError (ValueError)
+    │                                   an example's structure, dtype or rank differs from the
+    │                                   examples before it in the same snapshot
+    ├── StoreError                      anything about the snapshot store
+    │   ├── CorruptSnapshotError        a checksum mismatch, a malformed or lying manifest
+    │   │   └── UnknownFormatVersionError
+    │   │                               written by a newer snapcache; upgrade to read it
+    │   └── LeaseTimeoutError (TimeoutError)
+    │                                   waited too long for another writer's commit
+    └── UserFunctionError               a user function raised; the original exception is the
+                                        ``__cause__`` and the message names the op and position
+
+Warnings::
+
+    RandomnessWarning (UserWarning)     randomness upstream of a snapshot is frozen into it
+
+Errors that mean "you passed a bad argument" are plain ``ValueError``/``TypeError`` raised
+eagerly, when the pipeline is built, not when it runs.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "SnapcacheError",
+    "FingerprintError",
+    "UnsupportedValueError",
+    "SchemaMismatchError",
+    "StoreError",
+    "CorruptSnapshotError",
+    "UnknownFormatVersionError",
+    "LeaseTimeoutError",
+    "UserFunctionError",
+    "RandomnessWarning",
+]
+
+
+class SnapcacheError(Exception):
+    """Base class of all snapcache errors."""
+
+
+class FingerprintError(SnapcacheError, TypeError):
+    """A value captured by the upstream pipeline cannot be fingerprinted."""
+
+
+class UnsupportedValueError(SnapcacheError, TypeError):
+    """An example holds a value snapcache cannot store without pickling."""
+
+
+class SchemaMismatchError(SnapcacheError, ValueError):
+    """An example does not match the structure of the examples before it."""
+
+
+class StoreError(SnapcacheError):
+    """Base class of snapshot store errors."""
+
+
+class CorruptSnapshotError(StoreError):
+    """A snapshot's bytes or manifest cannot be trusted."""
+
+
+class UnknownFormatVersionError(CorruptSnapshotError):
+    """The snapshot was written in a format this version cannot read."""
+
+
+class LeaseTimeoutError(StoreError, TimeoutError):
+    """Waiting for another process to commit a snapshot took too long."""
+
+
+class UserFunctionError(SnapcacheError):
+    """A user-supplied function raised while the pipeline ran."""
+
+
+class RandomnessWarning(UserWarning):
+    """Random draws upstream of a snapshot are computed once and replayed every epoch."""

@@ -1,0 +1,84 @@
+"""Configuration: frozen, validated dataclasses and the one place environment variables are read."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+AUTOTUNE = -1
+"""Pass as ``num_parallel_calls`` or a buffer size to let snapcache choose from the machine."""
+
+COMPRESSIONS = ("zstd", "lz4", "none")
+ON_BUSY = ("wait", "compute")
+
+_MiB = 1 << 20
+
+
+def default_root() -> str:
+    """Where snapshots live when ``snapshot()`` gets no path: ``$SNAPCACHE_ROOT``, else the user
+    cache folder (``$XDG_CACHE_HOME/snapcache``, default ``~/.cache/snapcache``). Read at call time."""
+    root = os.environ.get("SNAPCACHE_ROOT")
+    if root:
+        return root
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "snapcache")
+
+
+def resolve_parallelism(value: int | None, *, what: str) -> int:
+    """Turn ``None`` / an int / ``AUTOTUNE`` into a worker count (>= 1)."""
+    if value is None:
+        return 1
+    if value == AUTOTUNE:
+        return max(1, os.cpu_count() or 1)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(
+            f"{what} must be a positive int, None or snapcache.AUTOTUNE; got {value!r}")
+    return value
+
+
+def check_parallelism(value: Any, *, what: str) -> None:
+    """Validate eagerly, when the pipeline is built."""
+    resolve_parallelism(value, what=what)
+
+
+@dataclass(frozen=True)
+class SnapshotOptions:
+    """How a snapshot is written and read.
+
+    Example::
+
+        ds.snapshot("s3://bucket/snaps", compression="lz4", shard_size=256 << 20)
+    """
+
+    compression: str = "zstd"
+    compression_level: int | None = None
+    shard_size: int = 64 * _MiB
+    """Target size of one shard file in bytes (a shard closes once it reaches this)."""
+    record_batch_size: int = 4 * _MiB
+    """Target uncompressed bytes of one Arrow record batch inside a shard."""
+    verify: bool = True
+    """Check every shard's xxh3 checksum before yielding any of its examples."""
+    key: str | None = None
+    """A user-chosen version that replaces the computed upstream fingerprint."""
+    name: str | None = None
+    """A human name shown by ``snapcache ls``."""
+    storage_options: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(
+                f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}; "
+                f"got {self.compression!r}")
+        if self.compression_level is not None and self.compression == "none":
+            raise ValueError("compression_level needs compression='zstd' or 'lz4'")
+        for name in ("shard_size", "record_batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive number of bytes; got {value!r}")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key.strip()):
+            raise ValueError(f"key must be a non-empty string naming your version; got {self.key!r}")
+        if self.name is not None and not isinstance(self.name, str):
+            raise ValueError(f"name must be a string; got {self.name!r}")
+        if not isinstance(self.storage_options, dict):
+            raise TypeError("storage_options must be a dict of fsspec options")
