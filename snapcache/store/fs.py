@@ -1,0 +1,243 @@
+"""The one module that talks to fsspec.
+
+Everything else in snapcache addresses storage through :class:`Storage`, a thin wrapper around an
+fsspec filesystem rooted at a URL (a local path, ``memory://...``, ``s3://bucket/prefix``, ...).
+Paths handed to its methods are relative to that root and always use ``/``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import uuid
+from typing import IO, Any, Iterable, Sequence
+
+import fsspec
+import xxhash
+from fsspec.core import url_to_fs
+
+_INSTALL_HINTS = {
+    "s3": "s3fs (pip install 'snapcache[s3]')",
+    "s3a": "s3fs (pip install 'snapcache[s3]')",
+    "gs": "gcsfs (pip install gcsfs)",
+    "gcs": "gcsfs (pip install gcsfs)",
+    "az": "adlfs (pip install adlfs)",
+    "abfs": "adlfs (pip install adlfs)",
+}
+
+
+def _filesystem(url: str, storage_options: dict | None) -> tuple[fsspec.AbstractFileSystem, str]:
+    try:
+        return url_to_fs(url, **(storage_options or {}))
+    except ImportError as e:  # fsspec knows the protocol but its backend is missing
+        protocol = url.split("://", 1)[0] if "://" in url else "file"
+        hint = _INSTALL_HINTS.get(protocol, "the fsspec backend for it")
+        raise ImportError(f"snapcache needs {hint} to access {protocol}:// URLs ({url!r})") from e
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+class Storage:
+    """A folder on some filesystem, addressed by relative ``/``-separated paths."""
+
+    def __init__(self, url: str | os.PathLike, storage_options: dict | None = None):
+        url = os.fspath(url)
+        if "://" not in url:
+            url = os.path.abspath(os.path.expanduser(url))
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.fs, root = _filesystem(self.url, self.storage_options)
+        self.root = root.rstrip("/") or "/"
+        self.local = is_local(self.fs)
+
+    def __repr__(self) -> str:
+        return f"Storage({self.url!r})"
+
+    # -- paths ---------------------------------------------------------------------------------
+    def full(self, rel: str) -> str:
+        return posixpath.join(self.root, rel) if rel else self.root
+
+    def url_of(self, rel: str) -> str:
+        return f"{self.url}/{rel}" if rel else self.url
+
+    def child(self, rel: str) -> "Storage":
+        """A Storage rooted at a sub-folder, sharing this one's filesystem instance."""
+        sub = Storage.__new__(Storage)
+        sub.url, sub.storage_options = self.url_of(rel), self.storage_options
+        sub.fs, sub.root, sub.local = self.fs, self.full(rel), self.local
+        return sub
+
+    # -- queries -------------------------------------------------------------------------------
+    def exists(self, rel: str = "") -> bool:
+        return self.fs.exists(self.full(rel))
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.size(self.full(rel)))
+
+    def listdir(self, rel: str = "") -> list[str]:
+        """Names (not paths) directly inside ``rel``; empty if it does not exist."""
+        try:
+            entries = self.fs.ls(self.full(rel), detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+        prefix = self.full(rel).rstrip("/") + "/"
+        names = []
+        for entry in entries:
+            entry = entry.rstrip("/")
+            name = entry[len(prefix):] if entry.startswith(prefix) else posixpath.basename(entry)
+            if name and "/" not in name:
+                names.append(name)
+        return sorted(set(names))
+
+    # -- reads ---------------------------------------------------------------------------------
+    def read_bytes(self, rel: str) -> bytes:
+        with self.fs.open(self.full(rel), "rb") as f:
+            return f.read()
+
+    def read_buffer(self, rel: str) -> "pa.Buffer":
+        """A whole file as an Arrow buffer: memory-mapped on local disk, downloaded elsewhere."""
+        import pyarrow as pa
+
+        if self.local:
+            with pa.memory_map(self.full(rel), "r") as mm:
+                return mm.read_buffer()
+        return pa.py_buffer(self.read_bytes(rel))
+
+    # -- writes --------------------------------------------------------------------------------
+    def makedirs(self, rel: str = "") -> None:
+        self.fs.makedirs(self.full(rel), exist_ok=True)
+
+    def open_output(self, rel: str) -> IO[bytes]:
+        if self.local:
+            os.makedirs(os.path.dirname(self.full(rel)), exist_ok=True)
+        return self.fs.open(self.full(rel), "wb")
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """Write ``data`` so that readers see either nothing or all of it.
+
+        Local disk: a temporary file beside the target, fsynced, then renamed over it. Object
+        stores: a single PUT, which is atomic by nature.
+        """
+        if not self.local:
+            self.fs.pipe_file(self.full(rel), data)
+            return
+        target = self.full(rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            _silent_remove(tmp)
+            raise
+        _fsync_dir(os.path.dirname(target))
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move a finished file into place (atomic on local disk)."""
+        if self.local:
+            os.replace(self.full(src), self.full(dst))
+        else:
+            self.fs.mv(self.full(src), self.full(dst))
+
+    def remove(self, rel: str, recursive: bool = False) -> None:
+        try:
+            self.fs.rm(self.full(rel), recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+
+def _silent_remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# -- sources -----------------------------------------------------------------------------------
+def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike],
+                 storage_options: dict | None = None) -> list[str]:
+    """Expand a glob or a list of paths/URLs into a sorted-per-pattern list of file URLs.
+
+    A list keeps the user's order (each glob within it expands sorted); a pattern that matches
+    nothing raises ``FileNotFoundError``.
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    urls: list[str] = []
+    for pattern in patterns:
+        pattern = os.fspath(pattern)
+        fs, path = _filesystem(pattern, storage_options)
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        if any(ch in path for ch in "*?["):
+            matches = sorted(m for m in fs.glob(path) if not fs.isdir(m))
+        else:
+            matches = [path] if fs.exists(path) else []
+        if not matches:
+            raise FileNotFoundError(f"no file matches {pattern!r}")
+        for m in matches:
+            urls.append(m if protocol in ("file", "local") else fs.unstrip_protocol(m))
+    return urls
+
+
+def file_identity(url: str, strict: bool = False, storage_options: dict | None = None) -> dict:
+    """What identifies a source file's content cheaply: path, size and mtime or ETag.
+
+    ``strict=True`` adds an xxh3-128 hash of the file's bytes.
+    """
+    fs, path = _filesystem(url, storage_options)
+    if is_local(fs):
+        st = os.stat(path)
+        identity: dict[str, Any] = {"path": url, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        info: dict[str, Any] = {}
+    else:
+        info = fs.info(path)
+        identity = {"path": url, "size": int(info.get("size") or 0)}
+    etag = info.get("ETag") or info.get("etag")
+    if "mtime_ns" in identity:
+        pass
+    elif etag:
+        identity["etag"] = str(etag).strip('"')
+    else:
+        mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified")
+        if hasattr(mtime, "timestamp"):
+            mtime = mtime.timestamp()
+        if mtime is not None:
+            identity["mtime_ns"] = int(round(float(mtime) * 1e9)) if not isinstance(mtime, int) \
+                else mtime
+    if strict:
+        h = xxhash.xxh3_128()
+        with fs.open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        identity["xxh3_128"] = h.hexdigest()
+    return identity
+
+
+def read_file(url: str, storage_options: dict | None = None) -> bytes:
+    fs, path = _filesystem(url, storage_options)
+    with fs.open(path, "rb") as f:
+        return f.read()
+
+
+def iter_identities(urls: Iterable[str], strict: bool = False,
+                    storage_options: dict | None = None) -> list[dict]:
+    return [file_identity(u, strict, storage_options) for u in urls]

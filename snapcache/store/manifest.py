@@ -1,0 +1,165 @@
+"""The manifest: the one file that makes a folder of shards a snapshot.
+
+A manifest is untrusted input (anyone with write access to the bucket can edit it), so
+:func:`Manifest.from_json` validates every field it relies on and raises
+:class:`~snapcache.errors.CorruptSnapshotError` with what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from snapcache._version import __version__
+from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
+from snapcache.store import layout
+
+FORMAT = "snapcache-snapshot"
+FORMAT_VERSION = 1
+CHECKSUM_ALGORITHM = "xxh3_64"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def writer_identity(run_id: str) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id}
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: str          # file name inside the snapshot folder
+    rows: int
+    bytes: int         # size of the file
+    checksum: str      # "xxh3_64:<16 hex>" over the whole file
+    raw_bytes: int = 0 # uncompressed payload, for the compression ratio
+
+
+@dataclass(frozen=True)
+class Manifest:
+    fingerprint: str
+    schema: dict | None                  # snapcache.store.codec.Schema.to_json(); None if empty
+    shards: tuple[ShardInfo, ...]
+    compression: str
+    created_at: str
+    committed_at: str
+    writer: dict
+    fingerprint_tree: dict | None = None
+    pipeline: str = ""
+    key: str | None = None
+    name: str | None = None
+    library_version: str = __version__
+    format_version: int = FORMAT_VERSION
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_examples(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    @property
+    def raw_bytes(self) -> int:
+        return sum(s.raw_bytes for s in self.shards)
+
+    # -- serialisation -------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["shards"] = [asdict(s) for s in self.shards]
+        d["num_examples"] = self.num_examples
+        d["total_bytes"] = self.total_bytes
+        d["raw_bytes"] = self.raw_bytes
+        return {"format": FORMAT, **d}
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.to_json(), indent=1, sort_keys=False).encode()
+
+    @classmethod
+    def loads(cls, data: bytes, *, where: str) -> "Manifest":
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CorruptSnapshotError(f"{where}: manifest is not valid JSON ({e})") from None
+        return cls.from_json(doc, where=where)
+
+    @classmethod
+    def from_json(cls, doc: Any, *, where: str) -> "Manifest":
+        def bad(msg: str) -> CorruptSnapshotError:
+            return CorruptSnapshotError(f"{where}: invalid manifest: {msg}")
+
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise bad(f"not a {FORMAT} manifest")
+        version = doc.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise bad(f"format_version must be an int, got {version!r}")
+        if version > FORMAT_VERSION or version < 1:
+            raise UnknownFormatVersionError(
+                f"{where}: format version {version} is not readable by snapcache {__version__} "
+                f"(reads up to {FORMAT_VERSION}); upgrade snapcache to read this snapshot")
+        fingerprint = _typed(doc, "fingerprint", str, bad)
+        if not layout.is_fingerprint(fingerprint):
+            raise bad(f"fingerprint {fingerprint!r} is not a hex digest")
+        shards_doc = _typed(doc, "shards", list, bad)
+        shards = tuple(_shard(s, i, bad) for i, s in enumerate(shards_doc))
+        if len({s.path for s in shards}) != len(shards):
+            raise bad("a shard path is listed twice")
+        schema = doc.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise bad("schema must be an object")
+        if shards and schema is None:
+            raise bad("shards without a schema")
+        totals = {"num_examples": sum(s.rows for s in shards),
+                  "total_bytes": sum(s.bytes for s in shards)}
+        for name, value in totals.items():
+            if name in doc and doc[name] != value:
+                raise bad(f"{name} {doc[name]!r} disagrees with the shard list ({value})")
+        tree = doc.get("fingerprint_tree")
+        return cls(
+            fingerprint=fingerprint,
+            schema=schema,
+            shards=shards,
+            compression=_typed(doc, "compression", str, bad),
+            created_at=str(doc.get("created_at", "")),
+            committed_at=str(doc.get("committed_at", "")),
+            writer=doc.get("writer") if isinstance(doc.get("writer"), dict) else {},
+            fingerprint_tree=tree if isinstance(tree, dict) else None,
+            pipeline=str(doc.get("pipeline", "")),
+            key=doc.get("key") if isinstance(doc.get("key"), str) else None,
+            name=doc.get("name") if isinstance(doc.get("name"), str) else None,
+            library_version=str(doc.get("library_version", "")),
+            format_version=version,
+            extra=doc.get("extra") if isinstance(doc.get("extra"), dict) else {},
+        )
+
+
+def _typed(doc: dict, key: str, type_: type, bad) -> Any:
+    value = doc.get(key)
+    if not isinstance(value, type_) or isinstance(value, bool):
+        raise bad(f"{key!r} must be a {type_.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _shard(doc: Any, index: int, bad) -> ShardInfo:
+    if not isinstance(doc, dict):
+        raise bad(f"shard #{index} is not an object")
+    path = doc.get("path")
+    if not layout.is_safe_shard_path(path):
+        raise bad(f"shard #{index} path {path!r} is not a file inside the snapshot folder")
+    for key in ("rows", "bytes"):
+        v = doc.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad(f"shard {path!r}: {key} must be a non-negative int, got {v!r}")
+    checksum = doc.get("checksum")
+    algo, _, digest = str(checksum).partition(":")
+    if algo != CHECKSUM_ALGORITHM or len(digest) != 16:
+        raise bad(f"shard {path!r}: checksum {checksum!r} is not '{CHECKSUM_ALGORITHM}:<16 hex>'")
+    raw = doc.get("raw_bytes", 0)
+    return ShardInfo(path=path, rows=doc["rows"], bytes=doc["bytes"], checksum=checksum,
+                     raw_bytes=raw if isinstance(raw, int) and raw >= 0 else 0)

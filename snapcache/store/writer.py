@@ -1,0 +1,259 @@
+"""Writing a snapshot: examples in, checksummed Arrow shards and a manifest out.
+
+The consumer's thread only validates and buffers examples (cheap); compression and I/O run on a
+background thread, fed through a bounded queue so memory stays bounded when storage is slow.
+Nothing is visible as a snapshot until :meth:`SnapshotWriter.commit` writes the manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+
+from snapcache.options import SnapshotOptions
+from snapcache.store import layout
+from snapcache.store.codec import Encoder, infer_schema
+from snapcache.store.fs import Storage
+from snapcache.store.manifest import (
+    CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso, writer_identity)
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+class _HashingSink:
+    """A write-only file wrapper that checksums and counts what passes through it."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self.hash = xxhash.xxh3_64()
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.hash.update(view)
+        self._raw.write(view)
+        self.size += view.nbytes
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._raw.close()
+
+
+class _ShardFile:
+    """One shard being written: a temporary file that becomes final on :meth:`finish`."""
+
+    def __init__(self, storage: Storage, name: str, schema: pa.Schema, options: SnapshotOptions):
+        self.storage, self.name = storage, name
+        self.tmp = layout.tmp_name(name) if storage.local else name
+        self.sink = _HashingSink(storage.open_output(self.tmp))
+        compression = None
+        if options.compression != "none":
+            compression = pa.Codec(options.compression, options.compression_level)
+        self.writer = pa.ipc.new_file(
+            pa.PythonFile(self.sink, mode="w"), schema,
+            options=pa.ipc.IpcWriteOptions(compression=compression))
+        self.rows = 0
+        self.raw_bytes = 0
+
+    def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
+        self.writer.write_batch(batch)
+        self.rows += batch.num_rows
+        self.raw_bytes += raw_bytes
+
+    def finish(self) -> ShardInfo:
+        self.writer.close()
+        self.sink.close()
+        if self.tmp != self.name:
+            self.storage.rename(self.tmp, self.name)
+        return ShardInfo(path=self.name, rows=self.rows, bytes=self.sink.size,
+                         checksum=f"{CHECKSUM_ALGORITHM}:{self.sink.hash.hexdigest()}",
+                         raw_bytes=self.raw_bytes)
+
+    def discard(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:  # already broken; the file is removed anyway
+            pass
+        self.sink.close()
+        self.storage.remove(self.tmp)
+
+
+class SnapshotWriter:
+    """Writes one snapshot folder.
+
+    Example::
+
+        writer = SnapshotWriter(Storage("/tmp/snaps").child(fp), fingerprint=fp)
+        for example in examples:
+            writer.write(example)
+        manifest = writer.commit()      # or writer.abort() to leave nothing behind
+    """
+
+    def __init__(self, storage: Storage, *, fingerprint: str,
+                 options: SnapshotOptions | None = None, fingerprint_tree: dict | None = None,
+                 pipeline: str = "", stream: int = 0, max_pending_batches: int = 4):
+        self.storage = storage
+        self.fingerprint = fingerprint
+        self.options = options or SnapshotOptions()
+        self._tree, self._pipeline, self._stream = fingerprint_tree, pipeline, stream
+        self._run_id = layout.new_run_id()
+        self._created_at = now_iso()
+        self._encoder: Encoder | None = None
+        self._count = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending_batches)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._shards: list[ShardInfo] = []
+        self._written: list[str] = []       # every file this writer created, for abort()
+        self._state = "open"
+        # A shard holds several record batches, so batches stay well below the shard size.
+        self._batch_target = min(self.options.record_batch_size,
+                                 max(1, self.options.shard_size // 4))
+
+    @property
+    def num_examples(self) -> int:
+        return self._count
+
+    # -- consumer side -------------------------------------------------------------------------
+    def write(self, example: Any) -> None:
+        """Add one example. Raises if the example cannot be stored or the writer failed."""
+        self._check_open()
+        if self._encoder is None:
+            self._encoder = Encoder(infer_schema(example))
+            self.storage.makedirs()
+            self._thread = threading.Thread(target=self._drain, name="snapcache-writer",
+                                            daemon=True)
+            self._thread.start()
+        self._encoder.add(example, index=self._count)
+        self._count += 1
+        if self._encoder.nbytes >= self._batch_target:
+            self._send_batch()
+
+    def commit(self) -> Manifest:
+        """Finish the last shard and write the manifest, making the snapshot visible."""
+        self._check_open()
+        try:
+            if self._encoder is not None:
+                if self._encoder.num_rows:
+                    self._send_batch()
+                self._stop_thread()
+                if self._error is not None:
+                    raise self._error
+            schema = self._encoder.observed_schema().to_json() if self._encoder else None
+            manifest = Manifest(
+                fingerprint=self.fingerprint, schema=schema, shards=tuple(self._shards),
+                compression=self.options.compression, created_at=self._created_at,
+                committed_at=now_iso(), writer=writer_identity(self._run_id),
+                fingerprint_tree=self._tree, pipeline=self._pipeline, key=self.options.key,
+                name=self.options.name)
+            self.storage.makedirs()
+            self.storage.write_atomic(layout.MANIFEST, manifest.dumps())
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "committed"
+        log.info("committed snapshot %s: %d examples in %d shards", self.fingerprint,
+                 manifest.num_examples, len(manifest.shards))
+        return manifest
+
+    def abort(self) -> None:
+        """Stop writing and delete every file this writer created. Safe to call twice."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        self._stop_thread(discard=True)
+        for name in self._written:
+            self.storage.remove(name)
+            self.storage.remove(layout.tmp_name(name))
+
+    def __enter__(self) -> "SnapshotWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and self._state == "open":
+            self.commit()
+        else:
+            self.abort()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise RuntimeError(f"this SnapshotWriter is already {self._state}")
+        if self._error is not None:
+            error = self._error
+            self.abort()
+            raise error
+
+    def _send_batch(self) -> None:
+        assert self._encoder is not None
+        raw = self._encoder.nbytes
+        batch = self._encoder.flush()
+        while True:
+            try:
+                self._queue.put((batch, raw), timeout=0.1)
+                return
+            except queue.Full:
+                if self._error is not None:
+                    self._check_open()
+
+    def _stop_thread(self, discard: bool = False) -> None:
+        if self._thread is None:
+            return
+        if discard:
+            self._discard = True
+            while True:  # unblock a writer waiting on a full queue
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+        self._queue.put(_END)
+        self._thread.join()
+        self._thread = None
+
+    # -- background thread ---------------------------------------------------------------------
+    _discard = False
+
+    def _drain(self) -> None:
+        shard: _ShardFile | None = None
+        seq = 0
+        item: Any = None
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _END or self._discard:
+                    break
+                batch, raw = item
+                if shard is None:
+                    name = layout.shard_name(self._run_id, self._stream, seq)
+                    self._written.append(name)
+                    shard = _ShardFile(self.storage, name, batch.schema, self.options)
+                    seq += 1
+                shard.write(batch, raw)
+                if shard.sink.size >= self.options.shard_size:
+                    self._shards.append(shard.finish())
+                    shard = None
+            if shard is not None and not self._discard:
+                self._shards.append(shard.finish())
+                shard = None
+        except BaseException as e:  # reported to the consumer on its next call
+            self._error = e
+            while item is not _END:  # keep the consumer from blocking on a full queue
+                item = self._queue.get()
+        finally:
+            if shard is not None:
+                shard.discard()

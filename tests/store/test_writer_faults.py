@@ -1,0 +1,64 @@
+"""Fault injection: a failing disk during writing leaves no snapshot and no partial files."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from snapcache.store.fs import Storage
+from snapcache.store.reader import load_manifest
+from snapcache.store.writer import SnapshotWriter
+from snapcache.options import SnapshotOptions
+
+FP = "0123456789abcdef0123456789abcdef"
+
+
+class FullDisk:
+    """A file on a disk with ``budget[0]`` bytes free: it fails like a full disk after that."""
+
+    def __init__(self, raw, budget):
+        self.raw, self.budget = raw, budget
+
+    def write(self, data):
+        self.budget[0] -= len(data)
+        if self.budget[0] < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.raw.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+
+@pytest.mark.parametrize("budget", [0, 10_000, 300_000])
+def test_full_disk_raises_and_leaves_nothing(tmp_path, monkeypatch, budget):
+    storage = Storage(str(tmp_path)).child(FP)
+    real_open = Storage.open_output
+    free = [budget]
+    monkeypatch.setattr(Storage, "open_output",
+                        lambda self, rel: FullDisk(real_open(self, rel), free))
+    writer = SnapshotWriter(storage, fingerprint=FP,
+                            options=SnapshotOptions(shard_size=100_000, record_batch_size=20_000))
+    with pytest.raises(OSError, match="No space left"):
+        for i in range(2000):
+            writer.write({"x": np.random.default_rng(i).random(100)})
+        writer.commit()
+    writer.abort()
+    assert load_manifest(storage) is None
+    assert os.listdir(tmp_path / FP) == []
+
+
+def test_writer_context_manager_commits_or_aborts(tmp_path):
+    storage = Storage(str(tmp_path)).child(FP)
+    with pytest.raises(RuntimeError):
+        with SnapshotWriter(storage, fingerprint=FP) as writer:
+            writer.write({"x": 1})
+            raise RuntimeError("user code failed")
+    assert load_manifest(storage) is None
+    with SnapshotWriter(storage, fingerprint=FP) as writer:
+        writer.write({"x": 1})
+    assert load_manifest(storage).num_examples == 1
+    with pytest.raises(RuntimeError, match="already committed"):
+        writer.write({"x": 2})
