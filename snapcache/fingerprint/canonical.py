@@ -1,0 +1,418 @@
+"""Canonical hashing of captured values, by content.
+
+:func:`hash_value` turns a value into a :class:`FingerprintNode` whose digest depends only on
+what the value holds, never on ``id()``, ``hash()``, memory addresses or ``PYTHONHASHSEED``.
+Scalars and containers are streamed into one xxh3-128 hasher with a one-letter type tag before
+each value, so ``1``, ``1.0``, ``True``, ``"1"`` and ``b"1"`` all differ, and so do ``[1, 2]``
+and ``(1, 2)``. Dicts and sets are hashed in an order-independent way. Objects of plain Python
+classes are hashed by their class's code and their attributes; anything else must be taught with
+:func:`register`, or the call fails with a :class:`~snapcache.errors.FingerprintError` that names
+the value and where it was captured.
+
+Small str-keyed dicts and objects get one child node per entry, so an explanation can say
+``global `cfg`: key `size` changed (224 -> 256)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import io
+import math
+import pathlib
+import struct
+import types
+from typing import Any, Callable
+
+import numpy as np
+import xxhash
+
+from snapcache.fingerprint.explain import describe
+from snapcache.fingerprint.tree import (FingerprintNode, Unhashable, Walk, leaf, node, shorten,
+                                       type_name)
+
+__all__ = ["hash_value", "register"]
+
+_REGISTRY: dict[type, Callable[[Any], Any]] = {}
+_REGISTRY_LOOKUP: dict[type, Callable[[Any], Any] | None] = {}
+_MAX_CHILDREN = 64  # dicts/objects with more entries become one leaf
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: the class was made by a class statement (or type())
+_NAN = struct.pack("<d", math.nan)
+
+
+def register(type_: type, fn: Callable[[Any], Any]) -> None:
+    """Teach snapcache to fingerprint ``type_`` (and its subclasses).
+
+    ``fn(value)`` must return something :func:`hash_value` already handles, e.g. a tuple of
+    numbers and strings that identifies the value's content::
+
+        register(Image.Image, lambda im: (im.mode, im.size, im.tobytes()))
+    """
+    if not isinstance(type_, type):
+        raise TypeError(f"register() needs a class, got {type_!r}")
+    if not callable(fn):
+        raise TypeError(f"register() needs a callable returning a hashable form, got {fn!r}")
+    _REGISTRY[type_] = fn
+    _REGISTRY_LOOKUP.clear()
+
+
+def _registered(t: type) -> Callable[[Any], Any] | None:
+    try:
+        return _REGISTRY_LOOKUP[t]
+    except KeyError:
+        fn = next((_REGISTRY[c] for c in t.__mro__ if c in _REGISTRY), None)
+        _REGISTRY_LOOKUP[t] = fn
+        return fn
+
+
+# -- the streaming encoder ---------------------------------------------------------------------
+
+def _u64(n: int) -> bytes:
+    return n.to_bytes(8, "little")
+
+
+def _feed_bytes(h: Any, tag: bytes, data: bytes) -> None:
+    h.update(tag + _u64(len(data)))
+    h.update(data)
+
+
+def _feed_int(h: Any, v: int, w: Walk) -> None:
+    if -(1 << 63) <= v < (1 << 63):
+        h.update(b"i" + struct.pack("<q", v))
+    else:
+        _feed_bytes(h, b"I", v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True))
+
+
+def _feed_float(h: Any, v: float, w: Walk) -> None:
+    h.update(b"f" + (_NAN if v != v else struct.pack("<d", v)))
+
+
+def _feed_complex(h: Any, v: complex, w: Walk) -> None:
+    h.update(b"c")
+    _feed_float(h, v.real, w)
+    _feed_float(h, v.imag, w)
+
+
+def _feed_str(h: Any, v: str, w: Walk) -> None:
+    _feed_bytes(h, b"s", v.encode("utf-8", "surrogatepass"))
+
+
+def _feed_sequence(tag: bytes, mutable: bool) -> Callable[[Any, Any, Walk], None]:
+    def feed(h: Any, v: Any, w: Walk) -> None:
+        if mutable and (distance := w.enter(v)) is not None:
+            h.update(b"^" + _u64(distance))
+            return
+        try:
+            h.update(tag + _u64(len(v)))
+            for i, item in enumerate(v):
+                try:
+                    feed_value(h, item, w)
+                except Unhashable as e:
+                    e.path.append(f"item #{i}")
+                    raise
+        finally:
+            if mutable:
+                w.leave(v)
+    return feed
+
+
+def _digest(v: Any, w: Walk) -> bytes:
+    h = xxhash.xxh3_128()
+    feed_value(h, v, w)
+    return h.digest()
+
+
+def _feed_dict(h: Any, d: dict, w: Walk) -> None:
+    if (distance := w.enter(d)) is not None:
+        h.update(b"^" + _u64(distance))
+        return
+    try:
+        if all(type(k) is str for k in d):  # common case: canonical order is the key order
+            h.update(b"{s" + _u64(len(d)))
+            for k in sorted(d):
+                _feed_str(h, k, w)
+                _feed_entry(h, d[k], k, w)
+        else:  # order by digest of the key: independent of insertion order and of hash()
+            h.update(b"{" + _u64(len(d)))
+            entries = []
+            for k, v in d.items():
+                key_digest = _digest(k, w)
+                h2 = xxhash.xxh3_128()
+                _feed_entry(h2, v, k, w)
+                entries.append(key_digest + h2.digest())
+            for entry in sorted(entries):
+                h.update(entry)
+    finally:
+        w.leave(d)
+
+
+def _feed_entry(h: Any, v: Any, key: Any, w: Walk) -> None:
+    try:
+        feed_value(h, v, w)
+    except Unhashable as e:
+        e.path.append(f"key `{shorten(repr(key) if not isinstance(key, str) else key, 40)}`")
+        raise
+
+
+def _feed_set(tag: bytes) -> Callable[[Any, Any, Walk], None]:
+    def feed(h: Any, v: Any, w: Walk) -> None:
+        h.update(tag + _u64(len(v)))
+        for digest in sorted(_digest(item, w) for item in v):
+            h.update(digest)
+    return feed
+
+
+def _feed_array(h: Any, a: np.ndarray, w: Walk) -> None:
+    h.update(b"a" + _u64(a.ndim) + b"".join(_u64(n) for n in a.shape))
+    if a.dtype.hasobject:
+        h.update(b"O")
+        for item in a.ravel(order="C"):
+            feed_value(h, item, w)
+        return
+    dtype = a.dtype.newbyteorder("<") if a.dtype.byteorder in ">=" else a.dtype
+    plain = dtype.fields is None and dtype.subdtype is None
+    _feed_bytes(h, b"d", (dtype.str if plain else str(dtype.descr)).encode())
+    data = np.ascontiguousarray(a, dtype=dtype)
+    h.update(_u64(data.nbytes))
+    h.update(data.view(np.uint8).reshape(-1).data if data.size else b"")
+
+
+def _feed_numpy_scalar(h: Any, v: np.generic, w: Walk) -> None:
+    h.update(b"g")
+    _feed_array(h, np.asarray(v), w)
+
+
+def _feed_dtype(h: Any, v: np.dtype, w: Walk) -> None:
+    plain = v.fields is None and v.subdtype is None
+    _feed_bytes(h, b"D", (v.str if plain else str(v.descr)).encode())
+
+
+def _feed_slice(h: Any, v: slice, w: Walk) -> None:
+    h.update(b"S")
+    for part in (v.start, v.stop, v.step):
+        feed_value(h, part, w)
+
+
+_EXACT: dict[type, Callable[[Any, Any, Walk], None]] = {
+    type(None): lambda h, v, w: h.update(b"N"),
+    type(...): lambda h, v, w: h.update(b"."),
+    bool: lambda h, v, w: h.update(b"T" if v else b"F"),
+    int: _feed_int,
+    float: _feed_float,
+    complex: _feed_complex,
+    str: _feed_str,
+    bytes: lambda h, v, w: _feed_bytes(h, b"b", v),
+    bytearray: lambda h, v, w: _feed_bytes(h, b"B", bytes(v)),
+    memoryview: lambda h, v, w: _feed_bytes(h, b"m", v.tobytes()),
+    tuple: _feed_sequence(b"(", mutable=False),
+    list: _feed_sequence(b"[", mutable=True),
+    dict: _feed_dict,
+    set: _feed_set(b"<"),
+    frozenset: _feed_set(b">"),
+    range: lambda h, v, w: _feed_sequence(b"r", False)(h, (v.start, v.stop, v.step), w),
+    slice: _feed_slice,
+    np.ndarray: _feed_array,
+}
+
+# Builtin bases a user subclass may extend; the subclass is hashed as its class plus the base.
+_BUILTIN_BASES = (int, float, complex, str, bytes, tuple, list, dict, set, frozenset)
+
+
+def feed_value(h: Any, v: Any, w: Walk) -> None:
+    """Stream the canonical encoding of ``v`` into the xxh3 hasher ``h``."""
+    encode = _EXACT.get(type(v))
+    if encode is not None:
+        encode(h, v, w)
+    else:
+        _feed_other(h, v, w)
+
+
+def _feed_other(h: Any, v: Any, w: Walk) -> None:
+    t = type(v)
+    if (canonical := _registered(t)) is not None:
+        form = canonical(v)
+        if isinstance(form, t):
+            raise TypeError(f"the function registered for {type_name(t)} returned the same type")
+        identity = t.__qualname__ if _functions.is_user_module(t.__module__) else type_name(t)
+        _feed_bytes(h, b"R", identity.encode())
+        feed_value(h, form, w)
+    elif isinstance(v, np.ndarray):
+        _feed_array(h, v, w)
+    elif isinstance(v, np.generic):
+        _feed_numpy_scalar(h, v, w)
+    elif isinstance(v, np.dtype):
+        _feed_dtype(h, v, w)
+    elif isinstance(v, enum.Enum):
+        h.update(b"E" + bytes.fromhex(_functions.class_node(t, "class", w).digest))
+        feed_value(h, v.name if v.name is not None else v.value, w)
+    elif isinstance(v, pathlib.PurePath):
+        flavour = b"w" if isinstance(v, pathlib.PureWindowsPath) else b"p"
+        _feed_bytes(h, b"P" + flavour, str(v).encode("utf-8", "surrogatepass"))
+    elif isinstance(v, _BUILTIN_BASES) and _is_plain_object(v):
+        _feed_builtin_subclass(h, v, w)
+    elif (build := _node_builder(v)) is not None:
+        h.update(b"@" + bytes.fromhex(build(v, "value", w).digest))
+    else:
+        raise Unhashable(v, _reason(v))
+
+
+def _feed_builtin_subclass(h: Any, v: Any, w: Walk) -> None:
+    base = next(b for b in _BUILTIN_BASES if isinstance(v, b))
+    h.update(b"@" + bytes.fromhex(_functions.class_node(type(v), "class", w).digest))
+    _EXACT[base](h, v, w)
+    state = _attributes(v)
+    _feed_sequence(b"(", False)(h, tuple(x for pair in state for x in pair), w)
+
+
+def _reason(v: Any) -> str:
+    if isinstance(v, (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType)):
+        return ("A generator's position cannot be read; capture the function that makes it, "
+                "or the data, instead.")
+    if isinstance(v, io.IOBase):
+        return "An open file is not a value; capture its path instead."
+    if any(word in type(v).__name__.lower() for word in ("lock", "thread", "socket", "queue")):
+        return "Locks, threads, queues and sockets have no content to hash."
+    return ""
+
+
+# -- nodes: dicts and objects ------------------------------------------------------------------
+
+def _is_plain_object(v: Any) -> bool:
+    """Is every class of ``v`` (but ``object`` and builtin bases) a Python class whose state is
+    visible in ``__dict__`` or ``__slots__``?"""
+    for cls in type(v).__mro__:
+        if cls is object or cls in _BUILTIN_BASES:
+            continue
+        if not cls.__flags__ & _HEAPTYPE:
+            return False  # a static C type
+        slots = cls.__dict__.get("__slots__", ())
+        room = 8 * ((1 if isinstance(slots, str) else len(slots)) + 2)  # + dict and weakref
+        if cls.__basicsize__ - cls.__base__.__basicsize__ > room:
+            return False  # an extension heap type with C fields: its state is hidden
+    return True
+
+
+def _node_builder(v: Any) -> Callable[[Any, str, Walk], FingerprintNode] | None:
+    if isinstance(v, types.ModuleType):
+        return _module_node
+    if isinstance(v, type):
+        return _functions.class_node
+    if _functions.is_function_like(v):
+        return _functions.callable_node
+    if _is_plain_object(v) and not isinstance(v, _BUILTIN_BASES):
+        return object_node
+    return None
+
+
+def _module_node(m: types.ModuleType, label: str, w: Walk) -> FingerprintNode:
+    version = _functions.module_version(m.__name__)
+    summary = f"<module {m.__name__}{' ' + version if version else ''}>"
+    return leaf(label, "module", f"{m.__name__}\0{version}".encode(), summary)
+
+
+def _attributes(v: Any) -> list[tuple[str, Any]]:
+    """An object's state: dataclass fields, or ``__dict__`` and ``__slots__``, sorted by name."""
+    cls = type(v)
+    if dataclasses.is_dataclass(cls):
+        return [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)]
+    state = {k: x for k, x in getattr(v, "__dict__", {}).items()
+             if not isinstance(getattr(cls, k, None), functools.cached_property)}
+    for c in cls.__mro__:
+        slots = c.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            attr = f"_{c.__name__.lstrip('_')}{name}" if name.startswith("__") else name
+            if hasattr(v, attr):
+                state[name] = getattr(v, attr)
+    return sorted(state.items())
+
+
+def child_node(value: Any, label: str, w: Walk) -> FingerprintNode:
+    """``value_node`` that names ``label`` in the path of an error from below."""
+    try:
+        return value_node(value, label, w)
+    except Unhashable as e:
+        e.path.append(label)
+        raise
+
+
+def object_node(v: Any, label: str, w: Walk) -> FingerprintNode:
+    """A plain object (dataclass, callable object, ...): its class's code and its attributes."""
+    def build() -> FingerprintNode:
+        cls = type(v)
+        word = "field" if dataclasses.is_dataclass(cls) else "attribute"
+        children = [_functions.class_node(cls, f"class `{cls.__qualname__}`", w)]
+        children += [child_node(x, f"{word} `{k}`", w) for k, x in _attributes(v)]
+        return node(label, "object", b"", children, describe(v))
+    return w.guarded(v, label, build)
+
+
+def _dict_node(d: dict, label: str, w: Walk) -> FingerprintNode:
+    def build() -> FingerprintNode:
+        children = [child_node(d[k], f"key `{k}`", w) for k in sorted(d)]
+        return node(label, "dict", b"", children, describe(d))
+    return w.guarded(d, label, build)
+
+
+def value_node(v: Any, label: str, w: Walk) -> FingerprintNode:
+    """The node of any supported value, inside an ongoing walk."""
+    t = type(v)
+    if t is dict and len(v) <= _MAX_CHILDREN and all(type(k) is str for k in v):
+        return _dict_node(v, label, w)
+    if t not in _EXACT and _registered(t) is None and not isinstance(v, (np.generic, enum.Enum)):
+        build = _node_builder(v)
+        if build is not None:
+            return build(v, label, w)
+    h = xxhash.xxh3_128()
+    feed_value(h, v, w)
+    return leaf(label, "value", h.digest(), describe(v))
+
+
+def hash_value(value: Any, label: str, *, where: str = "") -> FingerprintNode:
+    """Fingerprint ``value`` by content.
+
+    ``label`` names the value in explanations (``"global `SIZE`"``); ``where`` says where it
+    was captured (``"map #2 `prep`"``) for error messages.
+
+    >>> hash_value({"b": 2, "a": 1}, "v").digest == hash_value({"a": 1, "b": 2}, "v").digest
+    True
+    """
+    try:
+        return value_node(value, label, Walk())
+    except Unhashable as e:
+        raise e.to_error(label, where) from None
+
+
+def _register_defaults() -> None:
+    """Canonical forms for common stdlib and numpy types whose state lives in C, and loggers,
+    which user functions read all the time and which never change what they compute."""
+    import collections
+    import datetime
+    import decimal
+    import logging
+    import operator
+    import random
+
+    register(logging.Logger, lambda lg: lg.name)
+    register(logging.LoggerAdapter, lambda a: a.logger)
+    for cls in (datetime.date, datetime.datetime, datetime.time):
+        register(cls, lambda d: d.isoformat())
+    register(datetime.timedelta, lambda d: (d.days, d.seconds, d.microseconds))
+    register(decimal.Decimal, str)
+    register(collections.OrderedDict, lambda d: list(d.items()))
+    register(collections.defaultdict, lambda d: (d.default_factory, dict(d)))
+    register(collections.deque, lambda d: (list(d), d.maxlen))
+    register(types.SimpleNamespace, lambda ns: dict(vars(ns)))
+    register(types.MappingProxyType, dict)
+    for getter in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
+        register(getter, lambda g: g.__reduce__()[1:])
+    register(random.Random, lambda r: r.getstate())
+    register(np.random.Generator, lambda g: g.bit_generator.state)
+    register(np.random.RandomState, lambda r: r.get_state(legacy=False))
+
+
+_register_defaults()
+
+from snapcache.fingerprint import functions as _functions  # noqa: E402  (mutual recursion)

@@ -1,0 +1,511 @@
+"""Fingerprints of functions: what they compute, not where they were written.
+
+A user function is identified by its bytecode, its constants (nested code objects included), the
+globals its code reads, its closure cells, and its defaults, each one a child node so an
+explanation can say which of them changed. File names, line numbers, comments, docstrings and the
+function's own name do not count: moving a function or editing a comment keeps its fingerprint.
+
+Helpers written by the user (module-level functions in user code) are followed recursively.
+Functions from the standard library and installed packages are identified by module, qualified
+name and package version, not by their bytecode. The fingerprint of a code object is cached by
+identity (code is immutable); the values of globals are read afresh on every call.
+
+Requires the bytecode of one Python minor version: fingerprints differ between 3.10 and 3.11.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dis
+import functools
+import importlib.metadata
+import inspect
+import os
+import random
+import site
+import sys
+import sysconfig
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import xxhash
+
+from snapcache.fingerprint import canonical
+from snapcache.fingerprint.canonical import child_node
+from snapcache.fingerprint.explain import describe
+from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, leaf, node
+
+__all__ = ["hash_function", "detect_randomness", "is_user_module", "module_version"]
+
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+_ATTR_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_LOCAL_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_FAST_CHECK", "LOAD_CLOSURE"})
+_HASCONST = frozenset(dis.hasconst)
+# Code flags that change what runs (varargs, generator, coroutine, ...); not CO_NESTED (where
+# the function was defined) nor the __future__ flags of the file it was written in.
+_COMPUTATION_FLAGS = 0x3FF & ~inspect.CO_NESTED
+_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
+                      types.WrapperDescriptorType, types.MethodDescriptorType,
+                      types.ClassMethodDescriptorType)
+_CLASS_SKIP = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "__weakref__",
+                         "__annotations__", "__dataclass_fields__", "__dataclass_params__",
+                         "__firstlineno__", "__static_attributes__", "__orig_bases__",
+                         "__parameters__", "_abc_impl", "__slotnames__"})
+
+
+# -- where code comes from ---------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    dirs.update(getattr(site, "getsitepackages", lambda: [])())
+    dirs.add(site.getusersitepackages())
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+
+
+_LIBRARY_MODULES: dict[str, bool] = {}
+
+
+def _library_module(name: str) -> bool | None:
+    """Is module ``name`` stdlib or installed? None while it is not imported."""
+    known = _LIBRARY_MODULES.get(name)
+    if known is not None:
+        return known
+    top = name.partition(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        result = True
+    else:
+        module = sys.modules.get(name) or sys.modules.get(top)
+        if module is None:
+            return None  # not imported (yet): do not remember a guess
+        file = getattr(module, "__file__", None)
+        result = bool(file) and os.path.realpath(file).startswith(_library_dirs())
+    _LIBRARY_MODULES[name] = result
+    return result
+
+
+def is_user_module(name: str | None) -> bool:
+    """Is ``name`` user code (hashed by bytecode), not stdlib or an installed package?"""
+    return name is None or name == "__main__" or not _library_module(name)
+
+
+@functools.lru_cache(maxsize=1024)
+def _package_version(top: str) -> str:
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        return f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    version = getattr(sys.modules.get(top), "__version__", None)
+    if isinstance(version, str):
+        return version
+    try:
+        dists = importlib.metadata.packages_distributions().get(top) or [top]
+        return importlib.metadata.version(dists[0])
+    except Exception:  # no metadata: the name alone must do
+        return ""
+
+
+def module_version(name: str) -> str:
+    """The version of the package that provides module ``name`` ("" for user code)."""
+    return "" if is_user_module(name) else _package_version(name.partition(".")[0])
+
+
+# -- code objects ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _CodeInfo:
+    bytecode: bytes  # digest of instructions, names and shape
+    constants: bytes  # digest of constants, nested code by its own digests
+    digest: bytes  # both together: how a nested code object enters its parent's constants
+    global_names: tuple[str, ...]  # globals read, this code and nested code, in order
+    chains: tuple[tuple[str, str, tuple[str, ...]], ...]  # ("global"|"import", root, attrs)
+
+
+_CODE_INFO: dict[int, tuple[weakref.ref, _CodeInfo]] = {}
+
+
+def _code_info(code: types.CodeType) -> _CodeInfo:
+    cached = _CODE_INFO.get(id(code))
+    if cached is not None and cached[0]() is code:
+        return cached[1]
+    info = _analyse(code)
+    key = id(code)
+    _CODE_INFO[key] = (weakref.ref(code, lambda _, k=key: _CODE_INFO.pop(k, None)), info)
+    return info
+
+
+def _analyse(code: types.CodeType) -> _CodeInfo:
+    instructions = list(dis.get_instructions(code))
+    nested = [_code_info(c) for c in code.co_consts if isinstance(c, types.CodeType)]
+    h = xxhash.xxh3_128()
+    h.update(code.co_code)
+    h.update(b"\0" + getattr(code, "co_exceptiontable", b""))
+    shape = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_nlocals,
+             len(code.co_varnames), len(code.co_freevars), len(code.co_cellvars),
+             code.co_flags & _COMPUTATION_FLAGS)
+    h.update(repr(shape).encode() + "\0".join(code.co_names).encode())
+    bytecode = h.digest()
+    consts = list(code.co_consts)
+    loads_first = any(i.opcode in _HASCONST and i.arg == 0 for i in instructions)
+    if consts and isinstance(consts[0], str) and not loads_first:
+        consts[0] = None  # the docstring: never read by the code
+    h = xxhash.xxh3_128()
+    walk = Walk()
+    for c in consts:
+        if isinstance(c, types.CodeType):
+            h.update(b"C" + _code_info(c).digest)
+        else:
+            canonical.feed_value(h, c, walk)
+    constants = h.digest()
+    # A global the code assigns (``global CALLS; CALLS += 1``) is state the function keeps, not
+    # configuration of what it computes: hashing it would change the fingerprint every epoch.
+    stored = {i.argval for i in instructions if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")}
+    names = [i.argval for i in instructions if i.opname in _GLOBAL_LOADS]
+    names += [n for info in nested for n in info.global_names]
+    names = [n for n in names if n not in stored]
+    chains = _attribute_chains(instructions) + [c for info in nested for c in info.chains]
+    return _CodeInfo(bytecode, constants, xxhash.xxh3_128(bytecode + constants).digest(),
+                     tuple(dict.fromkeys(names)), tuple(dict.fromkeys(chains)))
+
+
+def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, str, tuple]]:
+    """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes."""
+    chains: list[tuple[str, str, tuple]] = []
+    imported: dict[str, str] = {}  # local name -> module path, from imports inside the code
+    current: tuple[str, str, list[str]] | None = None
+    pending = pending_from = None
+    for ins in instructions:
+        op = ins.opname
+        if current is not None and op in _ATTR_LOADS:
+            current[2].append(ins.argval)
+            continue
+        if current is not None:
+            chains.append((current[0], current[1], tuple(current[2])))
+            current = None
+        if op in _GLOBAL_LOADS:
+            current = ("global", ins.argval, [])
+        elif op in _LOCAL_LOADS and ins.argval in imported:
+            current = ("import", imported[ins.argval], [])
+        elif op == "IMPORT_NAME":
+            pending, pending_from = ins.argval, None
+        elif op == "IMPORT_FROM" and pending:
+            alias = "." in pending and pending.rpartition(".")[2] == ins.argval
+            pending_from = pending if alias else f"{pending}.{ins.argval}"
+        elif op.startswith("STORE_") and pending:
+            if pending_from:
+                imported[ins.argval], pending_from = pending_from, None
+            else:
+                top = pending.partition(".")[0]
+                imported[ins.argval] = top if ins.argval == top else pending
+                pending = None
+        elif op not in ("SWAP", "ROT_TWO"):
+            pending = pending_from = None
+    if current is not None:
+        chains.append((current[0], current[1], tuple(current[2])))
+    return chains
+
+
+# -- nodes -------------------------------------------------------------------------------------
+
+def is_function_like(v: Any) -> bool:
+    """Functions, partials, methods, C-level wrappers like ``functools.lru_cache`` and library
+    callables like ``len``, ``np.add``, ``np.mean``."""
+    if isinstance(v, (types.FunctionType, functools.partial, types.MethodType,
+                      *_BUILTIN_CALLABLES)):
+        return True
+    if not callable(v) or isinstance(v, type) or canonical._is_plain_object(v):
+        return False
+    return _is_wrapper(v) or (isinstance(getattr(v, "__qualname__", None), str)
+                              and not is_user_module(getattr(v, "__module__", None)))
+
+
+def _is_wrapper(v: Any) -> bool:
+    """A C-level decorator object (``lru_cache``, ``cache``) around a user function."""
+    wrapped = getattr(v, "__wrapped__", None)
+    return (isinstance(wrapped, types.FunctionType) and is_user_module(wrapped.__module__)
+            and not isinstance(v, (types.FunctionType, type)) and not canonical._is_plain_object(v))
+
+
+def _named_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
+    """A library callable: module, qualified name and package version; a bound one's owner."""
+    owner = getattr(fn, "__self__", None)
+    module = getattr(fn, "__module__", None) or type(owner).__module__
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", type(fn).__name__)
+    payload = f"{module}\0{qualname}\0{module_version(module)}".encode()
+    children = []
+    if not (owner is None or isinstance(owner, (type, types.ModuleType)) or _global_rng(owner)):
+        children.append(child_node(owner, "instance `self`", w))
+    return node(label, "library function", payload, children, f"<function {qualname}>")
+
+
+def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNode:
+    if not is_user_module(fn.__module__):
+        return _named_node(fn, label, w)
+    return w.guarded(fn, label, lambda: _build_function(fn, label, w))
+
+
+def _build_function(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNode:
+    code = fn.__code__
+    info = _code_info(code)
+    children = [leaf("bytecode", "bytecode", info.bytecode),
+                leaf("constants", "constants", info.constants)]
+    children += _global_nodes(fn, info, w)
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # a cell not yet filled
+            children.append(leaf(f"closure `{name}`", "empty cell", b"", "<empty>"))
+            continue
+        children.append(_captured(value, f"closure `{name}`", w))
+    positional = code.co_varnames[:code.co_argcount]
+    defaults = fn.__defaults__ or ()
+    for name, value in zip(positional[len(positional) - len(defaults):], defaults):
+        children.append(_captured(value, f"default `{name}`", w))
+    for name, value in sorted((fn.__kwdefaults__ or {}).items()):
+        children.append(_captured(value, f"kwdefault `{name}`", w))
+    return node(label, "function", b"", children, f"<function {fn.__qualname__}>")
+
+
+def _global_nodes(fn: types.FunctionType, info: _CodeInfo, w: Walk) -> list[FingerprintNode]:
+    """One node per global the code reads, plus ``module.attr`` reads into user modules."""
+    namespace, nodes = fn.__globals__, []
+    for name in info.global_names:
+        if name in namespace:
+            value = namespace[name]
+            user_fn = isinstance(value, types.FunctionType) and is_user_module(value.__module__)
+            nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{name}`", w))
+        elif not hasattr(builtins, name):  # builtins count by name, which the bytecode holds
+            nodes.append(leaf(f"global `{name}`", "undefined", name.encode(), "<undefined>"))
+    seen = set()
+    for kind, root, attrs in info.chains:
+        value = namespace.get(root)
+        if kind != "global" or not isinstance(value, types.ModuleType):
+            continue
+        path = root
+        for attr in attrs:
+            if not (isinstance(value, types.ModuleType) and is_user_module(value.__name__)):
+                break
+            value, path = getattr(value, attr, None), f"{path}.{attr}"
+            if value is not None and not isinstance(value, types.ModuleType) and path not in seen:
+                seen.add(path)
+                user_fn = isinstance(value, types.FunctionType) and is_user_module(value.__module__)
+                nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{path}`", w))
+    return nodes
+
+
+def _captured(value: Any, label: str, w: Walk) -> FingerprintNode:
+    try:
+        if is_function_like(value) or isinstance(value, type):
+            return callable_node(value, label, w)
+        return canonical.value_node(value, label, w)
+    except Unhashable as e:
+        e.path.append(label)
+        raise
+
+
+def _partial_node(p: functools.partial, label: str, w: Walk) -> FingerprintNode:
+    children = [_captured(p.func, "function", w)]
+    children += [_captured(a, f"partial argument #{i}", w) for i, a in enumerate(p.args)]
+    children += [_captured(v, f"partial keyword `{k}`", w) for k, v in sorted(p.keywords.items())]
+    return node(label, "partial", b"", children, describe(p))
+
+
+def _method_node(m: types.MethodType, label: str, w: Walk) -> FingerprintNode:
+    children = [_captured(m.__func__, "function", w), _captured(m.__self__, "instance `self`", w)]
+    return node(label, "method", b"", children, f"<function {m.__qualname__}>")
+
+
+def class_node(cls: type, label: str, w: Walk) -> FingerprintNode:
+    """A class: for user classes, its bases, methods' code and class attributes."""
+    summary = f"<class {cls.__qualname__}>"
+    if not is_user_module(cls.__module__):
+        payload = f"{cls.__module__}\0{cls.__qualname__}\0{module_version(cls.__module__)}"
+        return leaf(label, "library class", payload.encode(), summary)
+
+    def build() -> FingerprintNode:
+        children = [class_node(b, f"base `{b.__qualname__}`", w)
+                    for b in cls.__bases__ if b is not object]
+        for name, member in sorted(cls.__dict__.items()):
+            if name not in _CLASS_SKIP:
+                children.append(_member_node(name, member, w))
+        return node(label, "class", cls.__qualname__.encode(), children, summary)
+    return w.guarded(cls, label, build)
+
+
+def _member_node(name: str, member: Any, w: Walk) -> FingerprintNode:
+    if isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    if isinstance(member, functools.cached_property):
+        member = member.func
+    if isinstance(member, types.FunctionType):
+        return _captured(member, f"method `{name}`", w)
+    if isinstance(member, property):
+        parts = [(role, f) for role, f in (("getter", member.fget), ("setter", member.fset),
+                                           ("deleter", member.fdel)) if f is not None]
+        children = [_captured(f, role, w) for role, f in parts]
+        return node(f"property `{name}`", "property", b"", children, "<property>")
+    try:
+        return _captured(member, f"attribute `{name}`", w)
+    except Unhashable:
+        if not hasattr(type(member), "__get__"):
+            raise
+        # A C-level descriptor (slot member, namedtuple field, ...): behaviour fixed by its type.
+        payload = f"{canonical.type_name(type(member))}\0{name}".encode()
+        return leaf(f"attribute `{name}`", "descriptor", payload, describe(member))
+
+
+def callable_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
+    """The node of any callable, inside an ongoing walk."""
+    if isinstance(fn, types.FunctionType):
+        return _function_node(fn, label, w)
+    if isinstance(fn, functools.partial):
+        return w.guarded(fn, label, lambda: _partial_node(fn, label, w))
+    if isinstance(fn, types.MethodType):
+        return w.guarded(fn, label, lambda: _method_node(fn, label, w))
+    if isinstance(fn, type):
+        return class_node(fn, label, w)
+    if _is_wrapper(fn):  # the cache settings do not change what is computed
+        return node(label, "wrapper", canonical.type_name(type(fn)).encode(),
+                    [_captured(fn.__wrapped__, "wrapped function", w)], describe(fn))
+    if is_function_like(fn):
+        return _named_node(fn, label, w)
+    return canonical.value_node(fn, label, w)  # a callable object: its class and its state
+
+
+def hash_function(fn: Callable[..., Any], label: str, *, where: str = "") -> FingerprintNode:
+    """Fingerprint what ``fn`` computes.
+
+    >>> hash_function(lambda x: x + 1, "function").digest == hash_function(
+    ...     lambda y: y + 1, "function").digest
+    True
+    """
+    if not callable(fn):
+        raise TypeError(f"hash_function() needs a callable, got {canonical.type_name(type(fn))}")
+    try:
+        return callable_node(fn, label, Walk())
+    except Unhashable as e:
+        raise e.to_error(label, where) from None
+
+
+# -- randomness --------------------------------------------------------------------------------
+
+_RANDOM_DRAWS = frozenset({
+    "random", "randint", "randrange", "shuffle", "choice", "choices", "sample", "uniform",
+    "gauss", "normalvariate", "lognormvariate", "triangular", "betavariate", "expovariate",
+    "gammavariate", "paretovariate", "weibullvariate", "vonmisesvariate", "getrandbits",
+    "randbytes", "binomialvariate"})
+_NUMPY_NOT_DRAWS = frozenset({"default_rng", "Generator", "SeedSequence", "RandomState",
+                              "BitGenerator", "PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937",
+                              "seed", "get_state", "set_state", "get_bit_generator",
+                              "set_bit_generator"})
+_TORCH_DRAWS = frozenset({"rand", "randn", "randint", "randperm", "normal", "rand_like",
+                          "randn_like", "randint_like", "bernoulli", "multinomial", "poisson"})
+_TF_SEEDED = frozenset({"Generator", "set_seed", "create_rng_state", "Algorithm"})
+
+
+def _global_rng(owner: Any) -> str | None:
+    """The module whose hidden global generator ``owner`` is (``random``, ``numpy.random``)."""
+    if owner is getattr(random, "_inst", None):
+        return "random"
+    mtrand = getattr(sys.modules.get("numpy.random.mtrand"), "_rand", None)
+    return "numpy.random" if mtrand is not None and owner is mtrand else None
+
+
+def _classify(full: str) -> str | None:
+    parts = full.split(".")
+    last = parts[-1]
+    if len(parts) == 2 and parts[0] == "random" and last in _RANDOM_DRAWS:
+        return "reads global random state"
+    if full.startswith("numpy.random.") and len(parts) == 3 and last not in _NUMPY_NOT_DRAWS:
+        return "reads global random state"
+    if len(parts) == 2 and parts[0] == "torch" and last in _TORCH_DRAWS:
+        return "reads global random state"
+    if full.startswith("tensorflow.random.") and not (
+            last.startswith("stateless") or last in _TF_SEEDED):
+        return "reads global random state"
+    if full in ("os.urandom", "uuid.uuid1", "uuid.uuid4") or parts[0] == "secrets":
+        return "draws operating-system randomness"
+    if full in ("time.time", "time.time_ns"):
+        return "reads the clock"
+    return None
+
+
+def _resolve(value: Any) -> str | None:
+    """The dotted name ``value`` is known by: ``numpy.random`` for ``np.random``."""
+    if isinstance(value, types.ModuleType):
+        return value.__name__
+    owner = getattr(value, "__self__", None)
+    if owner is not None and (rng := _global_rng(owner)):
+        return f"{rng}.{value.__name__}"
+    module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    return f"{module}.{name}" if isinstance(module, str) and isinstance(name, str) else None
+
+
+def _random_reads(fn: types.FunctionType) -> list[str]:
+    found = []
+    for kind, root, attrs in _code_info(fn.__code__).chains:
+        written = ".".join((root,) + attrs) if kind == "global" else None
+        if kind == "global":
+            if root not in fn.__globals__ and not hasattr(builtins, root):
+                continue
+            base = _resolve(fn.__globals__.get(root, getattr(builtins, root, None)))
+        else:
+            base = root
+        if base is None:
+            continue
+        for n in range(len(attrs), -1, -1):  # the longest prefix that names something known
+            full = ".".join((base,) + attrs[:n])
+            if (what := _classify(full)) is not None:
+                shown = ".".join((root,) + attrs[:n]) if written and n else full
+                found.append(f"{what} (`{shown}`)")
+                break
+    return found
+
+
+def _callees(fn: Any) -> list[tuple[str, Any]]:
+    """User functions reached from ``fn``: helpers, closure cells, partial and method targets."""
+    if isinstance(fn, functools.partial):
+        return [("", fn.func)]
+    if _is_wrapper(fn):
+        return [("", fn.__wrapped__)]
+    if not isinstance(fn, types.FunctionType):  # a class, a callable object, a bound method
+        owner = getattr(fn, "__self__", fn)
+        cls = owner if isinstance(owner, type) else type(owner)
+        members = [m for c in cls.__mro__ if is_user_module(c.__module__)
+                   for m in vars(c).values()]
+        members = [getattr(m, "__func__", m) for m in members]  # static and class methods
+        return [("", m) for m in members if isinstance(m, types.FunctionType)]
+    out = [(name, fn.__globals__.get(name)) for name in _code_info(fn.__code__).global_names]
+    cells = zip(fn.__code__.co_freevars, fn.__closure__ or ())
+    for name, cell in cells:
+        try:
+            out.append((name, cell.cell_contents))
+        except ValueError:  # an empty cell
+            pass
+    return out
+
+
+def detect_randomness(fn: Callable[..., Any]) -> list[str]:
+    """Warnings for reads of global random state in ``fn`` or the user helpers it calls.
+
+    Returns sentences to put after the op's name, e.g.
+    ``"reads global random state (`np.random.rand`)"``.
+    """
+    warnings: list[str] = []
+    seen: set[int] = set()
+    todo: list[tuple[Any, str]] = [(fn, "")]
+    while todo:
+        f, via = todo.pop(0)
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, types.FunctionType):
+            if not is_user_module(f.__module__):
+                continue  # library code is trusted, and not walked
+            warnings += [m + via for m in _random_reads(f) if m + via not in warnings]
+        for name, callee in _callees(f):
+            if is_function_like(callee) or isinstance(callee, type) or (
+                    callable(callee) and canonical._is_plain_object(callee)):
+                todo.append((callee, via or (f" via helper `{name}`" if name else "")))
+    return warnings

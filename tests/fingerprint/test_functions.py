@@ -1,0 +1,426 @@
+"""hash_function: functions are identified by what they compute, not where they were written.
+
+Decision on names: a function's own name is NOT part of its digest (renaming ``f`` to ``g``
+computes the same thing). The pipeline may still put the name in an op's label.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+import textwrap
+import time
+import types
+
+import numpy as np
+import pytest
+
+from snapcache.errors import FingerprintError
+from snapcache.fingerprint import hash_function
+from snapcache.fingerprint.tree import combine, pipeline_root
+
+
+def make(src: str, name: str = "f", *, filename: str = "<a>", shift: int = 0, **namespace):
+    """Compile ``src`` as if it were a user module at another place in another file."""
+    ns = {"__name__": "fp_fixture_module", "np": np, "math": math, "functools": functools}
+    ns.update(namespace)
+    exec(compile("\n" * shift + textwrap.dedent(src), filename, "exec"), ns)
+    return ns[name]
+
+
+def fp(fn) -> str:
+    return hash_function(fn, "function `f`", where="map #1 `f`").digest
+
+
+BASE = """
+def f(x):
+    return x + 1
+"""
+
+EQUAL = {
+    "comments": ("""
+        def f(x):
+            # add one
+            return x + 1  # trailing comment
+        """),
+    "docstring added": ('''
+        def f(x):
+            """Add one to x."""
+            return x + 1
+        '''),
+    "blank lines and another file and line": ("""
+
+        def f(x):
+
+            return x + 1
+
+        """),
+    "renamed function": ("""
+        def g(x):
+            return x + 1
+        f = g
+        """),
+    "multi-line expression": ("""
+        def f(x):
+            return (x
+                    + 1)
+        """),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EQUAL))
+def test_pairs_that_hash_equal(case):
+    base = make(BASE, filename="a.py")
+    other = make(EQUAL[case], filename="other/b.py", shift=40)
+    assert fp(base) == fp(other), case
+
+
+EQUAL_PAIRS = {
+    "docstring changed": ('def f(x):\n    "A."\n    return [x]\n',
+                          'def f(x):\n    "B, longer."\n    return [x]\n'),
+    "local variable renamed": ("def f(x):\n    y = x * 2\n    return y\n",
+                               "def f(x):\n    z = x * 2\n    return z\n"),
+    "same lambda in two places": ("f = lambda x: x * 2\n",
+                                  "def outer():\n    return lambda x: x * 2\nf = outer()\n"),
+    "nested def with and without docstring": (
+        "def f(x):\n    def g(y):\n        'inner'\n        return y\n    return g(x)\n",
+        "def f(x):\n    def g(y):\n        return y\n    return g(x)\n"),
+    "helper moved": ("def h(x):\n    return x * 3\ndef f(x):\n    return h(x)\n",
+                     "def f(x):\n    return h(x)\n\n\n\ndef h(x):\n    # moved\n"
+                     "    return x * 3\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EQUAL_PAIRS))
+def test_more_pairs_that_hash_equal(case):
+    a, b = EQUAL_PAIRS[case]
+    assert fp(make(a, filename="a.py")) == fp(make(b, filename="b.py", shift=7)), case
+
+
+class Scaler:
+    def __init__(self, factor):
+        self.factor = factor
+
+    def apply(self, x):
+        return x * self.factor
+
+    def __call__(self, x):
+        return x * self.factor
+
+
+def _closure(k):
+    return lambda x: x * k
+
+
+DIFFERENT = {
+    "constant changed": ("def f(x):\n    return x + 1\n", "def f(x):\n    return x + 2\n"),
+    "operator changed": ("def f(x):\n    return x + 1\n", "def f(x):\n    return x - 1\n"),
+    "default changed": ("def f(x, k=1):\n    return x + k\n", "def f(x, k=2):\n    return x + k\n"),
+    "kwdefault changed": ("def f(x, *, k=1):\n    return x + k\n",
+                          "def f(x, *, k=2):\n    return x + k\n"),
+    "nested lambda constant": ("def f(xs):\n    return list(map(lambda v: v + 1, xs))\n",
+                               "def f(xs):\n    return list(map(lambda v: v + 2, xs))\n"),
+    "comprehension changed": ("def f(xs):\n    return [v * 2 for v in xs]\n",
+                              "def f(xs):\n    return [v * 3 for v in xs]\n"),
+    "comprehension filter": ("def f(xs):\n    return [v for v in xs]\n",
+                             "def f(xs):\n    return [v for v in xs if v]\n"),
+    "np used vs math used": ("def f(x):\n    return np.sqrt(x)\n",
+                             "def f(x):\n    return math.sqrt(x)\n"),
+    "inner def changed": ("def f(x):\n    def g(y):\n        return y + 1\n    return g(x)\n",
+                          "def f(x):\n    def g(y):\n        return y * 1\n    return g(x)\n"),
+    "positional-only": ("def f(x, /):\n    return x\n", "def f(x):\n    return x\n"),
+    "docstring equals a used constant": ('def f():\n    "abc"\n    return "abc"\n',
+                                         'def f():\n    "abd"\n    return "abd"\n'),
+    "attribute read": ("def f(x):\n    return x.mean()\n", "def f(x):\n    return x.sum()\n"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIFFERENT))
+def test_pairs_that_differ(case):
+    a, b = DIFFERENT[case]
+    assert fp(make(a)) != fp(make(b)), case
+
+
+def test_future_annotations_flag_of_the_file_does_not_matter():
+    fns = []
+    for header in ("from __future__ import annotations\n", ""):
+        ns = {"__name__": "fp_fixture_module"}
+        exec(compile(header + "def f(x: int) -> int:\n    return x\n", "m.py", "exec",
+                     dont_inherit=True), ns)
+        fns.append(ns["f"])
+    assert fp(fns[0]) == fp(fns[1])
+
+
+def test_captured_values_that_differ():
+    src = "def f(x):\n    return x[:SIZE]\n"
+    assert fp(make(src, SIZE=224)) != fp(make(src, SIZE=256))
+    assert fp(make(src, SIZE=224)) == fp(make(src, SIZE=224))
+    assert fp(_closure(2)) != fp(_closure(3))
+    assert fp(_closure(2)) == fp(_closure(2))
+    helper_a = make("def h(x):\n    return x * 2\n", "h")
+    helper_b = make("def h(x):\n    return x * 3\n", "h")
+    user = "def f(x):\n    return h(x)\n"
+    assert fp(make(user, h=helper_a)) != fp(make(user, h=helper_b))
+    assert fp(functools.partial(max, 1)) != fp(functools.partial(max, 2))
+    assert fp(functools.partial(max, key=abs)) != fp(functools.partial(max, key=len))
+    assert fp(Scaler(2).apply) != fp(Scaler(3).apply)
+    assert fp(Scaler(2).apply) == fp(Scaler(2).apply)
+    assert fp(Scaler(2)) != fp(Scaler(3))
+    assert fp(Scaler(2)) == fp(Scaler(2))
+
+
+def test_module_attribute_helpers_in_user_modules_are_followed(tmp_path):
+    module = types.ModuleType("fp_user_utils")
+    module.__file__ = str(tmp_path / "fp_user_utils.py")
+    sys.modules["fp_user_utils"] = module
+    try:
+        exec("def resize(x):\n    return x * 2\nSIZE = 3\n", module.__dict__)
+        src = "def f(x):\n    return utils.resize(x) + utils.SIZE\n"
+        before = hash_function(make(src, utils=module), "function `f`")
+        exec("def resize(x):\n    return x * 4\n", module.__dict__)
+        after = hash_function(make(src, utils=module), "function `f`")
+        assert before.digest != after.digest
+        assert "helper `utils.resize`" in [c.label for c in after.children]
+    finally:
+        del sys.modules["fp_user_utils"]
+
+
+def test_library_functions_by_name_and_version():
+    nodes = {f: hash_function(f, "function") for f in (np.mean, np.sum, np.add, math.sqrt,
+                                                        os.path.join, len, str.upper)}
+    assert len({n.digest for n in nodes.values()}) == len(nodes)
+    assert all(not n.children for n in nodes.values())
+    assert hash_function(np.mean, "a").digest == hash_function(np.mean, "b").digest
+    assert hash_function(" ".join, "f").digest != hash_function(",".join, "f").digest
+    node = make("def f(x):\n    return np.mean(x)\n")
+    assert [c.summary for c in hash_function(node, "f").children if c.label == "global `np`"] == \
+        [f"<module numpy {np.__version__}>"]
+
+
+def test_classes_used_as_functions():
+    a = make("class T:\n    def __init__(self, x):\n        self.x = x + 1\n", "T")
+    b = make("class T:\n    def __init__(self, x):\n        self.x = x + 2\n", "T")
+    c = make("class T:\n    # moved\n    def __init__(self, x):\n        self.x = x + 1\n", "T",
+             shift=9)
+    assert fp(a) != fp(b)
+    assert fp(a) == fp(c)
+
+
+def test_recursion_terminates():
+    fact = make("def f(n):\n    return 1 if n < 2 else n * f(n - 1)\n")
+    assert fp(fact) == fp(fact)
+    ns = {}
+    src = ("def f(n):\n    return g(n - 1) if n else 0\n"
+           "def g(n):\n    return f(n - 1) if n else 1\n")
+    f1 = make(src, **ns)
+    f2 = make(src, filename="other.py", shift=3)
+    assert fp(f1) == fp(f2)
+    node = hash_function(f1, "f")
+    assert [c.label for c in node.children] == ["bytecode", "constants", "helper `g`"]
+
+
+def test_stable_after_the_function_has_run_many_times():
+    f = make("def f(x):\n    return x.real + 1 if x > 0 else -x\n")
+    before = fp(f)
+    for i in range(5000):
+        f(i)
+    assert fp(f) == before
+
+
+def test_decorated_functions_follow_the_wrapped_function():
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*a):
+            return fn(*a)
+        return wrapper
+    assert fp(deco(make(DIFFERENT["constant changed"][0]))) != fp(
+        deco(make(DIFFERENT["constant changed"][1])))
+
+
+def test_children_say_what_was_captured():
+    scale = 2.0
+    n = hash_function(make("def f(x, k=3, *, m=4):\n    return helper(x) * SIZE + k + m\n",
+                           helper=_closure(scale), SIZE=224), "function `f`")
+    labels = [c.label for c in n.children]
+    assert labels == ["bytecode", "constants", "helper `helper`", "global `SIZE`", "default `k`",
+                      "kwdefault `m`"]
+    assert n.children[3].summary == "224"
+    assert [c.label for c in hash_function(_closure(2), "f").children][-1] == "closure `k`"
+
+
+def test_unhashable_capture_names_where():
+    import threading
+    lock = threading.Lock()
+    with pytest.raises(FingerprintError) as info:
+        hash_function(make("def f(x):\n    return LOCK\n", LOCK=lock), "function `f`",
+                      where="map #2 `f`")
+    assert "global `LOCK` of function `f` of map #2 `f`" in str(info.value)
+
+
+def test_loggers_are_identified_by_name():
+    import logging
+    src = "def f(x):\n    log.info('x=%s', x)\n    return x\n"
+    assert fp(make(src, log=logging.getLogger("a"))) == fp(make(src, log=logging.getLogger("a")))
+    assert fp(make(src, log=logging.getLogger("a"))) != fp(make(src, log=logging.getLogger("b")))
+
+
+def test_non_callables_are_rejected():
+    with pytest.raises(TypeError, match="needs a callable"):
+        hash_function(3, "function `f`")
+
+
+def test_undefined_globals_do_not_crash():
+    f = make("def f(x):\n    return not_defined_anywhere(x)\n")
+    assert "global `not_defined_anywhere`" in [c.label for c in hash_function(f, "f").children]
+
+
+# -- performance -------------------------------------------------------------------------------
+
+def _realistic_pipeline():
+    src = """
+    SIZE = 224
+    MEAN = np.array([0.485, 0.456, 0.406], np.float32)
+    CFG = {"size": SIZE, "flip": True, "names": ["a", "b"]}
+
+    def normalize(x):
+        return (x - MEAN) / np.std(x)
+
+    def decode(x):
+        return np.frombuffer(x, np.uint8).reshape(-1, 3)
+
+    def resize(x):
+        return x[:CFG["size"], :SIZE]
+
+    def prep(x):
+        return normalize(resize(decode(x))).astype(np.float32)
+
+    def keep(x):
+        return len(x) > 0 and math.isfinite(float(x[0][0]))
+
+    def label(x, table={"cat": 0, "dog": 1}):
+        return table.get(x, -1)
+
+    def tokens(x):
+        return [w.lower() for w in x.split() if w]
+    """
+    ns = {"__name__": "fp_perf", "np": np, "math": math}
+    exec(textwrap.dedent(src), ns)
+    scale = 2.0
+    return [ns["prep"], ns["keep"], ns["label"], ns["tokens"], ns["normalize"], ns["decode"],
+            lambda x: x * scale, functools.partial(ns["label"], table={"x": 1}),
+            Scaler(3).apply, np.sqrt]
+
+
+def test_ten_realistic_functions_fingerprint_fast():
+    fns = _realistic_pipeline()
+
+    def run():
+        ops = [combine(f"map #{i} `f`", [hash_function(f, "function `f`")], kind="op:map")
+               for i, f in enumerate(fns)]
+        return pipeline_root(ops).digest
+    first = run()  # warm-up: code objects are analysed once
+    start = time.perf_counter()
+    for _ in range(10):
+        assert run() == first
+    assert (time.perf_counter() - start) / 10 < 0.05
+
+
+# -- randomness --------------------------------------------------------------------------------
+
+RANDOM_CASES = {
+    "import random": ("import random\ndef f(x):\n    return x + random.random()\n",
+                      "reads global random state (`random.random`)"),
+    "np.random.rand": ("def f(x):\n    return x + np.random.rand(3)\n",
+                       "reads global random state (`np.random.rand`)"),
+    "from random import shuffle": ("from random import shuffle\ndef f(x):\n    shuffle(x)\n",
+                                   "reads global random state (`random.shuffle`)"),
+    "from numpy.random import rand": ("from numpy.random import rand\n"
+                                      "def f(x):\n    return rand()\n",
+                                      "reads global random state (`numpy.random.rand`)"),
+    "import inside the function": ("def f(x):\n    import numpy as npx\n"
+                                   "    return npx.random.randn()\n",
+                                   "reads global random state (`numpy.random.randn`)"),
+    "from-import inside the function": (
+        "def f(x):\n    from random import choice\n    return choice(x)\n",
+        "reads global random state (`random.choice`)"),
+    "through a helper": ("import random\ndef jitter(x):\n    return x + random.gauss(0, 1)\n"
+                         "def f(x):\n    return jitter(x) * 2\n",
+                         "reads global random state (`random.gauss`) via helper `jitter`"),
+    "the clock": ("import time\ndef f(x):\n    return (x, time.time())\n",
+                  "reads the clock (`time.time`)"),
+    "os randomness": ("import os\ndef f(x):\n    return os.urandom(4)\n",
+                      "draws operating-system randomness (`os.urandom`)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANDOM_CASES))
+def test_detect_randomness(case):
+    from snapcache.fingerprint import detect_randomness
+    src, expected = RANDOM_CASES[case]
+    assert detect_randomness(make(src)) == [expected]
+
+
+@pytest.mark.parametrize("src", [
+    "def f(x, seed=0):\n    rng = np.random.default_rng(seed)\n    return rng.random() + x\n",
+    "def f(x):\n    return np.random.Generator(np.random.PCG64(x)).integers(3)\n",
+    "def f(x):\n    return math.sqrt(x) + np.mean(x)\n",
+    "import random\ndef f(x):\n    return random.Random(x).random()\n",
+    "def f(x):\n    random = 4\n    return x.random + random\n",
+])
+def test_detect_randomness_is_quiet_for_seeded_or_pure_code(src):
+    from snapcache.fingerprint import detect_randomness
+    assert detect_randomness(make(src)) == []
+
+
+def test_detect_randomness_through_partials_methods_and_closures():
+    from snapcache.fingerprint import detect_randomness
+    noisy = make("def g(x, k):\n    return np.random.normal(x, k)\n", "g")
+    assert detect_randomness(functools.partial(noisy, k=1)) == [
+        "reads global random state (`np.random.normal`)"]
+    closure = (lambda h: (lambda x: h(x, 1)))(noisy)
+    assert detect_randomness(closure) == [
+        "reads global random state (`np.random.normal`) via helper `h`"]
+    cls = make("class Noisy:\n    def __call__(self, x):\n        return x + np.random.rand()\n",
+               "Noisy")
+    assert detect_randomness(cls()) == ["reads global random state (`np.random.rand`)"]
+    assert detect_randomness(cls().__call__) == ["reads global random state (`np.random.rand`)"]
+    recursive = make("def f(x):\n    return f(x - 1) if x else np.random.rand()\n")
+    assert detect_randomness(recursive) == ["reads global random state (`np.random.rand`)"]
+
+
+def test_lru_cache_wrapped_helpers_are_followed():
+    a = functools.lru_cache(maxsize=None)(make("def h(x):\n    return x * 2\n", "h"))
+    b = functools.lru_cache(maxsize=8)(make("def h(x):\n    return x * 2\n", "h"))
+    c = functools.lru_cache(maxsize=None)(make("def h(x):\n    return x * 3\n", "h"))
+    assert fp(a) == fp(b) != fp(c)
+    user = "def f(x):\n    return h(x)\n"
+    assert fp(make(user, h=a)) != fp(make(user, h=c))
+
+
+def test_detect_randomness_in_methods_of_callable_objects_and_classes():
+    from snapcache.fingerprint import detect_randomness
+    cls = make("import random\nclass T:\n    def __call__(self, x):\n        return self.noise(x)\n"
+               "    def noise(self, x):\n        return x + random.random()\n", "T")
+    expected = ["reads global random state (`random.random`)"]
+    assert detect_randomness(cls()) == expected
+    assert detect_randomness(cls) == expected
+    cached = functools.lru_cache(make("def g(x):\n    return np.random.rand()\n", "g"))
+    assert detect_randomness(cached) == ["reads global random state (`np.random.rand`)"]
+
+
+STATE = 0
+
+
+def _counts_calls(x):
+    global STATE
+    STATE += 1
+    return x + 1
+
+
+def test_globals_the_function_assigns_are_state_not_configuration():
+    global STATE
+    before = hash_function(_counts_calls, "f").digest
+    STATE = 1234
+    assert hash_function(_counts_calls, "f").digest == before
