@@ -1,0 +1,68 @@
+"""Parallel map on a thread pool, order-preserving unless told otherwise.
+
+Threads suit functions that release the GIL (numpy, image decoding, I/O). A bounded window of
+in-flight calls keeps memory bounded; abandoning the iterator cancels what has not started.
+"""
+
+from __future__ import annotations
+
+import collections
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, Iterable, Iterator
+
+from snapcache.runtime.errors import annotate
+
+
+def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
+                 deterministic: bool = True, label: str = "map",
+                 window: int | None = None) -> Iterator[Any]:
+    """Yield ``fn(item)`` for each item, computed by ``workers`` threads.
+
+    With ``deterministic=True`` results come in input order; otherwise as soon as each is ready.
+    At most ``window`` (default ``2 * workers``) calls are in flight.
+    """
+    if workers <= 1:
+        yield from serial_map(fn, items, label=label)
+        return
+    window = window or 2 * workers
+    source = iter(items)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapcache-map")
+    in_flight: collections.deque[tuple[int, Future]] = collections.deque()
+    position = 0
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(in_flight) < window:
+                try:
+                    item = next(source)
+                except StopIteration:
+                    exhausted = True
+                    break
+                in_flight.append((position, pool.submit(fn, item)))
+                position += 1
+            if not in_flight:
+                return
+            if deterministic:
+                index, future = in_flight.popleft()
+            else:
+                wait([f for _, f in in_flight], return_when=FIRST_COMPLETED)
+                index, future = next((i, f) for i, f in in_flight if f.done())
+                in_flight.remove((index, future))
+            error = future.exception()
+            if error is not None:
+                raise annotate(error, label, index)
+            yield future.result()
+    finally:
+        for _, future in in_flight:
+            future.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def serial_map(fn: Callable[[Any], Any], items: Iterable[Any], *, label: str = "map"
+               ) -> Iterator[Any]:
+    for index, item in enumerate(items):
+        try:
+            result = fn(item)
+        except Exception as e:
+            raise annotate(e, label, index)
+        yield result
