@@ -5,12 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from snapcache.errors import SnapcacheError
+
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from snapcache.cli import demo
 
     demo.run(root=args.root, num_examples=args.examples)
     return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from snapcache.cli.pipeline_ref import load_pipeline
+
+    dataset = load_pipeline(args.pipeline)
+    explanation = dataset.explain(args.root)
+    print(explanation)
+    return 0 if explanation.hit else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--root", help="snapshot root to use (default: a temporary folder)")
     demo.add_argument("--examples", type=int, default=2000, help="number of examples")
     demo.set_defaults(handler=_cmd_demo)
+    explain = commands.add_parser(
+        "explain", help="say whether a pipeline hits a snapshot and, if not, what differs",
+        description="Exit status: 0 if the pipeline hits a committed snapshot, 1 if it misses.")
+    explain.add_argument("root", nargs="?", default=None,
+                         help="snapshot root (default: the pipeline's own snapshot path)")
+    explain.add_argument("--pipeline", required=True, metavar="MODULE:ATTR",
+                         help="the Dataset to explain, e.g. train:dataset or train.py:build")
+    explain.set_defaults(handler=_cmd_explain)
     return parser
 
 
@@ -39,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (SnapcacheError, ValueError, OSError, ImportError) as e:
+        print(f"snapcache {args.command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

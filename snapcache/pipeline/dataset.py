@@ -12,7 +12,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from snapcache.options import AUTOTUNE, SnapshotOptions, check_parallelism, default_root
 from snapcache.pipeline import ops, plan
-from snapcache.store.fs import expand_files
+from snapcache.pipeline.explain import Explanation
+from snapcache.pipeline.explain import explain as explain_tree
+from snapcache.store.fs import Storage, expand_files
 
 
 def _positive_int(value: Any, what: str, *, allow_zero: bool = False,
@@ -167,3 +169,24 @@ class Dataset:
     def fingerprint(self) -> str:
         """The hex fingerprint of the pipeline up to here (what ``snapshot`` keys on)."""
         return plan.pipeline_fingerprint(self._op).digest
+
+    def explain(self, path: str | os.PathLike | None = None, *,
+                storage_options: dict | None = None) -> Explanation:
+        """Say whether this pipeline's snapshot is committed and, if not, how it differs from
+        the closest snapshot in the root. ``print(ds.explain())`` shows the report.
+
+        The snapshot explained is the last ``.snapshot()`` of the pipeline (in ``path`` if
+        given, else where it points); without one, the whole pipeline in ``path`` (default
+        ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``).
+        """
+        snap = plan.last_snapshot(self._op)
+        if snap is not None:
+            tree = plan.snapshot_tree(snap)
+            root = os.fspath(path) if path is not None else snap.path
+            options = storage_options if storage_options is not None else \
+                snap.options.storage_options
+        else:
+            tree = plan.pipeline_fingerprint(self._op)
+            root = os.fspath(path) if path is not None else default_root()
+            options = storage_options or {}
+        return explain_tree(tree, Storage(root, options))

@@ -69,6 +69,20 @@ def keyed_fingerprint(key: str) -> FingerprintNode:
                    kind="keyed")
 
 
+def snapshot_tree(op: ops.SnapshotOp) -> FingerprintNode:
+    """What a snapshot op keys on: the user's ``key``, else its upstream pipeline."""
+    assert op.parent is not None
+    return keyed_fingerprint(op.options.key) if op.options.key else pipeline_fingerprint(op.parent)
+
+
+def last_snapshot(op: ops.Op) -> ops.SnapshotOp | None:
+    """The snapshot op closest to ``op`` in its lineage, if any."""
+    for node in reversed(ops.lineage(op)):
+        if isinstance(node, ops.SnapshotOp):
+            return node
+    return None
+
+
 def describe_pipeline(op: ops.Op) -> str:
     return " -> ".join(node.describe() for node in ops.lineage(op))
 
@@ -200,7 +214,7 @@ def _warn_randomness(op: ops.SnapshotOp) -> None:
 def _run_snapshot(op: ops.SnapshotOp, epoch: int) -> Iterator[Any]:
     assert op.parent is not None
     options = op.options
-    tree = keyed_fingerprint(options.key) if options.key else pipeline_fingerprint(op.parent)
+    tree = snapshot_tree(op)
     if not options.key:
         _warn_randomness(op)
     storage = Storage(op.path, options.storage_options).child(tree.digest)

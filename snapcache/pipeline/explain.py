@@ -1,0 +1,73 @@
+"""Why a pipeline hits or misses the snapshots in a root, in words a user understands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from snapcache.fingerprint import FingerprintNode, diff_trees
+from snapcache.fingerprint.explain import closeness
+from snapcache.store.catalog import Entry, scan
+from snapcache.store.fs import Storage
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The answer of :meth:`snapcache.Dataset.explain`. ``str()`` gives the report."""
+
+    root: str
+    fingerprint: str
+    hit: bool
+    state: str                   # "committed", "incomplete", "corrupt" or "absent"
+    closest: str | None = None   # fingerprint of the most alike committed snapshot, on a miss
+    closest_name: str | None = None
+    similarity: float = 0.0
+    differences: list[str] = field(default_factory=list)
+    num_examples: int | None = None
+
+    def __str__(self) -> str:
+        short = self.fingerprint[:12]
+        if self.hit:
+            return (f"hit: the pipeline matches committed snapshot {short} in {self.root} "
+                    f"({self.num_examples} examples); it will be read, not recomputed")
+        lines = [f"miss: no committed snapshot {short} in {self.root}"]
+        if self.state == "incomplete":
+            lines.append(f"  a snapshot {short} is being written or was abandoned (no manifest "
+                         "yet); the next run writes it if no writer holds it")
+        elif self.state == "corrupt":
+            lines.append(f"  snapshot {short} exists but its manifest is unreadable; purge it")
+        if self.closest is None:
+            lines.append("  the root holds no committed snapshot to compare with")
+            return "\n".join(lines)
+        name = f" ({self.closest_name})" if self.closest_name else ""
+        lines.append(f"  closest: snapshot {self.closest[:12]}{name}, "
+                     f"{self.similarity:.0%} alike; it differs in:")
+        lines.extend(f"  - {line}" for line in self.differences)
+        return "\n".join(lines)
+
+
+def explain(tree: FingerprintNode, root: Storage) -> Explanation:
+    """Compare the fingerprint ``tree`` of a pipeline with every snapshot in ``root``."""
+    entries = scan(root)
+    mine: Entry | None = next((e for e in entries if e.fingerprint == tree.digest), None)
+    if mine is not None and mine.manifest is not None:
+        return Explanation(root.url, tree.digest, hit=True, state="committed",
+                           num_examples=mine.manifest.num_examples)
+    best: tuple[float, Entry, FingerprintNode] | None = None
+    for entry in entries:
+        if entry.manifest is None or not entry.manifest.fingerprint_tree:
+            continue
+        try:
+            other = FingerprintNode.from_json(entry.manifest.fingerprint_tree)
+        except (KeyError, TypeError, ValueError):
+            continue  # a tree we cannot read cannot explain anything
+        score = closeness(other, tree)
+        if best is None or score > best[0]:
+            best = (score, entry, other)
+    state = mine.state if mine is not None else "absent"
+    if best is None:
+        return Explanation(root.url, tree.digest, hit=False, state=state)
+    score, entry, other = best
+    return Explanation(root.url, tree.digest, hit=False, state=state,
+                       closest=entry.fingerprint,
+                       closest_name=entry.manifest.name if entry.manifest else None,
+                       similarity=score, differences=diff_trees(other, tree))
