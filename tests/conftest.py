@@ -36,3 +36,6 @@ def root(tmp_path):
 import snapcache.fingerprint  # noqa: E402
 
 snapcache.fingerprint.register(CallCounter, lambda counter: "CallCounter")
+
+# S3 over HTTP: a moto server subprocess (session) and a fresh bucket per test; see s3server.py.
+from s3server import s3_root, s3_server  # noqa: E402,F401

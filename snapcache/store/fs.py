@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import posixpath
+import threading
 import uuid
-from typing import IO, Any, Iterable, Sequence
+from typing import IO, Any, Iterable, NamedTuple, Sequence
 
 import fsspec
 import xxhash
@@ -35,9 +36,23 @@ def _filesystem(url: str, storage_options: dict | None) -> tuple[fsspec.Abstract
         raise ImportError(f"snapcache needs {hint} to access {protocol}:// URLs ({url!r})") from e
 
 
+def _protocol(fs: fsspec.AbstractFileSystem) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
+    return _protocol(fs) in ("file", "local")
+
+
+_MEMORY_LOCK = threading.Lock()
+
+
+class FileStat(NamedTuple):
+    """One file found by :meth:`Storage.walk`."""
+
+    path: str             # relative to the folder walked, ``/``-separated
+    size: int
+    mtime: float | None   # seconds since the epoch, if the filesystem reports it
 
 
 class Storage:
@@ -52,6 +67,7 @@ class Storage:
         self.fs, root = _filesystem(self.url, self.storage_options)
         self.root = root.rstrip("/") or "/"
         self.local = is_local(self.fs)
+        self.protocol = _protocol(self.fs)
 
     def __repr__(self) -> str:
         return f"Storage({self.url!r})"
@@ -68,14 +84,22 @@ class Storage:
         sub = Storage.__new__(Storage)
         sub.url, sub.storage_options = self.url_of(rel), self.storage_options
         sub.fs, sub.root, sub.local = self.fs, self.full(rel), self.local
+        sub.protocol = self.protocol
         return sub
 
     # -- queries -------------------------------------------------------------------------------
+    def _fresh(self, path: str) -> str:
+        """Drop what the filesystem cached about ``path``: another process may have changed it
+        (s3fs keeps directory listings, and answers ``info``/``exists`` from them)."""
+        if not self.local:
+            self.fs.invalidate_cache(path)
+        return path
+
     def exists(self, rel: str = "") -> bool:
-        return self.fs.exists(self.full(rel))
+        return self.fs.exists(self._fresh(self.full(rel)))
 
     def size(self, rel: str) -> int:
-        return int(self.fs.size(self.full(rel)))
+        return int(self.fs.size(self._fresh(self.full(rel))))
 
     def listdir(self, rel: str = "") -> list[str]:
         """Names (not paths) directly inside ``rel``; empty if it does not exist."""
@@ -138,6 +162,82 @@ class Storage:
             raise
         _fsync_dir(os.path.dirname(target))
 
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Create ``rel`` holding ``data`` only if it does not exist; True if this call created it.
+
+        Exactly one of several concurrent callers wins: on local disk by hard-linking a finished
+        temporary file into place (``link`` fails if the target exists), on S3 with a
+        conditional PUT (``If-None-Match: *``), in ``memory://`` under a process-wide lock.
+        Other filesystems have no atomic primitive through fsspec: there a check-then-write is
+        used, and the commit protocol stays correct (see docs/format.md) at the cost of
+        possibly duplicated work.
+        """
+        target = self.full(rel)
+        if self.local:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, target)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                _silent_remove(tmp)
+        if self.protocol in ("s3", "s3a"):
+            try:
+                self.fs.pipe_file(target, data, mode="create")
+                return True
+            except FileExistsError:
+                return False
+            except OSError:
+                if self.fs.exists(target):  # a PreconditionFailed the client did not map
+                    return False
+                raise
+        with _MEMORY_LOCK:
+            if self.fs.exists(target):
+                return False
+            self.fs.pipe_file(target, data)
+            return True
+
+    def modified(self, rel: str) -> float | None:
+        """Last modification time (seconds since the epoch) of ``rel``, or None if absent."""
+        try:
+            info = self.fs.info(self._fresh(self.full(rel)))
+        except FileNotFoundError:
+            return None
+        for key in ("mtime", "LastModified", "last_modified", "created"):
+            value = info.get(key)
+            if value is not None:
+                return value.timestamp() if hasattr(value, "timestamp") else float(value)
+        return None
+
+    def walk(self, rel: str = "") -> list[FileStat]:
+        """Every file below ``rel`` (recursively) with its size and modification time, in one
+        listing (one LIST request per 1000 objects on S3); empty if ``rel`` does not exist."""
+        base = self.full(rel).rstrip("/")
+        try:
+            found = self.fs.find(base, detail=True, withdirs=False)
+        except FileNotFoundError:
+            return []
+        stats = []
+        for path, info in found.items():
+            path = path.rstrip("/")
+            name = path[len(base) + 1:] if path.startswith(base + "/") else posixpath.basename(path)
+            if not name or info.get("type") == "directory":
+                continue
+            mtime = None
+            for key in ("mtime", "LastModified", "last_modified", "created"):
+                value = info.get(key)
+                if value is not None:
+                    mtime = value.timestamp() if hasattr(value, "timestamp") else float(value)
+                    break
+            stats.append(FileStat(name, int(info.get("size") or 0), mtime))
+        return sorted(stats, key=lambda s: s.path)
+
     def rename(self, src: str, dst: str) -> None:
         """Move a finished file into place (atomic on local disk)."""
         if self.local:
@@ -186,7 +286,8 @@ def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike],
     for pattern in patterns:
         pattern = os.fspath(pattern)
         fs, path = _filesystem(pattern, storage_options)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        fs.invalidate_cache()  # list what is there now, not what an earlier listing saw
+        protocol = _protocol(fs)
         if any(ch in path for ch in "*?["):
             matches = sorted(m for m in fs.glob(path) if not fs.isdir(m))
         else:
@@ -209,6 +310,7 @@ def file_identity(url: str, strict: bool = False, storage_options: dict | None =
         identity: dict[str, Any] = {"path": url, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         info: dict[str, Any] = {}
     else:
+        fs.invalidate_cache(path)
         info = fs.info(path)
         identity = {"path": url, "size": int(info.get("size") or 0)}
     etag = info.get("ETag") or info.get("etag")
@@ -217,7 +319,8 @@ def file_identity(url: str, strict: bool = False, storage_options: dict | None =
     elif etag:
         identity["etag"] = str(etag).strip('"')
     else:
-        mtime = info.get("mtime") or info.get("LastModified") or info.get("last_modified")
+        mtime = (info.get("mtime") or info.get("LastModified") or info.get("last_modified")
+                 or info.get("created"))
         if hasattr(mtime, "timestamp"):
             mtime = mtime.timestamp()
         if mtime is not None:

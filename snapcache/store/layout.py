@@ -5,6 +5,11 @@
     <root>/<fingerprint>/manifest.json          written last, atomically: the commit point
     <root>/<fingerprint>/<run>-<stream>-<seq>.arrow   shard files (Arrow IPC, compressed batches)
     <root>/<fingerprint>/*.tmp                   files being written; never referenced by a manifest
+    <root>/<fingerprint>/lease-<n>-<i>-<gen>.json  write lease of stream i of n (see lease.py)
+    <root>/<fingerprint>/reader-<run>.json       read lease of a process reading the snapshot
+    <root>/<fingerprint>/progress-<n>-<i>-<run>.json  shards finished so far by one writer run
+    <root>/<fingerprint>/stream-<n>-<i>.json     stream i of n is complete (its shard list)
+    <root>/<fingerprint>/last-used.json          when the snapshot was last read
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import re
 import secrets
 
 MANIFEST = "manifest.json"
+LAST_USED = "last-used.json"
 SHARD_SUFFIX = ".arrow"
 TMP_SUFFIX = ".tmp"
 
@@ -49,3 +55,28 @@ def is_safe_shard_path(path: str) -> bool:
         and not path.startswith(".")
         and path.endswith(SHARD_SUFFIX)
     )
+
+
+def progress_name(streams: int, stream: int, run_id: str) -> str:
+    return f"progress-{streams:04d}-{stream:04d}-{run_id}.json"
+
+
+def progress_prefix(streams: int, stream: int) -> str:
+    return f"progress-{streams:04d}-{stream:04d}-"
+
+
+def marker_name(streams: int, stream: int) -> str:
+    return f"stream-{streams:04d}-{stream:04d}.json"
+
+
+def marker_prefix(streams: int) -> str:
+    return f"stream-{streams:04d}-"
+
+
+def run_of(name: str) -> str | None:
+    """The writer run id a shard or temporary shard file belongs to."""
+    match = _SHARD_RE.match(name)
+    return match.group(1) if match else None
+
+
+_SHARD_RE = re.compile(r"^([0-9a-f]{8})-\d{4}-\d{6}\.arrow(\.tmp)?$")

@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from snapcache.errors import CorruptSnapshotError, UnsupportedValueError
+from snapcache.errors import CorruptSnapshotError, SchemaMismatchError, UnsupportedValueError
 
-__all__ = ["FieldSpec", "Schema", "infer_schema", "split_example", "classify", "storage_dtype"]
+__all__ = ["FieldSpec", "Schema", "infer_schema", "merge_schemas", "split_example", "classify", "storage_dtype"]
 
 STRUCTURES = ("dict", "tuple", "single")
 KINDS = ("tensor", "scalar", "str", "bytes")
@@ -294,3 +294,29 @@ def infer_schema(example: Any) -> Schema:
         return Schema(structure, fields)
     except ValueError as exc:
         raise UnsupportedValueError(f"the example cannot be stored: {exc}") from exc
+
+
+def merge_schemas(a: Schema, b: Schema, *, where: str = "") -> Schema:
+    """One schema for examples written by two writers (two streams of one snapshot).
+
+    Fields must agree in name, kind, dtype, rank and Python-ness; observed shapes are merged,
+    keeping a dimension where both agree and ``None`` where they differ.
+    """
+    prefix = f"{where}: " if where else ""
+    if a.structure != b.structure or [f.name for f in a.fields] != [f.name for f in b.fields]:
+        raise SchemaMismatchError(
+            f"{prefix}streams wrote different example structures: {a.describe()} vs "
+            f"{b.describe()}")
+    fields = []
+    for fa, fb in zip(a.fields, b.fields):
+        if (fa.kind, fa.dtype, fa.ndim, fa.python) != (fb.kind, fb.dtype, fb.ndim, fb.python):
+            raise SchemaMismatchError(
+                f"{prefix}streams disagree on field {fa.name!r}: {fa.describe()} vs "
+                f"{fb.describe()}")
+        shape = fa.shape
+        if fa.shape is not None and fb.shape is not None:
+            shape = tuple(x if x == y else None for x, y in zip(fa.shape, fb.shape))
+        elif fa.shape is None:
+            shape = fb.shape
+        fields.append(FieldSpec(fa.name, fa.kind, fa.dtype, fa.ndim, fa.python, shape))
+    return Schema(a.structure, tuple(fields))

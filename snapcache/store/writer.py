@@ -2,7 +2,8 @@
 
 The consumer's thread only validates and buffers examples (cheap); compression and I/O run on a
 background thread, fed through a bounded queue so memory stays bounded when storage is slow.
-Nothing is visible as a snapshot until :meth:`SnapshotWriter.commit` writes the manifest.
+Nothing is visible as a snapshot until the manifest is committed (see
+:mod:`snapcache.store.streams` for how several streams commit exactly once).
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
+from snapcache.errors import StoreError
 from snapcache.options import SnapshotOptions
 from snapcache.store import layout
-from snapcache.store.codec import Encoder, infer_schema
+from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
+from snapcache.store.lease import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso, writer_identity)
+from snapcache.store.schema import merge_schemas
+from snapcache.store.streams import StreamRecord, try_commit, write_marker, write_progress
 
 log = logging.getLogger(__name__)
 
@@ -102,25 +107,32 @@ class SnapshotWriter:
         writer = SnapshotWriter(Storage("/tmp/snaps").child(fp), fingerprint=fp)
         for example in examples:
             writer.write(example)
-        manifest = writer.commit()      # or writer.abort() to leave nothing behind
+        manifest = writer.commit()      # or writer.abort() to stop without committing
     """
 
     def __init__(self, storage: Storage, *, fingerprint: str,
                  options: SnapshotOptions | None = None, fingerprint_tree: dict | None = None,
-                 pipeline: str = "", stream: int = 0, max_pending_batches: int = 4):
+                 pipeline: str = "", stream: int = 0, streams: int = 1,
+                 run_id: str | None = None, resume: StreamRecord | None = None,
+                 lease: WriteLease | None = None, max_pending_batches: int = 4):
+        if not 0 <= stream < streams:
+            raise ValueError(f"stream must be in [0, {streams}); got {stream}")
         self.storage = storage
         self.fingerprint = fingerprint
         self.options = options or SnapshotOptions()
-        self._tree, self._pipeline, self._stream = fingerprint_tree, pipeline, stream
-        self._run_id = layout.new_run_id()
+        self._tree, self._pipeline = fingerprint_tree, pipeline
+        self._stream, self._streams, self._lease = stream, streams, lease
+        self._run_id = run_id or layout.new_run_id()
         self._created_at = now_iso()
         self._encoder: Encoder | None = None
         self._count = 0
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending_batches)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._shards: list[ShardInfo] = []
-        self._written: list[str] = []       # every file this writer created, for abort()
+        self._resume_schema = resume.schema if resume else None
+        self._shards: list[ShardInfo] = list(resume.shards) if resume else []
+        self._latest_schema: dict | None = self._resume_schema
+        self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._state = "open"
         # A shard holds several record batches, so batches stay well below the shard size.
         self._batch_target = min(self.options.record_batch_size,
@@ -128,6 +140,7 @@ class SnapshotWriter:
 
     @property
     def num_examples(self) -> int:
+        """Examples written by this writer (not counting resumed shards)."""
         return self._count
 
     # -- consumer side -------------------------------------------------------------------------
@@ -145,8 +158,12 @@ class SnapshotWriter:
         if self._encoder.nbytes >= self._batch_target:
             self._send_batch()
 
-    def commit(self) -> Manifest:
-        """Finish the last shard and write the manifest, making the snapshot visible."""
+    def commit(self) -> Manifest | None:
+        """Finish this stream and commit the snapshot if every stream is now complete.
+
+        Returns the committed manifest, or None when other streams are still being written
+        (the last of them commits).
+        """
         self._check_open()
         try:
             if self._encoder is not None:
@@ -155,32 +172,48 @@ class SnapshotWriter:
                 self._stop_thread()
                 if self._error is not None:
                     raise self._error
-            schema = self._encoder.observed_schema().to_json() if self._encoder else None
-            manifest = Manifest(
-                fingerprint=self.fingerprint, schema=schema, shards=tuple(self._shards),
+            record = self._record(self._schema_json())
+            self.storage.makedirs()
+            if self._lease is not None:
+                self._lease.check()
+            write_marker(self.storage, record)
+            manifest = try_commit(
+                self.storage, self._streams, fingerprint=self.fingerprint,
                 compression=self.options.compression, created_at=self._created_at,
                 committed_at=now_iso(), writer=writer_identity(self._run_id),
                 fingerprint_tree=self._tree, pipeline=self._pipeline, key=self.options.key,
                 name=self.options.name)
-            self.storage.makedirs()
-            self.storage.write_atomic(layout.MANIFEST, manifest.dumps())
-        except BaseException:
+        except BaseException as e:
             self.abort()
+            if isinstance(e, OSError):
+                raise self._wrap(e) from e
             raise
         self._state = "committed"
-        log.info("committed snapshot %s: %d examples in %d shards", self.fingerprint,
-                 manifest.num_examples, len(manifest.shards))
         return manifest
 
     def abort(self) -> None:
-        """Stop writing and delete every file this writer created. Safe to call twice."""
+        """Stop writing; delete the shard in progress. Finished shards stay, recorded in this
+        run's progress file, so a later run can reuse them. Safe to call twice."""
         if self._state != "open":
             return
         self._state = "aborted"
         self._stop_thread(discard=True)
-        for name in self._written:
+        for name in self._tmp:
             self.storage.remove(name)
             self.storage.remove(layout.tmp_name(name))
+
+    def _record(self, schema: dict | None) -> StreamRecord:
+        return StreamRecord(self._stream, self._streams, self._run_id, tuple(self._shards),
+                            schema)
+
+    def _schema_json(self) -> dict | None:
+        if self._encoder is None:
+            return self._resume_schema
+        schema = self._encoder.observed_schema()
+        if self._resume_schema is not None:
+            schema = merge_schemas(Schema.from_json(self._resume_schema), schema,
+                                   where=f"snapshot {self.fingerprint[:12]}")
+        return schema.to_json()
 
     def __enter__(self) -> "SnapshotWriter":
         return self
@@ -197,15 +230,25 @@ class SnapshotWriter:
         if self._error is not None:
             error = self._error
             self.abort()
-            raise error
+            raise self._wrap(error) from (error if isinstance(error, OSError) else None)
+
+    def _wrap(self, error: BaseException) -> BaseException:
+        """Storage failures (a full disk, a failed upload) become one clear StoreError."""
+        if not isinstance(error, OSError):
+            return error
+        return StoreError(
+            f"writing snapshot {self.fingerprint[:12]} to {self.storage.url} failed: {error}. "
+            "Nothing was committed; finished shards are kept for the next run "
+            "(`snapcache purge --incomplete` removes them)")
 
     def _send_batch(self) -> None:
         assert self._encoder is not None
         raw = self._encoder.nbytes
         batch = self._encoder.flush()
+        schema = self._schema_json()
         while True:
             try:
-                self._queue.put((batch, raw), timeout=0.1)
+                self._queue.put((batch, raw, schema), timeout=0.1)
                 return
             except queue.Full:
                 if self._error is not None:
@@ -228,6 +271,11 @@ class SnapshotWriter:
     # -- background thread ---------------------------------------------------------------------
     _discard = False
 
+    def _finish(self, shard: _ShardFile) -> None:
+        self._shards.append(shard.finish())
+        self._tmp.remove(shard.name)
+        write_progress(self.storage, self._record(self._latest_schema))
+
     def _drain(self) -> None:
         shard: _ShardFile | None = None
         seq = 0
@@ -237,18 +285,18 @@ class SnapshotWriter:
                 item = self._queue.get()
                 if item is _END or self._discard:
                     break
-                batch, raw = item
+                batch, raw, self._latest_schema = item
                 if shard is None:
                     name = layout.shard_name(self._run_id, self._stream, seq)
-                    self._written.append(name)
+                    self._tmp.append(name)
                     shard = _ShardFile(self.storage, name, batch.schema, self.options)
                     seq += 1
                 shard.write(batch, raw)
                 if shard.sink.size >= self.options.shard_size:
-                    self._shards.append(shard.finish())
+                    self._finish(shard)
                     shard = None
             if shard is not None and not self._discard:
-                self._shards.append(shard.finish())
+                self._finish(shard)
                 shard = None
         except BaseException as e:  # reported to the consumer on its next call
             self._error = e

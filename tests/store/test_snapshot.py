@@ -122,7 +122,7 @@ def test_examples_of_every_structure_round_trip(root, make):
         assert_same(got_again, want)
 
 
-def test_abandoned_epoch_leaves_nothing_that_reads_as_a_snapshot(root, counter):
+def test_abandoned_epoch_leaves_no_snapshot_and_the_next_epoch_resumes(root, counter):
     def f(i):
         counter.hit()
         return {"x": np.zeros(1000) + i}
@@ -133,13 +133,22 @@ def test_abandoned_epoch_leaves_nothing_that_reads_as_a_snapshot(root, counter):
         next(it)
     it.close()
     assert committed(root) == []
-    leftovers = [n for d in snapshot_dirs(root) for n in os.listdir(os.path.join(root, d))]
-    assert leftovers == []
+    (folder,) = snapshot_dirs(root)
+    leftovers = os.listdir(os.path.join(root, folder))
+    assert not [n for n in leftovers if n.endswith(".tmp") or n.startswith("lease-")]
+    assert any(n.startswith("progress-") for n in leftovers)  # finished shards, recorded
     # take() stops early too: still nothing committed
     list(ds.take(10))
     assert committed(root) == []
-    assert len(list(ds)) == 1000
+    calls = counter.count
+    out = list(ds)
+    assert [int(e["x"][0]) for e in out] == list(range(1000))
     assert len(committed(root)) == 1
+    assert counter.count - calls < 600, "finished shards of the abandoned epoch are reused"
+    # after the commit only the manifest, the shards it lists and last-use records remain
+    manifest = json.load(open(os.path.join(root, folder, "manifest.json")))
+    listed = {s["path"] for s in manifest["shards"]}
+    assert set(os.listdir(os.path.join(root, folder))) == listed | {"manifest.json"}
 
 
 def test_error_mid_epoch_commits_nothing(root):
@@ -283,3 +292,42 @@ def test_memory_filesystem(counter):
     fs = fsspec.filesystem("memory")
     assert any(p.endswith("manifest.json") for p in fs.find("/snapcache-test-root"))
     fs.rm("/snapcache-test-root", recursive=True)
+
+
+def rewrite_manifest(root, change):
+    (fp,) = committed(root)
+    path = os.path.join(root, fp, "manifest.json")
+    doc = json.load(open(path))
+    change(doc)
+    doc["num_examples"] = sum(s["rows"] for s in doc["shards"])
+    doc["total_bytes"] = sum(s["bytes"] for s in doc["shards"])
+    json.dump(doc, open(path, "w"))
+
+
+@pytest.mark.parametrize("field, delta, message", [
+    ("bytes", 1, "bytes, the manifest says"),
+    ("rows", 1, "rows, the manifest says"),
+])
+def test_a_manifest_that_disagrees_with_its_files_is_refused(root, field, delta, message):
+    ds = sc.Dataset.range(30).snapshot(root)
+    list(ds)
+
+    def bump(doc):
+        doc["shards"][0][field] += delta
+
+    rewrite_manifest(root, bump)
+    with pytest.raises(sc.CorruptSnapshotError, match=message):
+        list(ds)
+
+
+def test_readers_hold_a_read_lease_and_record_last_use(root):
+    ds = sc.Dataset.range(50).snapshot(root)
+    list(ds)
+    (fp,) = committed(root)
+    it = iter(ds)
+    next(it)
+    names = os.listdir(os.path.join(root, fp))
+    assert any(n.startswith("reader-") for n in names)
+    assert "last-used.json" in names
+    list(it)
+    assert not any(n.startswith("reader-") for n in os.listdir(os.path.join(root, fp)))

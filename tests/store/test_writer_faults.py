@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from snapcache.store.fs import Storage
 from snapcache.store.reader import load_manifest
 from snapcache.store.writer import SnapshotWriter
+from snapcache.errors import StoreError
 from snapcache.options import SnapshotOptions
 
 FP = "0123456789abcdef0123456789abcdef"
@@ -41,13 +43,20 @@ def test_full_disk_raises_and_leaves_nothing(tmp_path, monkeypatch, budget):
                         lambda self, rel: FullDisk(real_open(self, rel), free))
     writer = SnapshotWriter(storage, fingerprint=FP,
                             options=SnapshotOptions(shard_size=100_000, record_batch_size=20_000))
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(StoreError, match="No space left.*Nothing was committed"):
         for i in range(2000):
             writer.write({"x": np.random.default_rng(i).random(100)})
         writer.commit()
     writer.abort()
     assert load_manifest(storage) is None
-    assert os.listdir(tmp_path / FP) == []
+    left = os.listdir(tmp_path / FP)
+    # no partial file: only finished shards and the progress record that lists them
+    assert not [n for n in left if n.endswith(".tmp")]
+    progress = [n for n in left if n.startswith("progress-")]
+    shards = {n for n in left if n.endswith(".arrow")}
+    if shards:
+        record = json.loads((tmp_path / FP / progress[0]).read_text())
+        assert {s["path"] for s in record["shards"]} == shards
 
 
 def test_writer_context_manager_commits_or_aborts(tmp_path):

@@ -1,0 +1,271 @@
+"""A local, size-limited, least-recently-used cache of remote shard files.
+
+When a snapshot lives on a remote filesystem (S3, ...), a reader can keep the shards it
+downloads in a local folder, so later epochs read them from local disk (memory-mapped) instead
+of the network::
+
+    cache = ShardCache("/mnt/nvme/snapcache", limit_bytes=200 << 30)
+    buffer = cache.get(f"{fingerprint}/{shard.path}", shard.bytes,
+                       lambda: storage.read_bytes(shard.path))
+
+Layout: the cache owns ``<directory>/snapcache-shards-v1/`` and, inside it, only the files named
+``<key>.cached`` (complete copies) and ``<key>.cached.<id>.part`` (being written). It never
+touches anything else, so pointing it at a folder that holds other files is harmless.
+
+A copy's modification time is its last use: ``get`` sets it on every hit, and eviction removes
+the oldest copies first. The folder is the only state, which makes the cache safe to share
+between processes: copies are written to a temporary file and renamed into place, eviction
+tolerates files that another process removed first, and every eviction pass re-reads the folder
+so it counts what other processes added. Within a process a lock serialises bookkeeping and
+concurrent misses of the same key fetch once.
+
+Copies are not fsynced: a copy truncated by a crash is caught by its size on the next ``get``
+and fetched again; readers still verify checksums, and call :meth:`ShardCache.discard` to drop a
+copy that fails them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+SUBDIR = "snapcache-shards-v1"
+SUFFIX = ".cached"
+PART_SUFFIX = ".part"
+STALE_PART_SECONDS = 3600.0  # a temporary file this old belongs to a writer that died
+
+
+@dataclass(frozen=True)
+class _Copy:
+    path: str
+    size: int
+    last_used_ns: int
+
+
+def validate_key(key: str) -> list[str]:
+    """The segments of ``key``, a relative ``/``-separated path; ValueError if it is not one."""
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"a shard cache key must be a non-empty string, got {key!r}")
+    if key.startswith("/") or "\\" in key or "\0" in key or ":" in key:
+        raise ValueError(f"shard cache key {key!r} must be a relative '/'-separated path "
+                         "like '<fingerprint>/<shard file name>'")
+    segments = key.split("/")
+    for segment in segments:
+        if segment in ("", ".", ".."):
+            raise ValueError(f"shard cache key {key!r} has an empty, '.' or '..' segment")
+        if segment.endswith((SUFFIX, PART_SUFFIX)):
+            raise ValueError(f"shard cache key {key!r}: a segment may not end in {SUFFIX!r} or "
+                             f"{PART_SUFFIX!r} (the cache's own file suffixes)")
+    return segments
+
+
+class ShardCache:
+    """Keeps up to ``limit_bytes`` of fetched files under ``directory``, evicting the least
+    recently used first.
+
+    Example::
+
+        cache = ShardCache(os.path.expanduser("~/.cache/snapcache-shards"), 50 << 30)
+        buf = cache.get("3fa2.../a1b2-0000-000003.arrow", size, fetch=download)
+    """
+
+    def __init__(self, directory: str | os.PathLike, limit_bytes: int):
+        if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be a positive int, got {limit_bytes!r}")
+        self.directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
+        self.limit_bytes = limit_bytes
+        self._root = os.path.join(self.directory, SUBDIR)
+        os.makedirs(self._root, exist_ok=True)
+        self._lock = threading.Lock()
+        self._key_locks: dict[str, list] = {}   # key -> [lock, number of users]
+        self._last_stamp_ns = 0
+        self._remove_stale_parts()
+        with self._lock:
+            self._evict()
+
+    def __repr__(self) -> str:
+        return f"ShardCache({self.directory!r}, limit_bytes={self.limit_bytes})"
+
+    # -- public API ----------------------------------------------------------------------------
+    def get(self, key: str, size: int, fetch: Callable[[], bytes]) -> pa.Buffer:
+        """The bytes of ``key``: the cached copy if there is one of ``size`` bytes, else
+        ``fetch()``'s result, kept for next time if it has ``size`` bytes and fits the limit."""
+        path = self._path(key)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"size must be a non-negative int, got {size!r}")
+        with self._key_locked(key):
+            buffer = self._open_copy(path, size)
+            if buffer is not None:
+                return buffer
+            data = fetch()
+            if len(data) != size:
+                # the remote file is not what the caller expected (it will say so): not cached
+                log.debug("shard cache: %s fetched %d bytes, expected %d; not cached",
+                          key, len(data), size)
+                return pa.py_buffer(data)
+            if size > self.limit_bytes:
+                return pa.py_buffer(data)
+            self._store(path, data)
+            with self._lock:
+                self._evict()
+            buffer = self._open_copy(path, size)
+        # evicted at once by a concurrent process filling the cache: serve from memory
+        return buffer if buffer is not None else pa.py_buffer(data)
+
+    def discard(self, key: str) -> None:
+        """Drop the copy of ``key`` (e.g. one that failed its checksum), if there is one."""
+        path = self._path(key)
+        with self._key_locked(key):
+            _remove(path)
+
+    def clear(self) -> None:
+        """Remove every copy (and temporary file) the cache made; nothing else."""
+        with self._lock:
+            for copy in self._copies():
+                _remove(copy.path)
+            self._remove_stale_parts(max_age=0.0)
+            self._remove_empty_dirs()
+
+    @property
+    def size(self) -> int:
+        """Bytes held by complete copies in the cache folder, by any process."""
+        return sum(copy.size for copy in self._copies())
+
+    # -- internals -----------------------------------------------------------------------------
+    def _path(self, key: str) -> str:
+        return os.path.join(self._root, *validate_key(key)) + SUFFIX
+
+    @contextlib.contextmanager
+    def _key_locked(self, key: str) -> Iterator[None]:
+        with self._lock:
+            entry = self._key_locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._key_locks[key]
+
+    def _open_copy(self, path: str, size: int) -> pa.Buffer | None:
+        """A memory map of the copy at ``path`` if it is complete, marked as just used."""
+        try:
+            with pa.memory_map(path, "r") as mm:
+                buffer = mm.read_buffer()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if buffer.size != size:  # truncated or stale: fetch it again
+            _remove(path)
+            return None
+        self._touch(path)
+        return buffer
+
+    def _touch(self, path: str) -> None:
+        with self._lock:
+            # strictly increasing within the process, so uses in quick succession stay ordered
+            stamp = max(time.time_ns(), self._last_stamp_ns + 1)
+            self._last_stamp_ns = stamp
+        try:
+            os.utime(path, ns=(stamp, stamp))
+        except FileNotFoundError:
+            pass
+
+    def _store(self, path: str, data: bytes) -> None:
+        part = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:12]}{PART_SUFFIX}"
+        for attempt in range(2):  # another process's clear() may remove the folder between
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                with open(part, "wb") as f:
+                    f.write(data)
+                break
+            except FileNotFoundError:
+                if attempt:
+                    raise
+        try:
+            os.replace(part, path)
+        except BaseException:
+            _remove(part)
+            raise
+        self._touch(path)
+
+    def _copies(self) -> list[_Copy]:
+        copies = []
+        for entry in _walk_files(self._root):
+            if not entry.name.endswith(SUFFIX):
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            copies.append(_Copy(entry.path, st.st_size, st.st_mtime_ns))
+        return copies
+
+    def _evict(self) -> None:
+        """Remove least recently used copies until the folder holds at most the limit.
+        Call with ``self._lock`` held."""
+        copies = self._copies()
+        total = sum(c.size for c in copies)
+        for copy in sorted(copies, key=lambda c: (c.last_used_ns, c.path)):
+            if total <= self.limit_bytes:
+                break
+            if _remove(copy.path):  # removed by us or by another process: gone either way
+                log.debug("shard cache: evicted %s (%d bytes)", copy.path, copy.size)
+                total -= copy.size
+
+    def _remove_stale_parts(self, max_age: float = STALE_PART_SECONDS) -> None:
+        cutoff = time.time() - max_age
+        for entry in _walk_files(self._root):
+            if not entry.name.endswith(PART_SUFFIX) or SUFFIX + "." not in entry.name:
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime <= cutoff:
+                    _remove(entry.path)
+            except FileNotFoundError:
+                pass
+
+    def _remove_empty_dirs(self) -> None:
+        for dirpath, _, _ in sorted(os.walk(self._root), reverse=True):
+            if dirpath != self._root:
+                with contextlib.suppress(OSError):
+                    os.rmdir(dirpath)  # fails, harmlessly, unless empty
+
+
+def _walk_files(root: str) -> Iterator[os.DirEntry]:
+    """Regular files under ``root``, recursively, not following symlinks."""
+    try:
+        entries = list(os.scandir(root))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                yield from _walk_files(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                yield entry
+        except FileNotFoundError:
+            continue
+
+
+def _remove(path: str) -> bool:
+    """Delete one file; True if it is gone (also when it already was), False if it cannot be
+    removed now (e.g. mapped on Windows: the next eviction tries again)."""
+    try:
+        os.remove(path)
+        return True
+    except FileNotFoundError:
+        return True
+    except PermissionError:
+        log.debug("shard cache: cannot remove %s now", path)
+        return False

@@ -1,0 +1,90 @@
+"""Who does what when a pipeline reaches a snapshot: read it, write it, wait, or compute.
+
+:func:`negotiate` loops until it can decide:
+
+- a committed manifest exists -> **read**;
+- this process wins the write lease of its stream -> **write** (resuming an earlier run's
+  finished shards when the caller can skip examples);
+- someone else holds it -> ``on_busy="compute"``: **compute** without writing;
+  ``on_busy="wait"``: poll until the commit (then read) or until the lease expires (then take
+  it over and write), or raise LeaseTimeoutError after ``wait_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from snapcache.errors import LeaseTimeoutError
+from snapcache.store import layout
+from snapcache.store.fs import Storage
+from snapcache.store.lease import WriteLease, live_leases
+from snapcache.store.manifest import Manifest
+from snapcache.store.reader import load_manifest
+from snapcache.store.streams import StreamRecord, best_progress, load_markers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Decision:
+    action: str                          # "read" | "write" | "compute"
+    manifest: Manifest | None = None     # read
+    lease: WriteLease | None = None      # write
+    resume: StreamRecord | None = None   # write: an earlier run's finished shards
+
+
+def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 1,
+              on_busy: str = "wait", lease_ttl: float = 30.0,
+              wait_timeout: float | None = None) -> Decision:
+    start = time.monotonic()
+    delay = 0.02
+    orphaned_since: float | None = None
+    while True:
+        manifest = load_manifest(storage)
+        if manifest is not None:
+            return Decision("read", manifest=manifest)
+        names = storage.listdir()
+        mine_done = layout.marker_name(streams, stream) in names
+        if not mine_done:
+            lease = WriteLease.acquire(storage, run_id=run_id, stream=stream, streams=streams,
+                                       ttl=lease_ttl)
+            if lease is not None:
+                manifest = load_manifest(storage)  # committed while we were acquiring?
+                if manifest is not None:
+                    lease.release()
+                    return Decision("read", manifest=manifest)
+                return Decision("write", lease=lease,
+                                resume=best_progress(storage, stream, streams))
+        if on_busy == "compute":
+            return Decision("compute")
+        now = time.monotonic()
+        if mine_done:
+            # Our stream is complete; the others must finish before anyone can read.
+            if _pending_without_writer(storage, streams):
+                orphaned_since = orphaned_since or now
+                if now - orphaned_since > lease_ttl:
+                    missing = sorted(set(range(streams)) - set(load_markers(storage, streams)))
+                    raise LeaseTimeoutError(
+                        f"snapshot {storage.url}: streams {missing} of {streams} have no live "
+                        "writer; run the pipeline again with the same number of streams "
+                        "(workers x ranks) to complete them, or use on_busy='compute'")
+            else:
+                orphaned_since = None
+        if wait_timeout is not None and now - start > wait_timeout:
+            holders = ", ".join(f"{lease.host} pid {lease.pid}" for lease in
+                                live_leases(storage) if lease.kind == "write") or "nobody"
+            raise LeaseTimeoutError(
+                f"waited {wait_timeout:.0f} s for snapshot {storage.url} to be committed "
+                f"(being written by {holders}); raise wait_timeout, or pass "
+                "on_busy='compute' to compute without writing")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+def _pending_without_writer(storage: Storage, streams: int) -> bool:
+    done = set(load_markers(storage, streams))
+    writing = {lease.stream for lease in live_leases(storage)
+               if lease.kind == "write" and lease.streams == streams}
+    return any(i not in done and i not in writing for i in range(streams))

@@ -1,0 +1,157 @@
+"""Streams: several cooperating writers of one snapshot, progress records, and the commit.
+
+Each writer owns stream ``i`` of ``n`` (a single writer is stream 0 of 1). While writing it
+records the shards it has finished in ``progress-<n>-<i>-<run>.json`` (so a crashed run's shards
+can be reused), and when its stream is done it writes ``stream-<n>-<i>.json``. Whoever writes
+the last marker assembles the manifest from all markers and creates ``manifest.json``
+exclusively: exactly one commit, however many finish at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from snapcache.errors import CorruptSnapshotError
+from snapcache.store import layout
+from snapcache.store.fs import Storage
+from snapcache.store.lease import live_leases
+from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.store.schema import Schema, merge_schemas
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """The shards one writer run has finished for one stream, in order."""
+
+    stream: int
+    streams: int
+    run_id: str
+    shards: tuple[ShardInfo, ...]
+    schema: dict | None
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    def dumps(self) -> bytes:
+        doc = asdict(self)
+        doc["shards"] = [asdict(s) for s in self.shards]
+        return json.dumps(doc).encode()
+
+    @classmethod
+    def loads(cls, data: bytes, *, where: str) -> "StreamRecord":
+        try:
+            doc = json.loads(data)
+            shards = tuple(ShardInfo(**s) for s in doc["shards"])
+            record = cls(int(doc["stream"]), int(doc["streams"]), str(doc["run_id"]), shards,
+                         doc.get("schema"))
+        except (ValueError, TypeError, KeyError) as e:
+            raise CorruptSnapshotError(f"{where}: unreadable stream record ({e})") from None
+        for shard in shards:
+            if not layout.is_safe_shard_path(shard.path):
+                raise CorruptSnapshotError(f"{where}: unsafe shard path {shard.path!r}")
+        return record
+
+
+def write_progress(storage: Storage, record: StreamRecord) -> None:
+    storage.write_atomic(layout.progress_name(record.streams, record.stream, record.run_id),
+                         record.dumps())
+
+
+def write_marker(storage: Storage, record: StreamRecord) -> None:
+    storage.write_atomic(layout.marker_name(record.streams, record.stream), record.dumps())
+
+
+def _load(storage: Storage, name: str) -> StreamRecord | None:
+    try:
+        return StreamRecord.loads(storage.read_bytes(name), where=storage.url_of(name))
+    except FileNotFoundError:
+        return None
+    except CorruptSnapshotError as e:
+        log.warning("ignoring %s", e)
+        return None
+
+
+def load_markers(storage: Storage, streams: int, names: list[str] | None = None
+                 ) -> dict[int, StreamRecord]:
+    names = storage.listdir() if names is None else names
+    prefix = layout.marker_prefix(streams)
+    markers = {}
+    for name in names:
+        if name.startswith(prefix):
+            record = _load(storage, name)
+            if record is not None and record.streams == streams:
+                markers[record.stream] = record
+    return markers
+
+
+def best_progress(storage: Storage, stream: int, streams: int) -> StreamRecord | None:
+    """The earlier run's progress on this stream that covers the most rows and whose shards
+    are all present with the recorded sizes (checksums are verified when they are read)."""
+    prefix = layout.progress_prefix(streams, stream)
+    best = None
+    names = storage.listdir()
+    present = set(names)
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        record = _load(storage, name)
+        if record is None or not record.shards:
+            continue
+        if not all(s.path in present and storage.size(s.path) == s.bytes for s in record.shards):
+            continue
+        if best is None or record.rows > best.rows:
+            best = record
+    return best
+
+
+def assemble(markers: dict[int, StreamRecord], streams: int, *, fingerprint: str,
+             **fields: Any) -> Manifest:
+    """The manifest of a snapshot whose ``streams`` streams are all complete."""
+    ordered = [markers[i] for i in range(streams)]
+    schemas = [Schema.from_json(r.schema) for r in ordered if r.schema is not None]
+    schema = None
+    for other in schemas:
+        schema = other if schema is None else merge_schemas(schema, other, where=fingerprint)
+    shards = tuple(s for record in ordered for s in record.shards)
+    return Manifest(fingerprint=fingerprint, schema=schema.to_json() if schema else None,
+                    shards=shards, **fields)
+
+
+def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: Any
+               ) -> Manifest | None:
+    """Create the manifest if every stream is complete; return the committed manifest (ours or
+    one committed concurrently), or None while streams are missing."""
+    from snapcache.store.reader import load_manifest
+
+    markers = load_markers(storage, streams)
+    if len(markers) < streams:
+        return None
+    manifest = assemble(markers, streams, fingerprint=fingerprint, **fields)
+    if storage.create_exclusive(layout.MANIFEST, manifest.dumps()):
+        log.info("committed snapshot %s: %d examples in %d shards", fingerprint,
+                 manifest.num_examples, len(manifest.shards))
+        cleanup(storage, manifest)
+        return manifest
+    return load_manifest(storage)
+
+
+def cleanup(storage: Storage, manifest: Manifest) -> list[str]:
+    """After a commit: remove progress records, stream markers, and shard files that the
+    manifest does not list and that no live writer owns. Returns the removed names."""
+    live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
+    keep = {s.path for s in manifest.shards}
+    removed = []
+    for name in storage.listdir():
+        run = layout.run_of(name)
+        stale_shard = run is not None and name not in keep and run not in live_runs
+        bookkeeping = name.startswith(("progress-", "stream-"))
+        if stale_shard or bookkeeping:
+            storage.remove(name)
+            removed.append(name)
+    return removed

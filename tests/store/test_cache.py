@@ -1,0 +1,273 @@
+"""The local LRU cache of remote shard files."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from snapcache.store.cache import PART_SUFFIX, SUBDIR, SUFFIX, ShardCache
+
+
+class Fetcher:
+    """A fetch function for one key that counts its calls."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bytes:
+        with self._lock:
+            self.calls += 1
+        return self.data
+
+
+def payload(key: str, size: int) -> bytes:
+    seed = key.encode() + b"|"
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def get(cache: ShardCache, key: str, size: int) -> tuple[pa.Buffer, Fetcher]:
+    fetch = Fetcher(payload(key, size))
+    return cache.get(key, size, fetch), fetch
+
+
+def bytes_on_disk(directory) -> int:
+    return sum(os.path.getsize(os.path.join(d, f))
+               for d, _, files in os.walk(os.path.join(directory, SUBDIR)) for f in files)
+
+
+def cached_keys(cache: ShardCache) -> set[str]:
+    root = os.path.join(cache.directory, SUBDIR)
+    return {os.path.relpath(os.path.join(d, f), root)[:-len(SUFFIX)]
+            for d, _, files in os.walk(root) for f in files if f.endswith(SUFFIX)}
+
+
+@pytest.mark.parametrize("limit", [0, -1, True, 1.5, "100"])
+def test_the_limit_must_be_a_positive_int(tmp_path, limit):
+    with pytest.raises(ValueError, match="limit_bytes"):
+        ShardCache(tmp_path, limit)
+
+
+def test_a_miss_fetches_and_a_hit_does_not(tmp_path):
+    cache = ShardCache(tmp_path, 1 << 20)
+    first, fetch = get(cache, "abc123/s-0.arrow", 1000)
+    assert fetch.calls == 1 and first.to_pybytes() == fetch.data
+    again = cache.get("abc123/s-0.arrow", 1000, fetch)
+    assert fetch.calls == 1 and again.to_pybytes() == fetch.data
+    assert cache.size == 1000
+    # a second cache on the same folder (another process) sees the copy
+    other = ShardCache(tmp_path, 1 << 20)
+    assert other.get("abc123/s-0.arrow", 1000, fetch).to_pybytes() == fetch.data
+    assert fetch.calls == 1
+
+
+def test_empty_files_are_cached_too(tmp_path):
+    cache = ShardCache(tmp_path, 10)
+    _, fetch = get(cache, "fp/empty.arrow", 0)
+    assert cache.get("fp/empty.arrow", 0, fetch).size == 0
+    assert fetch.calls == 1
+
+
+def test_least_recently_used_copies_go_first(tmp_path):
+    cache = ShardCache(tmp_path, 300)
+    for key in ("fp/a", "fp/b", "fp/c"):
+        get(cache, key, 100)
+    _, fetch_a = get(cache, "fp/a", 100)          # a hit: a is now the most recently used
+    assert fetch_a.calls == 0
+    get(cache, "fp/d", 100)
+    assert cached_keys(cache) == {"fp/a", "fp/c", "fp/d"}
+    get(cache, "fp/e", 150)                       # needs two evictions: c, then a
+    assert cached_keys(cache) == {"fp/d", "fp/e"}
+    assert cache.size == 250
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(limit=st.integers(1, 400),
+       requests=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 160)), max_size=30))
+def test_the_limit_is_never_exceeded_and_eviction_is_lru(limit, requests):
+    model: OrderedDict[str, int] = OrderedDict()  # key -> size, least recently used first
+    with tempfile.TemporaryDirectory() as directory:
+        cache = ShardCache(directory, limit)
+        for index, size in requests:
+            key = f"{index:02x}/shard-{index}.arrow"
+            buffer, fetch = get(cache, key, size)
+            assert buffer.to_pybytes() == payload(key, size)
+            hit = model.get(key) == size
+            assert fetch.calls == (0 if hit else 1)
+            if hit:
+                model.move_to_end(key)
+            else:
+                model.pop(key, None)
+                if size <= limit:
+                    model[key] = size
+                    while sum(model.values()) > limit:
+                        model.popitem(last=False)
+            assert bytes_on_disk(directory) == cache.size == sum(model.values()) <= limit
+            assert cached_keys(cache) == set(model)
+
+
+def test_copies_already_on_disk_count_towards_the_limit(tmp_path):
+    big = ShardCache(tmp_path, 10_000)
+    for i in range(10):
+        get(big, f"fp/{i}", 1000)
+    assert big.size == 10_000
+    small = ShardCache(tmp_path, 3500)
+    assert small.size <= 3500 and bytes_on_disk(tmp_path) <= 3500
+    assert cached_keys(small) == {"fp/7", "fp/8", "fp/9"}
+
+
+def test_files_that_are_not_its_own_copies_are_never_deleted(tmp_path):
+    foreign = [
+        tmp_path / "precious.arrow",
+        tmp_path / "looks-like-a-copy.arrow.cached",       # beside, not inside, the cache folder
+        tmp_path / "fp" / "s-0.arrow.cached",
+        tmp_path / SUBDIR / "notes.txt",
+        tmp_path / SUBDIR / "fp" / "s-0.arrow",
+        tmp_path / SUBDIR / "fp" / "s-0.arrow.cached.bak",
+        tmp_path / SUBDIR / "fp" / "s-0.arrow.part",        # not the cache's temporary naming
+    ]
+    for path in foreign:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 500)
+    old = time.time() - 10 * 24 * 3600
+    for path in foreign:
+        os.utime(path, (old, old))  # older than anything: first in line if it were a copy
+    cache = ShardCache(tmp_path, 1000)
+    for i in range(20):
+        get(cache, f"fp/s-{i}.arrow", 400)
+    get(cache, "fp/s-0.arrow", 400)
+    cache.clear()
+    assert all(path.read_bytes() == b"x" * 500 for path in foreign)
+    assert cache.size == 0
+
+
+def test_a_file_bigger_than_the_limit_is_returned_but_not_cached(tmp_path):
+    cache = ShardCache(tmp_path, 1000)
+    get(cache, "fp/small", 600)
+    buffer, fetch = get(cache, "fp/huge", 1001)
+    assert buffer.to_pybytes() == fetch.data
+    cache.get("fp/huge", 1001, fetch)
+    assert fetch.calls == 2
+    assert cached_keys(cache) == {"fp/small"}, "an uncacheable file must not evict others"
+
+
+def test_a_truncated_copy_is_fetched_again(tmp_path):
+    cache = ShardCache(tmp_path, 1 << 20)
+    _, fetch = get(cache, "fp/s.arrow", 1000)
+    copy = tmp_path / SUBDIR / "fp" / ("s.arrow" + SUFFIX)
+    copy.write_bytes(fetch.data[:300])
+    assert cache.get("fp/s.arrow", 1000, fetch).to_pybytes() == fetch.data
+    assert fetch.calls == 2
+    assert copy.read_bytes() == fetch.data
+
+
+def test_fetched_data_of_an_unexpected_size_is_returned_but_not_cached(tmp_path):
+    cache = ShardCache(tmp_path, 1 << 20)
+    fetch = Fetcher(b"short")
+    assert cache.get("fp/s.arrow", 1000, fetch).to_pybytes() == b"short"
+    assert cache.size == 0
+
+
+def test_discard_drops_one_copy(tmp_path):
+    cache = ShardCache(tmp_path, 1 << 20)
+    _, fetch = get(cache, "fp/a", 10)
+    get(cache, "fp/b", 10)
+    cache.discard("fp/a")
+    cache.discard("fp/never-cached")
+    assert cached_keys(cache) == {"fp/b"}
+    cache.get("fp/a", 10, fetch)
+    assert fetch.calls == 2
+
+
+def test_a_failing_fetch_leaves_nothing_behind(tmp_path):
+    cache = ShardCache(tmp_path, 1 << 20)
+
+    def fetch() -> bytes:
+        raise ConnectionError("network down")
+
+    with pytest.raises(ConnectionError):
+        cache.get("fp/s.arrow", 10, fetch)
+    assert bytes_on_disk(tmp_path) == 0
+
+
+@pytest.mark.parametrize("key", [
+    "../escape.arrow", "fp/../../escape.arrow", "fp/..", "/etc/passwd", "fp//s.arrow", "",
+    "fp/./s.arrow", "fp\\s.arrow", "C:/x.arrow", "fp/s.arrow" + SUFFIX, "fp/s" + PART_SUFFIX,
+    "fp" + SUFFIX + "/s.arrow",
+])
+def test_keys_that_are_not_plain_relative_paths_are_rejected(tmp_path, key):
+    cache = ShardCache(tmp_path, 1 << 20)
+    with pytest.raises(ValueError, match="key"):
+        cache.get(key, 1, lambda: b"x")
+    assert bytes_on_disk(tmp_path) == 0 and not (tmp_path / "escape.arrow").exists()
+
+
+def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
+    folder = tmp_path / SUBDIR / "fp"
+    folder.mkdir(parents=True)
+    stale = folder / f"s.arrow{SUFFIX}.123-abc{PART_SUFFIX}"
+    fresh = folder / f"t.arrow{SUFFIX}.456-def{PART_SUFFIX}"
+    for path in (stale, fresh):
+        path.write_bytes(b"partial")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    ShardCache(tmp_path, 1000)
+    assert not stale.exists() and fresh.exists()  # fresh: another process may be writing it
+
+
+def test_concurrent_misses_of_one_key_fetch_once(tmp_path):
+    cache = ShardCache(tmp_path, 1 << 20)
+    data = payload("fp/s", 5000)
+    calls = []
+
+    def slow_fetch() -> bytes:
+        calls.append(1)
+        time.sleep(0.05)
+        return data
+
+    barrier = threading.Barrier(6)
+    results = []
+
+    def reader() -> None:
+        barrier.wait()
+        results.append(cache.get("fp/s", 5000, slow_fetch).to_pybytes())
+
+    threads = [threading.Thread(target=reader) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and results == [data] * 6
+
+
+def test_threads_and_processes_sharing_a_folder_stay_within_the_limit(tmp_path):
+    caches = [ShardCache(tmp_path, 4000), ShardCache(tmp_path, 4000)]  # two "processes"
+    errors = []
+
+    def worker(n: int) -> None:
+        try:
+            for i in range(40):
+                key = f"fp/s-{(n * 7 + i * 3) % 13}"
+                size = 300 + (i * 37) % 500
+                buffer, _ = get(caches[n % 2], key, size)
+                assert buffer.to_pybytes() == payload(key, size)
+        except Exception as e:  # reported below; a thread's exception is otherwise lost
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert bytes_on_disk(tmp_path) <= 4000
+    assert not [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(PART_SUFFIX)]
