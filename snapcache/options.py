@@ -63,6 +63,22 @@ class SnapshotOptions:
     """A user-chosen version that replaces the computed upstream fingerprint."""
     name: str | None = None
     """A human name shown by ``snapcache ls``."""
+    on_busy: str = "wait"
+    """When another process is writing the snapshot: ``"wait"`` for its commit and then read,
+    or ``"compute"`` the examples without writing."""
+    wait_timeout: float | None = None
+    """Seconds to wait for another writer's commit before LeaseTimeoutError (None: no limit)."""
+    lease_ttl: float = 30.0
+    """A writer that has not renewed its lease for this long is presumed dead and replaced."""
+    prefetch_bytes: int | None = None
+    """Bytes a reader holds ahead of the consumer (None: a share of the machine's memory)."""
+    progress: Any = field(default=True, compare=False, hash=False)
+    """Progress of the writing epoch: True (a bar on a terminal, log lines otherwise), False,
+    or a callable receiving :class:`snapcache.runtime.progress.ProgressUpdate` objects."""
+    local_cache: str | None = None
+    """A local folder keeping copies of remote shards once read (least recently used evicted)."""
+    local_cache_limit: int = 50 << 30
+    """Bytes the local cache may hold at most."""
     storage_options: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -80,5 +96,25 @@ class SnapshotOptions:
             raise ValueError(f"key must be a non-empty string naming your version; got {self.key!r}")
         if self.name is not None and not isinstance(self.name, str):
             raise ValueError(f"name must be a string; got {self.name!r}")
+        if self.on_busy not in ON_BUSY:
+            raise ValueError(f"on_busy must be one of {', '.join(map(repr, ON_BUSY))}; "
+                             f"got {self.on_busy!r}")
+        if self.wait_timeout is not None and not (
+                isinstance(self.wait_timeout, (int, float)) and self.wait_timeout >= 0):
+            raise ValueError(f"wait_timeout must be None or seconds >= 0; got {self.wait_timeout!r}")
+        if not isinstance(self.lease_ttl, (int, float)) or self.lease_ttl <= 0:
+            raise ValueError(f"lease_ttl must be a positive number of seconds; got {self.lease_ttl!r}")
+        if self.prefetch_bytes is not None and (
+                not isinstance(self.prefetch_bytes, int) or isinstance(self.prefetch_bytes, bool)
+                or self.prefetch_bytes <= 0):
+            raise ValueError(f"prefetch_bytes must be None or a positive number of bytes; "
+                             f"got {self.prefetch_bytes!r}")
+        if not isinstance(self.progress, bool) and not callable(self.progress):
+            raise TypeError(f"progress must be True, False or a callable; got {self.progress!r}")
+        if self.local_cache is not None and not isinstance(self.local_cache, (str, os.PathLike)):
+            raise ValueError(f"local_cache must be a folder path; got {self.local_cache!r}")
+        if not isinstance(self.local_cache_limit, int) or self.local_cache_limit <= 0:
+            raise ValueError("local_cache_limit must be a positive number of bytes; got "
+                             f"{self.local_cache_limit!r}")
         if not isinstance(self.storage_options, dict):
             raise TypeError("storage_options must be a dict of fsspec options")

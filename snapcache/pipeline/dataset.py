@@ -12,7 +12,12 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from snapcache.options import AUTOTUNE, SnapshotOptions, check_parallelism, default_root
 from snapcache.pipeline import ops, plan
+
+EXECUTORS = ("thread", "process")
 from snapcache.pipeline.explain import Explanation
+from snapcache.pipeline.streams import StreamSpec
+from snapcache.runtime import stats
+from snapcache.runtime.process import check_picklable
 from snapcache.pipeline.explain import explain as explain_tree
 from snapcache.store.fs import Storage, expand_files
 
@@ -47,11 +52,12 @@ class Dataset:
                 ...
     """
 
-    __slots__ = ("_op", "_epochs")
+    __slots__ = ("_op", "_epochs", "_recorder")
 
     def __init__(self, op: ops.Op):
         self._op = op
         self._epochs = itertools.count()
+        self._recorder: stats.Recorder | None = None
 
     def _then(self, op_type: type, **params: Any) -> "Dataset":
         return Dataset(op_type(parent=self._op, **params))
@@ -96,12 +102,57 @@ class Dataset:
 
     # -- transformations -----------------------------------------------------------------------
     def map(self, fn: Callable[[Any], Any], num_parallel_calls: int | None = None,
-            deterministic: bool = True) -> "Dataset":
-        """Apply ``fn`` to every example, on ``num_parallel_calls`` threads (or AUTOTUNE)."""
+            deterministic: bool = True, executor: str = "thread") -> "Dataset":
+        """Apply ``fn`` to every example, ``num_parallel_calls`` at a time (or AUTOTUNE).
+
+        ``executor="thread"`` suits functions that release the GIL (numpy, decoding, I/O);
+        ``executor="process"`` runs ``fn`` in worker processes, for pure-Python work; it must
+        then be picklable (a module-level function). Results keep the input order unless
+        ``deterministic=False``.
+        """
         _callable(fn, "map's fn")
         check_parallelism(num_parallel_calls, what="num_parallel_calls")
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {', '.join(map(repr, EXECUTORS))}; "
+                             f"got {executor!r}")
+        if executor == "process":
+            check_picklable(fn)
         return self._then(ops.MapOp, fn=fn, num_parallel_calls=num_parallel_calls,
+                          deterministic=bool(deterministic), executor=executor)
+
+    def interleave(self, fn: Callable[[Any], Iterable[Any]], cycle_length: int = AUTOTUNE,
+                   block_length: int = 1, num_parallel_calls: int | None = None,
+                   deterministic: bool = True) -> "Dataset":
+        """Replace each example by the examples of ``fn(example)`` (a Dataset or any
+        iterable), taking ``block_length`` at a time from ``cycle_length`` of them in turn.
+
+        With ``num_parallel_calls`` (or AUTOTUNE) the sources are opened and read on
+        background threads, ahead of need: the way to read many files in parallel::
+
+            ds = Dataset.from_files("shards/*.bin").interleave(read_records, cycle_length=4,
+                                                              num_parallel_calls=AUTOTUNE)
+        """
+        _callable(fn, "interleave's fn")
+        _positive_int(cycle_length, "cycle_length", allow_autotune=True)
+        _positive_int(block_length, "block_length")
+        check_parallelism(num_parallel_calls, what="num_parallel_calls")
+        return self._then(ops.InterleaveOp, fn=fn, cycle_length=cycle_length,
+                          block_length=block_length, num_parallel_calls=num_parallel_calls,
                           deterministic=bool(deterministic))
+
+    def shard(self, num_shards: int, index: int) -> "Dataset":
+        """Every ``num_shards``-th example, starting at ``index``: one worker's disjoint share."""
+        _positive_int(num_shards, "num_shards")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < num_shards:
+            raise ValueError(f"index must be an int in [0, num_shards={num_shards}); got {index!r}")
+        return self._then(ops.ShardOp, num_shards=num_shards, index=index)
+
+    def repeat(self, count: int | None = None) -> "Dataset":
+        """The examples ``count`` times over (forever if None); seeded shuffles upstream draw a
+        new order each time."""
+        if count is not None:
+            _positive_int(count, "count", allow_zero=True)
+        return self._then(ops.RepeatOp, count=count)
 
     def filter(self, predicate: Callable[[Any], bool]) -> "Dataset":
         """Keep the examples for which ``predicate(example)`` is true."""
@@ -138,6 +189,11 @@ class Dataset:
     def snapshot(self, path: str | os.PathLike | None = None, *, compression: str = "zstd",
                  compression_level: int | None = None, shard_size: int = 64 << 20,
                  key: str | None = None, name: str | None = None, verify: bool = True,
+                 on_busy: str = "wait", wait_timeout: float | None = None,
+                 lease_ttl: float = 30.0, prefetch_bytes: int | None = None,
+                 progress: bool | Callable[[Any], None] = True,
+                 local_cache: str | os.PathLike | None = None,
+                 local_cache_limit: int = 50 << 30,
                  storage_options: dict | None = None) -> "Dataset":
         """Persist the examples up to here under ``path`` (a folder or fsspec URL; default
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``) and read them back from then on.
@@ -146,11 +202,27 @@ class Dataset:
         that epoch is consumed to its end. Later epochs and later runs with the same upstream
         pipeline read it instead of recomputing. ``key`` names the version yourself instead of
         fingerprinting the upstream pipeline.
+
+        When another process is already writing the same snapshot, ``on_busy="wait"`` (the
+        default) waits for its commit and then reads it (at most ``wait_timeout`` seconds);
+        ``on_busy="compute"`` computes the examples without writing. A writer that stops
+        renewing its lease for ``lease_ttl`` seconds is presumed dead and replaced; the
+        shards it finished are reused.
+
+        Reading holds at most ``prefetch_bytes`` ahead of the consumer (default: a share of
+        the machine's memory). ``progress`` shows the writing epoch (a bar on a terminal, log
+        lines otherwise); ``False`` silences it, a callable receives each update.
+
+        For remote roots (``s3://...``), ``local_cache=DIR`` keeps copies of the shards read in
+        ``DIR``, at most ``local_cache_limit`` bytes, least recently used evicted first.
         """
         options = SnapshotOptions(
             compression=compression, compression_level=compression_level,
-            shard_size=shard_size, key=key, name=name, verify=verify,
-            storage_options=dict(storage_options or {}))
+            shard_size=shard_size, key=key, name=name, verify=verify, on_busy=on_busy,
+            wait_timeout=wait_timeout, lease_ttl=lease_ttl, prefetch_bytes=prefetch_bytes,
+            progress=progress,
+            local_cache=os.fspath(local_cache) if local_cache is not None else None,
+            local_cache_limit=local_cache_limit, storage_options=dict(storage_options or {}))
         root = os.fspath(path) if path is not None else default_root()
         return self._then(ops.SnapshotOp, path=root, options=options)
 
@@ -158,12 +230,36 @@ class Dataset:
     def __iter__(self) -> Iterator[Any]:
         return self.iterate()
 
-    def iterate(self, epoch: int | None = None) -> Iterator[Any]:
+    def iterate(self, epoch: int | None = None, *, stream: tuple[int, int] | None = None
+                ) -> Iterator[Any]:
         """An iterator over one epoch. ``epoch`` picks the shuffle order of seeded shuffles;
-        by default each call (and each ``for`` loop) is the next epoch."""
+        by default each call (and each ``for`` loop) is the next epoch.
+
+        ``stream=(index, count)`` yields only that share of the examples, for cooperating
+        consumers (data-loader workers, ranks): the ``count`` streams together see every
+        example once, and while a snapshot is being written each stream writes its own
+        shards; the last to finish commits it.
+        """
         if epoch is None:
             epoch = next(self._epochs)
-        return plan.iterate(self._op, epoch)
+        spec = None
+        if stream is not None:
+            index, count = stream
+            spec = StreamSpec(index, count)
+        recorder = stats.Recorder(top=len(ops.lineage(self._op)) - 1)
+        token = stats.current.set(recorder)
+        try:
+            iterator = plan.iterate(self._op, epoch, spec)
+        finally:
+            stats.current.reset(token)
+        self._recorder = recorder
+        return iterator
+
+    def stats(self) -> stats.EpochStats | None:
+        """Statistics of the epoch iterated last (or being iterated): per stage examples/s
+        and bytes, and how long the consumer waited on input (``input_wait_fraction``: near
+        1 means the input pipeline is the bottleneck). None before the first epoch."""
+        return self._recorder.snapshot() if self._recorder is not None else None
 
     # -- introspection -------------------------------------------------------------------------
     def fingerprint(self) -> str:

@@ -103,6 +103,7 @@ class MapOp(Op):
     fn: Callable[[Any], Any] = None  # type: ignore[assignment]
     num_parallel_calls: int | None = None
     deterministic: bool = True
+    executor: str = "thread"  # how, not what: not part of the fingerprint
     kind: ClassVar[str] = "map"
 
     def describe(self) -> str:
@@ -160,6 +161,50 @@ class TakeOp(Op):
 
     def describe(self) -> str:
         return f"take({self.count})"
+
+    def fingerprint_children(self, where: str) -> list[FingerprintNode]:
+        return [hash_value(self.count, "argument `count`", where=where)]
+
+
+@dataclass(frozen=True, eq=False)
+class InterleaveOp(Op):
+    fn: Callable[[Any], Any] = None  # type: ignore[assignment]
+    cycle_length: int = 1
+    block_length: int = 1
+    num_parallel_calls: int | None = None
+    deterministic: bool = True
+    kind: ClassVar[str] = "interleave"
+
+    def describe(self) -> str:
+        return f"interleave `{callable_name(self.fn)}`"
+
+    def fingerprint_children(self, where: str) -> list[FingerprintNode]:
+        return [hash_function(self.fn, f"function `{callable_name(self.fn)}`", where=where),
+                hash_value(self.cycle_length, "argument `cycle_length`", where=where),
+                hash_value(self.block_length, "argument `block_length`", where=where)]
+
+
+@dataclass(frozen=True, eq=False)
+class ShardOp(Op):
+    num_shards: int = 1
+    index: int = 0
+    kind: ClassVar[str] = "shard"
+
+    def describe(self) -> str:
+        return f"shard({self.num_shards}, {self.index})"
+
+    def fingerprint_children(self, where: str) -> list[FingerprintNode]:
+        return [hash_value(self.num_shards, "argument `num_shards`", where=where),
+                hash_value(self.index, "argument `index`", where=where)]
+
+
+@dataclass(frozen=True, eq=False)
+class RepeatOp(Op):
+    count: int | None = None
+    kind: ClassVar[str] = "repeat"
+
+    def describe(self) -> str:
+        return "repeat()" if self.count is None else f"repeat({self.count})"
 
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
         return [hash_value(self.count, "argument `count`", where=where)]

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import itertools
 import logging
-import warnings
-import weakref
 from typing import Any, Callable, Iterator
 
-from snapcache.errors import RandomnessWarning
-from snapcache.fingerprint import FingerprintNode, detect_randomness
+from snapcache.fingerprint import FingerprintNode
 from snapcache.fingerprint.tree import combine, leaf, pipeline_root
 from snapcache.options import AUTOTUNE, resolve_parallelism
-from snapcache.pipeline import ops
+from snapcache.pipeline import ops, streams
+from snapcache.pipeline.snapshot_exec import run_snapshot
+from snapcache.pipeline.streams import StreamSpec
 from snapcache.runtime.batch import batch_examples
 from snapcache.runtime.errors import annotate
+from snapcache.runtime import stats
+from snapcache.runtime.autotune import BufferTuner, ThreadTuner, available_cpus
 from snapcache.runtime.parallel import parallel_map
 from snapcache.runtime.prefetch import prefetch
+from snapcache.runtime.process import process_map
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
-from snapcache.store.fs import Storage
-from snapcache.store.reader import SnapshotReader, load_manifest
-from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
 
@@ -88,9 +87,24 @@ def describe_pipeline(op: ops.Op) -> str:
 
 
 # -- execution ---------------------------------------------------------------------------------
-def iterate(op: ops.Op, epoch: int) -> Iterator[Any]:
-    """A fresh iterator over one epoch of the pipeline ending at ``op``."""
-    return _RUNNERS[type(op)](op, epoch)
+def iterate(op: ops.Op, epoch: int, stream: StreamSpec | None = None) -> Iterator[Any]:
+    """A fresh iterator over one epoch of the pipeline ending at ``op``; with ``stream``,
+    only that stream's share of the examples (see :mod:`snapcache.pipeline.streams`)."""
+    if stream is None:
+        return _instrument(op, _RUNNERS[type(op)](op, epoch))
+    token = streams.set_current(stream)
+    try:
+        return _instrument(op, _RUNNERS[type(op)](op, epoch))
+    finally:
+        streams.reset(token)
+
+
+def _instrument(op: ops.Op, iterator: Iterator[Any]) -> Iterator[Any]:
+    """Count what passes through this stage when ``Dataset.stats()`` is collecting."""
+    recorder = stats.current.get()
+    if recorder is None:
+        return iterator
+    return recorder.wrap(len(ops.lineage(op)) - 1, op.describe(), iterator)
 
 
 def _upstream(op: ops.Op, epoch: int) -> Iterator[Any]:
@@ -109,31 +123,38 @@ def _closing(source: Iterator[Any], body: Iterator[Any]) -> Iterator[Any]:
 
 
 def _run_iterable(op: ops.IterableSource, epoch: int) -> Iterator[Any]:
-    return iter(op.items)
+    return streams.split(op.items)
 
 
 def _run_generator(op: ops.GeneratorSource, epoch: int) -> Iterator[Any]:
     produced = op.fn(*op.args, **op.kwargs)
     try:
-        return iter(produced)
+        iter(produced)
     except TypeError:
         raise TypeError(
             f"from_generator: {ops.callable_name(op.fn)}(...) returned "
             f"{type(produced).__name__}, not an iterable; pass a generator function") from None
+    return streams.split(produced)
 
 
 def _run_range(op: ops.RangeSource, epoch: int) -> Iterator[Any]:
-    return iter(range(op.start, op.stop, op.step))
+    return iter(streams.split_range(op.start, op.stop, op.step))
 
 
 def _run_files(op: ops.FilesSource, epoch: int) -> Iterator[Any]:
-    return iter(op.urls)
+    return streams.split(op.urls)
 
 
 def _run_map(op: ops.MapOp, epoch: int) -> Iterator[Any]:
     source = _upstream(op, epoch)
+    if op.executor == "process":
+        workers = available_cpus() if op.num_parallel_calls == AUTOTUNE else \
+            resolve_parallelism(op.num_parallel_calls, what="num_parallel_calls")
+        return _closing(source, process_map(op.fn, source, workers=workers,
+                                            deterministic=op.deterministic, label=op.describe()))
+    tuner = ThreadTuner() if op.num_parallel_calls == AUTOTUNE else None
     workers = resolve_parallelism(op.num_parallel_calls, what="num_parallel_calls")
-    return _closing(source, parallel_map(op.fn, source, workers=workers,
+    return _closing(source, parallel_map(op.fn, source, workers=workers, tuner=tuner,
                                          deterministic=op.deterministic, label=op.describe()))
 
 
@@ -168,8 +189,9 @@ def _run_take(op: ops.TakeOp, epoch: int) -> Iterator[Any]:
 
 
 def _run_prefetch(op: ops.PrefetchOp, epoch: int) -> Iterator[Any]:
-    size = AUTOTUNE_PREFETCH if op.buffer_size == AUTOTUNE else op.buffer_size
-    return prefetch(_upstream(op, epoch), size)
+    if op.buffer_size == AUTOTUNE:
+        return prefetch(_upstream(op, epoch), AUTOTUNE_PREFETCH, tuner=BufferTuner())
+    return prefetch(_upstream(op, epoch), op.buffer_size)
 
 
 def _run_cache(op: ops.CacheOp, epoch: int) -> Iterator[Any]:
@@ -190,53 +212,10 @@ def _run_cache(op: ops.CacheOp, epoch: int) -> Iterator[Any]:
     return _closing(source, fill())
 
 
-_warned: "weakref.WeakSet[ops.Op]" = weakref.WeakSet()
-
-
-def _warn_randomness(op: ops.SnapshotOp) -> None:
-    if op in _warned:
-        return
-    _warned.add(op)
-    for label, node in labelled_ops(op):
-        problems = []
-        if isinstance(node, ops.ShuffleOp) and node.seed is None:
-            problems.append("is an unseeded shuffle")
-        fn = getattr(node, "fn", None) or getattr(node, "predicate", None)
-        if isinstance(node, (ops.MapOp, ops.FilterOp)):
-            problems.extend(detect_randomness(fn))
-        for problem in problems:
-            warnings.warn(
-                f"{label} {problem}: its random draws are frozen into the snapshot at "
-                f"{op.path} and replayed every epoch. Move it after .snapshot(), or seed it.",
-                RandomnessWarning, stacklevel=4)
-
-
 def _run_snapshot(op: ops.SnapshotOp, epoch: int) -> Iterator[Any]:
     assert op.parent is not None
-    options = op.options
-    tree = snapshot_tree(op)
-    if not options.key:
-        _warn_randomness(op)
-    storage = Storage(op.path, options.storage_options).child(tree.digest)
-    manifest = load_manifest(storage)
-    if manifest is not None:
-        log.debug("snapshot hit: %s", storage.url)
-        return SnapshotReader(storage, manifest, verify=options.verify).examples()
-    log.info("snapshot miss: writing %s", storage.url)
-    writer = SnapshotWriter(storage, fingerprint=tree.digest, options=options,
-                            fingerprint_tree=tree.to_json(), pipeline=describe_pipeline(op.parent))
-    source = iterate(op.parent, epoch)
-
-    def tee() -> Iterator[Any]:
-        try:
-            for item in source:
-                writer.write(item)
-                yield item
-            writer.commit()
-        finally:
-            writer.abort()  # no-op after a commit; removes partial files otherwise
-
-    return _closing(source, tee())
+    return run_snapshot(op, epoch, runners.with_progress(op, iterate), tree=snapshot_tree(op),
+                        labelled=labelled_ops(op), describe=describe_pipeline(op.parent))
 
 
 _RUNNERS: dict[type, Callable[[Any, int], Iterator[Any]]] = {
@@ -253,3 +232,8 @@ _RUNNERS: dict[type, Callable[[Any, int], Iterator[Any]]] = {
     ops.CacheOp: _run_cache,
     ops.SnapshotOp: _run_snapshot,
 }
+
+# Runners of the parallel runtime and the fast snapshot reads (they use the helpers above).
+from snapcache.pipeline import runners  # noqa: E402
+
+_RUNNERS.update(runners.RUNNERS)

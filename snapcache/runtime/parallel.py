@@ -10,21 +10,26 @@ import collections
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterable, Iterator
 
+from snapcache.runtime.autotune import ThreadTuner
 from snapcache.runtime.errors import annotate
 
 
 def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
                  deterministic: bool = True, label: str = "map",
-                 window: int | None = None) -> Iterator[Any]:
+                 window: int | None = None, tuner: ThreadTuner | None = None) -> Iterator[Any]:
     """Yield ``fn(item)`` for each item, computed by ``workers`` threads.
 
     With ``deterministic=True`` results come in input order; otherwise as soon as each is ready.
-    At most ``window`` (default ``2 * workers``) calls are in flight.
+    At most ``window`` (default ``2 * workers``) calls are in flight. With a ``tuner``
+    (AUTOTUNE), the number in flight follows ``tuner.parallelism`` as it adapts.
     """
-    if workers <= 1:
+    if workers <= 1 and tuner is None:
         yield from serial_map(fn, items, label=label)
         return
-    window = window or 2 * workers
+    if tuner is not None:
+        fn = tuner.wrap(fn)
+        workers = tuner.limit
+    fixed_window = window or 2 * workers
     source = iter(items)
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapcache-map")
     in_flight: collections.deque[tuple[int, Future]] = collections.deque()
@@ -32,6 +37,7 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int
     exhausted = False
     try:
         while True:
+            window = tuner.parallelism if tuner is not None else fixed_window
             while not exhausted and len(in_flight) < window:
                 try:
                     item = next(source)

@@ -6,6 +6,8 @@ import queue
 import threading
 from typing import Any, Iterable, Iterator
 
+from snapcache.runtime.autotune import BufferTuner
+
 _DONE = object()
 
 
@@ -14,8 +16,19 @@ class _Failure:
         self.error = error
 
 
-def prefetch(items: Iterable[Any], buffer_size: int) -> Iterator[Any]:
+def _resize(buffer: queue.Queue, size: int) -> None:
+    with buffer.mutex:
+        if buffer.maxsize != size:
+            buffer.maxsize = size
+            buffer.not_full.notify_all()
+
+
+def prefetch(items: Iterable[Any], buffer_size: int, tuner: BufferTuner | None = None
+             ) -> Iterator[Any]:
     """Yield the items of ``items``, produced up to ``buffer_size`` ahead on another thread.
+
+    With a ``tuner`` (AUTOTUNE) the number of items held follows the observed item size, so
+    the buffer stays within the tuner's byte budget.
 
     Exceptions from upstream are re-raised in the consumer. Closing this iterator (or dropping
     it) stops the producer after its current item and closes the upstream iterator on the
@@ -27,7 +40,9 @@ def prefetch(items: Iterable[Any], buffer_size: int) -> Iterator[Any]:
 
     def produce() -> None:
         try:
-            for item in source:
+            for count, item in enumerate(source):
+                if tuner is not None and (count < 16 or not count & 63):
+                    _resize(buffer, tuner.observe(item))
                 while not stop.is_set():
                     try:
                         buffer.put(item, timeout=0.05)

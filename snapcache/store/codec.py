@@ -334,8 +334,10 @@ def _decode_tensor(
     if n and lengths.min() < 0:
         raise CorruptSnapshotError(f"field {spec.name!r}: list offsets decrease")
     if spec.ndim >= 2 and shape_column is not None:
-        flat_shapes = shape_column.flatten()
-        shapes = _view(flat_shapes, np.dtype(np.int32), 0, n * spec.ndim).reshape(n, spec.ndim)
+        # .values plus the offset, not .flatten(): flatten imports pyarrow.compute (~30 ms),
+        # which would be the largest part of the time to a snapshot's first batch.
+        shapes = _view(shape_column.values, np.dtype(np.int32), shape_column.offset * spec.ndim,
+                       n * spec.ndim).reshape(n, spec.ndim)
         if not np.array_equal(np.prod(shapes, axis=1, dtype=np.int64), lengths):
             raise CorruptSnapshotError(f"field {spec.name!r}: shapes disagree with list lengths")
     elif spec.ndim == 1:
@@ -371,7 +373,9 @@ def _decode_scalar(spec: FieldSpec, dtype: np.dtype, column: pa.Array) -> _Colum
         array.setflags(write=False)
     else:
         storage, factor = storage_dtype(dtype)
-        source = column.flatten() if factor != 1 else column
-        array = _view(source, storage, 0, n * factor).view(dtype)
+        if factor != 1:
+            array = _view(column.values, storage, column.offset * factor, n * factor).view(dtype)
+        else:
+            array = _view(column, storage, 0, n).view(dtype)
     return _Column(array, array.tolist() if spec.python else array)
 

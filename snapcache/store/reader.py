@@ -7,7 +7,6 @@ of its examples is yielded, and its row count and Arrow schema must match.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
@@ -15,6 +14,7 @@ import xxhash
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
+from snapcache.store.cache import ShardCache
 from snapcache.store.codec import Decoder, Schema
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
@@ -71,44 +71,64 @@ class SnapshotReader:
         for batch in self.record_batches(shards):
             yield from decoder.rows(batch)  # type: ignore[union-attr]
 
+    def examples_range(self, start: int = 0, stop: int | None = None) -> Iterator[Any]:
+        """The examples with global row numbers in ``[start, stop)``; shards outside the range
+        are not read at all."""
+        total = self.manifest.num_examples
+        stop = total if stop is None else min(stop, total)
+        if start <= 0 and stop >= total:
+            yield from self.examples()
+            return
+        chosen, first_row, offset = [], None, 0
+        for shard in self.manifest.shards:
+            if offset < stop and offset + shard.rows > start:
+                chosen.append(shard)
+                first_row = offset if first_row is None else first_row
+            offset += shard.rows
+        if not chosen:
+            return
+        position = first_row
+        decoder = self._decoder
+        for batch in self.record_batches(chosen):
+            lo, hi = max(start - position, 0), min(stop - position, batch.num_rows)
+            position += batch.num_rows
+            if hi > lo:
+                part = batch if (lo, hi) == (0, batch.num_rows) else batch.slice(lo, hi - lo)
+                yield from decoder.rows(part)  # type: ignore[union-attr]
+            if position >= stop:
+                return
+
+    prefetch_bytes: int | None = None
+    """Bytes held ahead of the consumer while reading (None: sized from the machine's memory)."""
+    read_threads: int | None = None
+    """Threads loading, verifying and decompressing shards (None: the usable CPUs)."""
+
     def record_batches(self, shards: Sequence[ShardInfo] | None = None
                        ) -> Iterator[pa.RecordBatch]:
         """Record batches of ``shards`` (default: all, in manifest order), each shard verified
-        before its first batch is yielded; the next shards load and verify in the background."""
+        before its first batch is yielded. Shards load, verify and decompress on background
+        threads, ahead of the consumer by at most ``prefetch_bytes``
+        (see :mod:`snapcache.store.batched_read`)."""
+        from snapcache.store.batched_read import read_budget, record_batches
+
         shards = list(self.manifest.shards if shards is None else shards)
         if not shards:
-            return
-        pool = ThreadPoolExecutor(max_workers=max(1, self.read_ahead),
-                                  thread_name_prefix="snapcache-read")
-        pending: list[Future] = []
-        try:
-            position = 0
-            while position < len(shards) or pending:
-                while position < len(shards) and len(pending) <= self.read_ahead:
-                    pending.append(pool.submit(self.open_shard, shards[position]))
-                    position += 1
-                file_reader = pending.pop(0).result()
-                for i in range(file_reader.num_record_batches):
-                    yield file_reader.get_batch(i)
-        finally:
-            for f in pending:
-                f.cancel()
-            pool.shutdown(wait=False, cancel_futures=True)
+            return iter(())
+        threads, budget = read_budget(self.read_threads, self.prefetch_bytes)
+        return record_batches(self, shards, threads=threads, budget=budget)
 
     def open_shard(self, shard: ShardInfo, *, verify: bool | None = None
                    ) -> pa.RecordBatchFileReader:
         """Load one shard and check it against the manifest; raise CorruptSnapshotError if not."""
         where = f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
-        try:
-            buffer = self.storage.read_buffer(shard.path)
-        except FileNotFoundError:
-            raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)})"
-                                       ) from None
-        if buffer.size != shard.bytes:
-            raise CorruptSnapshotError(
-                f"{where} has {buffer.size} bytes, the manifest says {shard.bytes}")
+        buffer = self._load(shard, where)
         if self.verify if verify is None else verify:
             actual = checksum(buffer)
+            if actual != shard.checksum and self.cache is not None and not self.storage.local:
+                # The local copy may be what is damaged: drop it and check the original.
+                self.cache.discard(self._cache_key(shard))
+                buffer = self._load(shard, where)
+                actual = checksum(buffer)
             if actual != shard.checksum:
                 raise CorruptSnapshotError(
                     f"{where} is corrupt: checksum {actual} != {shard.checksum} in the manifest. "
@@ -123,6 +143,27 @@ class SnapshotReader:
         if self._arrow_schema is not None and not reader.schema.equals(self._arrow_schema):
             raise CorruptSnapshotError(f"{where} does not have the manifest's schema")
         return reader
+
+    cache: ShardCache | None = None
+    """A local copy of remote shards (``snapshot(..., local_cache=DIR)``); unused on local disk."""
+
+    def _cache_key(self, shard: ShardInfo) -> str:
+        return f"{self.manifest.fingerprint}/{shard.path}"
+
+    def _load(self, shard: ShardInfo, where: str) -> pa.Buffer:
+        try:
+            if self.cache is not None and not self.storage.local:
+                buffer = self.cache.get(self._cache_key(shard), shard.bytes,
+                                        lambda: self.storage.read_bytes(shard.path))
+            else:
+                buffer = self.storage.read_buffer(shard.path)
+        except FileNotFoundError:
+            raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)})"
+                                       ) from None
+        if buffer.size != shard.bytes:
+            raise CorruptSnapshotError(
+                f"{where} has {buffer.size} bytes, the manifest says {shard.bytes}")
+        return buffer
 
     def verify_all(self) -> list[str]:
         """Check every shard; return one line per problem (empty if the snapshot is sound)."""

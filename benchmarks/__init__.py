@@ -1,0 +1,1 @@
+"""snapcache benchmarks: `python -m benchmarks` runs them all (see run_all.py)."""

@@ -1,0 +1,3 @@
+from benchmarks.run_all import main
+
+main()

@@ -1,0 +1,190 @@
+"""Running a snapshot op: negotiate with other processes, then read, write or compute."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Iterator
+
+from snapcache.errors import CorruptSnapshotError, RandomnessWarning
+from snapcache.fingerprint import detect_randomness
+from snapcache.pipeline import ops, streams
+from snapcache.store import layout
+from snapcache.store.cache import ShardCache
+from snapcache.store.coordinator import negotiate
+from snapcache.store.fs import Storage
+from snapcache.store.lease import ReadLease
+from snapcache.store.manifest import now_iso
+from snapcache.store.reader import SnapshotReader
+from snapcache.store.streams import StreamRecord
+from snapcache.store.writer import SnapshotWriter
+
+log = logging.getLogger("snapcache")
+
+Iterate = Callable[..., Iterator[Any]]
+
+LAST_USED_INTERVAL = 60.0
+_last_used: dict[str, float] = {}
+_warned: "weakref.WeakSet[ops.Op]" = weakref.WeakSet()
+
+
+def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labelled,
+                 describe: str) -> Iterator[Any]:
+    options = op.options
+    if not options.key:
+        _warn_randomness(op, labelled)
+    spec = streams.current()
+    storage = Storage(op.path, options.storage_options).child(tree.digest)
+    run_id = layout.new_run_id()
+    decision = negotiate(storage, run_id=run_id, stream=spec.index, streams=spec.count,
+                         on_busy=options.on_busy, lease_ttl=options.lease_ttl,
+                         wait_timeout=options.wait_timeout)
+    if decision.action == "read":
+        assert decision.manifest is not None
+        reader = SnapshotReader(storage, decision.manifest, verify=options.verify)
+        if options.local_cache is not None and not storage.local:
+            reader.cache = _shard_cache(options.local_cache, options.local_cache_limit)
+        start, stop = spec.row_range(decision.manifest.num_examples)
+        return _read(reader, run_id, start, stop, options.lease_ttl)
+    if decision.action == "compute":
+        log.info("snapshot %s is being written by another process: computing without writing",
+                 storage.url)
+        return _with_stream(iterate, op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
+    resume = decision.resume
+    if resume is not None and not resumable(op.parent):
+        _discard(storage, resume, spec)
+        resume = None
+    skip = resume.rows if resume is not None else 0
+    if skip:
+        log.info("resuming snapshot %s stream %d: %d examples already written", storage.url,
+                 spec.index, skip)
+    writer = SnapshotWriter(storage, fingerprint=tree.digest, options=options,
+                            fingerprint_tree=tree.to_json(), pipeline=describe,
+                            stream=spec.index, streams=spec.count, run_id=run_id,
+                            resume=resume, lease=decision.lease)
+    source = _with_stream(iterate, op.parent, epoch,
+                          streams.StreamSpec(spec.index, spec.count, skip))
+    return _write(source, writer, decision.lease,
+                  SnapshotReader(storage, _partial_manifest(resume, tree.digest), verify=True)
+                  if resume is not None else None)
+
+
+_caches: dict[tuple[str, int], ShardCache] = {}
+
+
+def _shard_cache(directory: str, limit: int) -> ShardCache:
+    """One cache object per folder and limit in a process (it holds the per-key locks)."""
+    key = (os.path.abspath(directory), limit)
+    if key not in _caches:
+        _caches[key] = ShardCache(directory, limit)
+    return _caches[key]
+
+
+def _with_stream(iterate: Iterate, op: ops.Op, epoch: int, spec: streams.StreamSpec
+                 ) -> Iterator[Any]:
+    token = streams.set_current(spec)
+    try:
+        return iterate(op, epoch)
+    finally:
+        streams.reset(token)
+
+
+def _read(reader: SnapshotReader, run_id: str, start: int, stop: int, ttl: float
+          ) -> Iterator[Any]:
+    lease = None
+    try:
+        lease = ReadLease(reader.storage, run_id=run_id, ttl=ttl)
+        _touch_last_used(reader)
+    except OSError as e:  # read-only storage: reading still works, purge just cannot see us
+        log.debug("cannot record the read of %s: %s", reader.storage.url, e)
+    if lease is not None and not reader.storage.exists(layout.MANIFEST):
+        # A purge removed the snapshot between our reading its manifest and taking the lease.
+        lease.release()
+        raise CorruptSnapshotError(
+            f"snapshot {reader.storage.url} was purged while it was being opened; iterate "
+            "again to rebuild it")
+    try:
+        yield from reader.examples_range(start, stop)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None
+           ) -> Iterator[Any]:
+    try:
+        if resumed is not None:  # the examples of finished shards: read back, not recomputed
+            yield from resumed.examples()
+        for item in source:
+            writer.write(item)
+            yield item
+        writer.commit()
+    finally:
+        writer.abort()  # no-op after a commit; otherwise keeps finished shards for a resume
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+        if lease is not None:
+            lease.release()
+
+
+def _partial_manifest(resume: StreamRecord, fingerprint: str):
+    from snapcache.store.manifest import Manifest
+
+    return Manifest(fingerprint=fingerprint, schema=resume.schema, shards=resume.shards,
+                    compression="", created_at="", committed_at="", writer={})
+
+
+def _discard(storage: Storage, resume: StreamRecord, spec: streams.StreamSpec) -> None:
+    """Restart a stream whose upstream cannot skip examples: drop the earlier run's files
+    (no manifest lists them, and this process holds the stream's lease)."""
+    log.info("snapshot %s stream %d restarts: its upstream cannot skip examples",
+             storage.url, spec.index)
+    for name in storage.listdir():
+        if name.startswith(layout.progress_prefix(spec.count, spec.index)):
+            storage.remove(name)
+    for shard in resume.shards:
+        storage.remove(shard.path)
+
+
+def resumable(op: ops.Op | None) -> bool:
+    """True if the pipeline up to ``op`` can start at any example: an indexable source and
+    only one-to-one ops after it."""
+    node = op
+    while isinstance(node, (ops.MapOp, ops.PrefetchOp)):
+        node = node.parent
+    if isinstance(node, (ops.RangeSource, ops.FilesSource)):
+        return True
+    if isinstance(node, ops.IterableSource):
+        return hasattr(node.items, "__getitem__") and hasattr(node.items, "__len__")
+    return False
+
+
+def _touch_last_used(reader: SnapshotReader) -> None:
+    url = reader.storage.url
+    now = time.monotonic()
+    if now - _last_used.get(url, -1e9) < LAST_USED_INTERVAL:
+        return
+    _last_used[url] = now
+    reader.storage.write_atomic(layout.LAST_USED, f'{{"at": "{now_iso()}"}}'.encode())
+
+
+def _warn_randomness(op: ops.SnapshotOp, labelled) -> None:
+    if op in _warned:
+        return
+    _warned.add(op)
+    for label, node in labelled:
+        problems = []
+        if isinstance(node, ops.ShuffleOp) and node.seed is None:
+            problems.append("is an unseeded shuffle")
+        if isinstance(node, (ops.MapOp, ops.FilterOp)):
+            fn = getattr(node, "fn", None) or getattr(node, "predicate", None)
+            problems.extend(detect_randomness(fn))
+        for problem in problems:
+            warnings.warn(
+                f"{label} {problem}: its random draws are frozen into the snapshot at "
+                f"{op.path} and replayed every epoch. Move it after .snapshot(), or seed it.",
+                RandomnessWarning, stacklevel=5)

@@ -1,0 +1,223 @@
+"""Fast reads of a committed snapshot: parallel shard readers, a prefetch buffer bounded in
+bytes, shard-order and window shuffles, and batches cut straight from Arrow record batches.
+
+The pieces are generators over *column chunks*: one decoded record batch as a dict
+``{field: numpy array (n, *shape) | object array}``, every field with the same number of rows.
+Cutting batches and shuffling are numpy slicing, ``concatenate`` and ``take`` on whole columns:
+no Python work per example. A batch that lies inside one record batch is a read-only view of
+its buffers (zero copy); one that spans record batches is a fresh array.
+
+Only snapshots whose tensors each have one fixed shape can be cut this way
+(:func:`supports_batched`); ragged ones go through the example-by-example path, whose ``batch``
+explains how to pad them.
+"""
+
+from __future__ import annotations
+
+import collections
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from snapcache.store.codec import Decoder, Schema
+from snapcache.store.manifest import ShardInfo
+
+if TYPE_CHECKING:
+    from snapcache.store.reader import SnapshotReader
+
+Columns = dict  # field name -> numpy array, all of one length
+
+
+def read_budget(threads: int | None, budget: int | None) -> tuple[int, int]:
+    """Resolve a reader's thread count and prefetch bytes; None means "from the machine"."""
+    from snapcache.runtime.autotune import available_cpus, memory_budget
+
+    return threads or available_cpus(), budget or memory_budget()
+
+
+def supports_batched(schema: Schema | None) -> bool:
+    """True if every tensor field has one shape throughout the snapshot."""
+    if schema is None:
+        return False
+    return all(f.kind != "tensor" or (f.shape is not None and None not in f.shape)
+               for f in schema.fields)
+
+
+def shard_order(shards: Sequence[ShardInfo], rng: np.random.Generator | None
+                ) -> list[ShardInfo]:
+    """The shards in manifest order, or permuted by ``rng`` (the per-epoch shard shuffle)."""
+    if rng is None:
+        return list(shards)
+    return [shards[i] for i in rng.permutation(len(shards))]
+
+
+def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, threads: int,
+                   budget: int) -> Iterator[pa.RecordBatch]:
+    """The record batches of ``shards`` in order, loaded, verified and decompressed by
+    ``threads`` threads ahead of the consumer.
+
+    What is held ahead is bounded by ``budget`` bytes: half for open shard files, half for
+    decoded record batches (estimated from the manifest's raw sizes), and at least one of
+    each so the reader always makes progress.
+    """
+    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="snapcache-read")
+    opening: collections.deque[tuple[ShardInfo, Future]] = collections.deque()
+    decoding: collections.deque[tuple[Future, int, ShardInfo | None]] = collections.deque()
+    todo = collections.deque(shards)
+    open_bytes = 0
+    decoded_bytes = 0
+    current: tuple[ShardInfo, Any, int] | None = None  # shard, file reader, next batch index
+    try:
+        while True:
+            while todo and (not opening or open_bytes + todo[0].bytes <= budget // 2):
+                shard = todo.popleft()
+                opening.append((shard, pool.submit(reader.open_shard, shard)))
+                open_bytes += shard.bytes
+            while len(decoding) < 2 * max(1, threads) and (
+                    not decoding or decoded_bytes < budget // 2):
+                if current is None:
+                    if not opening:
+                        break
+                    shard, future = opening[0]
+                    if decoding and (not future.done() or future.exception() is not None):
+                        break  # do not wait; a failed shard raises after the batches before it
+                    opening.popleft()
+                    file_reader = future.result()
+                    current = (shard, file_reader, 0)
+                shard, file_reader, index = current
+                count = file_reader.num_record_batches
+                if index >= count:  # an empty shard
+                    current = None
+                    open_bytes -= shard.bytes
+                    continue
+                estimate = (shard.raw_bytes or shard.bytes) // max(1, count)
+                last = index + 1 == count
+                decoding.append((pool.submit(file_reader.get_batch, index), estimate,
+                                 shard if last else None))
+                decoded_bytes += estimate
+                current = None if last else (shard, file_reader, index + 1)
+            if not decoding:
+                return
+            future, estimate, finished = decoding.popleft()
+            batch = future.result()
+            decoded_bytes -= estimate
+            if finished is not None:
+                open_bytes -= finished.bytes
+            yield batch
+    finally:
+        for _, future in opening:
+            future.cancel()
+        for future, _, _ in decoding:
+            future.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def column_chunks(batches: Iterator[pa.RecordBatch], decoder: Decoder) -> Iterator[Columns]:
+    """Each record batch as whole numpy columns; str/bytes fields as object arrays."""
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        columns = decoder.columns(batch)
+        for name, column in columns.items():
+            if isinstance(column, list):
+                array = np.empty(len(column), dtype=object)
+                array[:] = column
+                columns[name] = array
+        yield columns
+
+
+def _rows(columns: Columns) -> int:
+    return len(next(iter(columns.values())))
+
+
+def _concat(pieces: list[Columns]) -> Columns:
+    if len(pieces) == 1:
+        return pieces[0]
+    return {name: np.concatenate([p[name] for p in pieces]) for name in pieces[0]}
+
+
+def window_shuffle(chunks: Iterator[Columns], buffer_size: int, rng: np.random.Generator
+                   ) -> Iterator[Columns]:
+    """A buffer shuffle done on whole columns.
+
+    Rows gather into a window of at least ``2 * buffer_size`` rows; the window is permuted,
+    its first part emitted and its last ``buffer_size`` rows carried into the next window, so
+    a row can travel arbitrarily far, as with a sliding shuffle buffer. Every row is emitted
+    exactly once; memory holds about two windows.
+    """
+    carry: Columns | None = None
+    pieces: list[Columns] = []
+    rows = 0
+    for chunk in chunks:
+        pieces.append(chunk)
+        rows += _rows(chunk)
+        if rows < 2 * buffer_size:
+            continue
+        window = _concat(([carry] if carry is not None else []) + pieces)
+        order = rng.permutation(_rows(window))
+        emit, keep = order[:-buffer_size], order[-buffer_size:]
+        yield {name: column.take(emit, axis=0) for name, column in window.items()}
+        carry = {name: column.take(keep, axis=0) for name, column in window.items()}
+        pieces, rows = [], buffer_size
+    rest = ([carry] if carry is not None else []) + pieces
+    if rest:
+        window = _concat(rest)
+        order = rng.permutation(_rows(window))
+        yield {name: column.take(order, axis=0) for name, column in window.items()}
+
+
+def cut_batches(chunks: Iterator[Columns], batch_size: int, drop_remainder: bool = False
+                ) -> Iterator[Columns]:
+    """Batches of ``batch_size`` rows: slices of a chunk when they fit in it, else one
+    concatenation of the pieces."""
+    pending: list[Columns] = []
+    pending_rows = 0
+    for chunk in chunks:
+        n = _rows(chunk)
+        start = 0
+        if pending:
+            take = min(batch_size - pending_rows, n)
+            pending.append({k: v[:take] for k, v in chunk.items()})
+            pending_rows += take
+            start = take
+            if pending_rows < batch_size:
+                continue
+            yield _concat(pending)
+            pending, pending_rows = [], 0
+        while n - start >= batch_size:
+            yield {k: v[start:start + batch_size] for k, v in chunk.items()}
+            start += batch_size
+        if start < n:
+            pending.append({k: v[start:] for k, v in chunk.items()})
+            pending_rows += n - start
+    if pending and not drop_remainder:
+        yield _concat(pending)
+
+
+def as_structure(columns: Columns, schema: Schema) -> Any:
+    """A batch of columns in the structure examples were written in (dict, tuple, single)."""
+    if schema.structure == "dict":
+        return columns
+    values = [columns[f.name] for f in schema.fields]
+    return tuple(values) if schema.structure == "tuple" else values[0]
+
+
+def rows_of(columns: Columns, schema: Schema) -> Iterator[Any]:
+    """The examples of a column chunk, one by one, as :meth:`Decoder.rows` would give them."""
+    iterators = []
+    for spec in schema.fields:
+        column = columns[spec.name]
+        if spec.kind == "scalar" and spec.python or column.dtype == object:
+            iterators.append(iter(column.tolist()))
+        elif spec.kind == "tensor" and spec.ndim == 0:  # 0-d arrays stay 0-d arrays
+            iterators.append(column[i, ...] for i in range(len(column)))
+        else:
+            iterators.append(iter(column))
+    if schema.structure == "single":
+        return iterators[0]
+    if schema.structure == "tuple":
+        return zip(*iterators)
+    names = [f.name for f in schema.fields]
+    return (dict(zip(names, values)) for values in zip(*iterators))
