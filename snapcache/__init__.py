@@ -2,9 +2,13 @@
 
     import snapcache as sc
     ds = sc.Dataset.range(10_000).map(expensive).snapshot("/tmp/snaps").shuffle(1000, seed=0)
+    sc.ls("/tmp/snaps"); sc.purge("/tmp/snaps", older_than="7d")   # see and reclaim storage
+
+``snapcache.admin`` also has ``info`` and ``verify`` (the ``snapcache`` command line's API).
 """
 
 from snapcache._version import __version__
+from snapcache.admin import ls, purge
 from snapcache.errors import (
     CorruptSnapshotError,
     FingerprintError,
@@ -23,4 +27,6 @@ __all__ = [
     "SnapshotOptions",
     "UnsupportedValueError",
     "__version__",
+    "ls",
+    "purge",
 ]

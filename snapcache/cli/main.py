@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from snapcache.cli import info, ls, purge, verify
 from snapcache.errors import SnapcacheError
 
 
@@ -30,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="snapcache", description="Persistent preprocessing cache for ML input pipelines.")
     parser.add_argument("--version", action="version", version=f"snapcache {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an unexpected error")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (ls, info, verify, purge):
+        module.add_parser(commands)
     demo = commands.add_parser(
         "demo", help="build a snapshot of a small pipeline and read it back, timing both epochs")
     demo.add_argument("--root", help="snapshot root to use (default: a temporary folder)")
@@ -59,8 +64,18 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except (SnapcacheError, ValueError, OSError, ImportError) as e:
-        print(f"snapcache {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return _error(args, str(e) or type(e).__name__)
+    except Exception as e:  # e.g. a cloud client's credential error: one line, not a traceback
+        if args.debug:
+            raise
+        return _error(args, f"{type(e).__name__}: {e} (--debug shows the traceback)")
+
+
+def _error(args: argparse.Namespace, message: str) -> int:
+    """Report ``message`` on one line of stderr; exit status 2."""
+    line = " ".join(message.split())
+    print(f"snapcache {args.command}: error: {line}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

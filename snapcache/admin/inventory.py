@@ -1,0 +1,227 @@
+"""What a snapshot root holds, one :class:`SnapshotInfo` a folder, and finding one by id prefix.
+
+States:
+
+``committed``  the folder has a valid ``manifest.json``: a snapshot that readers use
+``writing``    no manifest yet and a live write lease: a writer is at work
+``abandoned``  no manifest and no live write lease: a writer died (its shards may be resumed by
+               the next run of the same pipeline, or purged with ``--incomplete``)
+``corrupt``    ``manifest.json`` exists but cannot be read (see :attr:`SnapshotInfo.problem`)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from snapcache.errors import CorruptSnapshotError
+from snapcache.options import default_root
+from snapcache.store import layout
+from snapcache.store.fs import FileStat, Storage
+from snapcache.store.lease import LeaseInfo, live_leases
+from snapcache.store.manifest import Manifest
+from snapcache.store.reader import load_manifest
+
+STATES = ("committed", "writing", "abandoned", "corrupt")
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """One snapshot folder of a root, as ``snapcache ls`` shows it.
+
+    Example::
+
+        for snap in snapcache.ls("s3://bucket/snaps"):
+            print(snap.short_id, snap.name, snap.state, snap.size_bytes)
+    """
+
+    id: str                          # the fingerprint (folder name)
+    url: str                         # where the folder is
+    state: str                       # one of STATES
+    name: str | None                 # the human name given with snapshot(..., name=...)
+    num_examples: int | None         # None unless committed
+    num_shards: int                  # listed in the manifest, or shard files present
+    size_bytes: int                  # every file in the folder, bookkeeping included
+    raw_bytes: int | None            # uncompressed payload, if the manifest records it
+    created_at: datetime | None
+    last_used: datetime | None       # last read, else commit time, else newest file
+    pipeline: str                    # one-line summary of the upstream pipeline
+    live_leases: tuple[LeaseInfo, ...] = ()
+    problem: str = ""                # why the manifest cannot be read (state "corrupt")
+    manifest: Manifest | None = field(default=None, repr=False, compare=False)
+    files: tuple[FileStat, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    @property
+    def compression_ratio(self) -> float | None:
+        """Uncompressed over stored shard bytes (2.0: shards take half the raw size)."""
+        stored = self.manifest.total_bytes if self.manifest is not None else 0
+        return self.raw_bytes / stored if self.raw_bytes and stored else None
+
+    @property
+    def leased(self) -> bool:
+        return bool(self.live_leases)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict (what ``snapcache ls --json`` prints for each snapshot)."""
+        def iso(t: datetime | None) -> str | None:
+            return t.isoformat(timespec="seconds") if t is not None else None
+
+        return {
+            "id": self.id, "name": self.name, "state": self.state, "url": self.url,
+            "num_examples": self.num_examples, "num_shards": self.num_shards,
+            "size_bytes": self.size_bytes, "raw_bytes": self.raw_bytes,
+            "compression_ratio": round(self.compression_ratio, 3)
+            if self.compression_ratio else None,
+            "created_at": iso(self.created_at), "last_used": iso(self.last_used),
+            "pipeline": self.pipeline, "problem": self.problem or None,
+            "live_leases": [{"kind": lease.kind, "host": lease.host, "pid": lease.pid,
+                             "file": lease.name} for lease in self.live_leases],
+        }
+
+
+def open_root(root: str | os.PathLike | None = None, storage_options: dict | None = None
+              ) -> Storage:
+    """The root to work on (default ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``); raises
+    FileNotFoundError if it does not exist."""
+    storage = Storage(default_root() if root is None else root, storage_options)
+    if not storage.exists():
+        raise FileNotFoundError(f"snapshot root {storage.url} does not exist")
+    if storage.local and not os.path.isdir(storage.root):
+        raise NotADirectoryError(f"snapshot root {storage.url} is not a folder")
+    return storage
+
+
+def ls(root: str | os.PathLike | None = None, *, storage_options: dict | None = None
+       ) -> list[SnapshotInfo]:
+    """Every snapshot folder in ``root``: committed ones, most recently used first, then the
+    ones being written, abandoned or corrupt.
+
+    Example::
+
+        >>> [s.name for s in snapcache.ls("/tmp/snaps") if s.state == "committed"]
+        ['train-224px', 'val-224px']
+    """
+    return scan(open_root(root, storage_options))
+
+
+def scan(storage: Storage) -> list[SnapshotInfo]:
+    infos = [describe(storage.child(name), name) for name in storage.listdir()
+             if layout.is_fingerprint(name)]
+    return sorted(infos, key=_order)
+
+
+def _order(info: SnapshotInfo) -> tuple:
+    used = info.last_used.timestamp() if info.last_used else 0.0
+    return (STATES.index(info.state), -used, info.id)
+
+
+def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
+    """Look at one snapshot folder."""
+    files = tuple(folder.walk())
+    problem, manifest = "", None
+    try:
+        manifest = load_manifest(folder)
+    except CorruptSnapshotError as e:
+        problem = str(e)
+    leases = tuple(live_leases(folder))
+    newest = max((f.mtime for f in files if f.mtime is not None), default=None)
+    oldest = min((f.mtime for f in files if f.mtime is not None), default=None)
+    common = dict(id=fingerprint, url=folder.url, live_leases=leases, files=files,
+                  size_bytes=sum(f.size for f in files))
+    if manifest is not None:
+        committed = parse_time(manifest.committed_at)
+        return SnapshotInfo(
+            state="committed", name=manifest.name, num_examples=manifest.num_examples,
+            num_shards=len(manifest.shards), raw_bytes=manifest.raw_bytes or None,
+            created_at=parse_time(manifest.created_at) or committed,
+            last_used=_last_used(folder, files) or committed, pipeline=manifest.pipeline,
+            manifest=manifest, **common)
+    writing = any(lease.kind == "write" for lease in leases)
+    state = "corrupt" if problem else "writing" if writing else "abandoned"
+    shards = [f for f in files if f.path.endswith(layout.SHARD_SUFFIX)]
+    return SnapshotInfo(
+        state=state, name=None, num_examples=None, num_shards=len(shards), raw_bytes=None,
+        created_at=_from_timestamp(oldest),
+        last_used=_last_used(folder, files) or _from_timestamp(newest), pipeline="",
+        problem=problem, **common)
+
+
+def _last_used(folder: Storage, files: Iterable[FileStat]) -> datetime | None:
+    if not any(f.path == layout.LAST_USED for f in files):
+        return None
+    try:
+        return parse_time(json.loads(folder.read_bytes(layout.LAST_USED)).get("at"))
+    except (OSError, ValueError, AttributeError):
+        return None  # torn or hand-edited: fall back to the commit time
+
+
+def parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _from_timestamp(seconds: float | None) -> datetime | None:
+    return datetime.fromtimestamp(seconds, timezone.utc) if seconds is not None else None
+
+
+def find(storage: Storage, wanted: str) -> SnapshotInfo:
+    """The one snapshot in ``storage`` whose id starts with ``wanted`` (or, if no id does, whose
+    name is ``wanted``); ValueError naming the candidates otherwise. Only the matching folders
+    are read, unless a name has to be looked up."""
+    text = wanted.strip().lower()
+    if not text:
+        raise ValueError("an empty snapshot id")
+    names = [n for n in storage.listdir() if layout.is_fingerprint(n)]
+    ids = [n for n in names if n.startswith(text)] if _is_hex(text) else []
+    if ids:
+        matches = [describe(storage.child(n), n) for n in ids[:6]]
+    else:
+        matches = [i for i in scan(storage) if i.name == wanted]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ValueError(f"no snapshot {wanted!r} in {storage.url} (see `snapcache ls`)")
+    count = max(len(ids), len(matches))
+    shown = ", ".join(i.short_id + (f" ({i.name})" if i.name else "") for i in matches[:5])
+    more = f" and {count - 5} more" if count > 5 else ""
+    raise ValueError(f"{wanted!r} is ambiguous in {storage.url}: it matches {count} "
+                     f"snapshots ({shown}{more}); give more digits of the id")
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
+def find_all(storage: Storage, wanted: Iterable[str]) -> list[SnapshotInfo]:
+    """Each of ``wanted`` found with :func:`find`, duplicates dropped, in the order given."""
+    chosen: dict[str, SnapshotInfo] = {}
+    for text in wanted:
+        info = find(storage, text)
+        chosen.setdefault(info.id, info)
+    return list(chosen.values())
+
+
+def info(snapshot_id: str, root: str | os.PathLike | None = None, *,
+         storage_options: dict | None = None) -> SnapshotInfo:
+    """One snapshot, by any unique prefix of its id (or its exact name), with its manifest in
+    :attr:`SnapshotInfo.manifest`.
+
+    Example::
+
+        snap = snapcache.info("3fa9c2", "/tmp/snaps")
+        print(snap.manifest.schema)
+    """
+    storage = open_root(root, storage_options)
+    return find(storage, snapshot_id)

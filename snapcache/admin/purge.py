@@ -1,0 +1,210 @@
+"""Reclaim space: delete snapshots by age, by a size budget, abandoned writes, or by id.
+
+Safety rules (see docs/cli.md):
+
+- A snapshot with a live read or write lease is never deleted unless ``force=True``. Leases are
+  checked when the plan is made and again just before each deletion.
+- ``manifest.json`` is deleted first, then the rest of the folder, so an interrupted purge never
+  leaves something that reads as a valid snapshot. If a lease appears right after the manifest
+  went, the manifest is put back and the snapshot kept.
+- A reader that opened the snapshot before it was deleted either finishes from the shards it
+  already has open (local disk keeps deleted files readable while they are mapped) or fails
+  with :class:`~snapcache.errors.CorruptSnapshotError` naming the missing shard; it never
+  yields wrong data, because every shard is checked against the manifest before use.
+- Committed snapshots that stay lose their leftover bookkeeping (progress records, stream
+  markers, shards no manifest lists, expired leases) as ``docs/format.md`` describes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable
+
+from snapcache.admin.inventory import SnapshotInfo, find_all, open_root, scan
+from snapcache.admin.units import format_age, format_size, parse_duration, parse_size
+from snapcache.store import layout
+from snapcache.store.fs import Storage
+from snapcache.store.lease import LeaseInfo, live_leases
+
+
+@dataclass(frozen=True)
+class PurgeItem:
+    """A snapshot purge selected, and why it was (or would be) deleted, or kept."""
+
+    snapshot: SnapshotInfo
+    reason: str
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    """What ``purge`` deleted (on a dry run: would delete) and what it kept."""
+
+    root: str
+    dry_run: bool
+    deleted: tuple[PurgeItem, ...]
+    kept: tuple[PurgeItem, ...]        # selected, but in use (or failed to delete): reason says
+    tidied: tuple[str, ...]            # "<id>/<file>" leftovers removed from kept snapshots
+    tidied_bytes: int
+    size_before: int                   # every snapshot folder in the root
+    max_size: int | None = None
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(item.snapshot.size_bytes for item in self.deleted) + self.tidied_bytes
+
+    @property
+    def size_after(self) -> int:
+        return self.size_before - self.freed_bytes
+
+    @property
+    def budget_met(self) -> bool | None:
+        return None if self.max_size is None else self.size_after <= self.max_size
+
+
+def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
+          older_than: str | float | timedelta | None = None, max_size: str | int | None = None,
+          incomplete: bool = False, dry_run: bool = False, force: bool = False,
+          storage_options: dict | None = None) -> PurgeReport:
+    """Delete the snapshots selected by any of:
+
+    - ``ids``: unique id prefixes or names;
+    - ``older_than``: not used for this long (``"7d"``, seconds or a ``timedelta``);
+    - ``max_size``: least recently used first, until the root holds at most this many bytes
+      (``"200GB"`` or an int); abandoned writes go before committed snapshots;
+    - ``incomplete=True``: abandoned writes (no manifest, no live lease).
+
+    Snapshots with a live lease are kept unless ``force=True``. ``dry_run=True`` deletes nothing
+    and reports what would go.
+
+    Example::
+
+        report = snapcache.purge("/tmp/snaps", older_than="7d", dry_run=True)
+        print(len(report.deleted), report.freed_bytes)
+    """
+    age = parse_duration(older_than) if older_than is not None else None
+    budget = parse_size(max_size) if max_size is not None else None
+    ids = [ids] if isinstance(ids, str) else list(ids)
+    if not ids and age is None and budget is None and not incomplete:
+        raise ValueError("nothing selected: give snapshot ids, older_than, max_size or "
+                         "incomplete=True")
+    storage = open_root(root, storage_options)
+    wanted = {info.id for info in find_all(storage, ids)}
+    snapshots = scan(storage)
+    chosen, kept = _select(snapshots, wanted, age, budget, incomplete, force)
+    others = [s for s in snapshots if s.state == "committed" and
+              s.id not in {item.snapshot.id for item in chosen}]
+    leftovers = [(s, name, size) for s in others for name, size in _leftovers(s)]
+    if dry_run:
+        return PurgeReport(storage.url, True, tuple(chosen), tuple(kept),
+                           tuple(f"{s.id}/{name}" for s, name, _ in leftovers),
+                           sum(size for *_, size in leftovers),
+                           sum(s.size_bytes for s in snapshots), budget)
+    deleted = []
+    for item in chosen:
+        why_not = _delete(storage.child(item.snapshot.id), force)
+        if why_not:
+            kept.append(PurgeItem(item.snapshot, why_not))
+        else:
+            deleted.append(item)
+    tidied, tidied_bytes = [], 0
+    for snap, name, size in leftovers:
+        storage.child(snap.id).remove(name)
+        tidied.append(f"{snap.id}/{name}")
+        tidied_bytes += size
+    return PurgeReport(storage.url, False, tuple(deleted), tuple(kept), tuple(tidied),
+                       tidied_bytes, sum(s.size_bytes for s in snapshots), budget)
+
+
+def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
+            budget: int | None, incomplete: bool, force: bool
+            ) -> tuple[list[PurgeItem], list[PurgeItem]]:
+    """Which snapshots go (with why), and which were selected but stay because they are in use."""
+    now = time.time()
+    chosen: list[PurgeItem] = []
+    kept: list[PurgeItem] = []
+
+    def take(snap: SnapshotInfo, reason: str) -> None:
+        if snap.leased and not force:
+            kept.append(PurgeItem(snap, f"in use: {describe_leases(snap.live_leases)} "
+                                        "(pass --force to delete anyway)"))
+        else:
+            chosen.append(PurgeItem(snap, reason))
+
+    for snap in snapshots:
+        used = snap.last_used.timestamp() if snap.last_used else None
+        if snap.id in wanted:
+            take(snap, "asked for by id")
+        elif incomplete and snap.state == "abandoned":
+            take(snap, "abandoned write (no manifest, its lease expired)")
+        elif age is not None and snap.state != "writing" and used is not None \
+                and now - used > age:
+            take(snap, f"last used {format_age(now - used)}")
+    if budget is not None:
+        gone = {item.snapshot.id for item in chosen + kept}
+        size = sum(s.size_bytes for s in snapshots) - \
+            sum(item.snapshot.size_bytes for item in chosen)
+        candidates = sorted((s for s in snapshots if s.id not in gone and s.state != "writing"),
+                            key=lambda s: (s.state != "abandoned",
+                                           s.last_used.timestamp() if s.last_used else 0.0))
+        for snap in candidates:
+            if size <= budget:
+                break
+            before = len(chosen)
+            first = "abandoned write" if snap.state == "abandoned" else "least recently used"
+            take(snap, f"{first}, over the {format_size(budget)} budget")
+            if len(chosen) > before:
+                size -= snap.size_bytes
+    return chosen, kept
+
+
+def describe_leases(leases: Iterable[LeaseInfo]) -> str:
+    """``"read lease of pid 123 on host-a"``, joined with commas."""
+    now = time.time()
+    return ", ".join(f"{lease.kind} lease of pid {lease.pid} on {lease.host} "
+                     f"(heartbeat {max(0, now - lease.heartbeat_at):.0f} s ago)"
+                     for lease in leases)
+
+
+def _delete(folder: Storage, force: bool) -> str:
+    """Delete one snapshot folder, manifest first; return why it was kept instead, or ""."""
+    try:
+        if not force and (leases := live_leases(folder)):
+            return f"in use: {describe_leases(leases)} (a process started using it just now)"
+        try:
+            manifest = folder.read_bytes(layout.MANIFEST)
+        except FileNotFoundError:
+            manifest = None
+        if manifest is not None:
+            folder.remove(layout.MANIFEST)
+            if not force and (leases := live_leases(folder)):
+                folder.create_exclusive(layout.MANIFEST, manifest)  # a reader came: put it back
+                return f"in use: {describe_leases(leases)} (a process started using it just now)"
+        folder.remove("", recursive=True)
+    except OSError as e:
+        return f"could not delete {folder.url}: {e}"
+    return ""
+
+
+def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:
+    """Files of a committed snapshot that nothing needs: the rule of ``streams.cleanup`` plus
+    expired leases."""
+    assert snap.manifest is not None
+    listed = {shard.path for shard in snap.manifest.shards}
+    live_runs = {lease.owner for lease in snap.live_leases if lease.kind == "write"}
+    live_files = {lease.name for lease in snap.live_leases}
+    result = []
+    for f in snap.files:
+        run = layout.run_of(f.path)
+        if f.path in listed or "/" in f.path:
+            continue
+        stale_shard = run is not None and run not in live_runs
+        bookkeeping = f.path.startswith(("progress-", "stream-"))
+        expired_lease = f.path.startswith(("lease-", "reader-")) and f.path.endswith(".json") \
+            and f.path not in live_files
+        if stale_shard or bookkeeping or expired_lease:
+            result.append((f.path, f.size))
+    return result
+

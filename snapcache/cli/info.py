@@ -1,0 +1,141 @@
+"""``snapcache info ID``: one snapshot's manifest in human form."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Group
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from snapcache.admin import SnapshotInfo, info
+from snapcache.admin.inventory import parse_time
+from snapcache.admin.purge import describe_leases
+from snapcache.admin.units import format_size
+from snapcache.cli import common
+from snapcache.store.schema import Schema
+
+MAX_SHARD_ROWS = 20
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "info", help="show one snapshot: schema, shards, fingerprint tree",
+        description="Show one snapshot's manifest. ID is any unique prefix of its id (or its "
+                    "name).")
+    parser.add_argument("id", metavar="ID", help="snapshot id prefix or name")
+    common.add_root_option(parser)
+    common.add_json_option(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    snap = info(args.id, args.root)
+    if args.json:
+        doc = snap.to_json()
+        doc["manifest"] = snap.manifest.to_json() if snap.manifest is not None else None
+        common.print_json(doc)
+        return 0
+    common.console().print(render(snap))
+    return 0
+
+
+def render(snap: SnapshotInfo) -> Group:
+    title = Text.assemble("snapshot ", (snap.short_id, "bold"),
+                          f" ({snap.name})" if snap.name else "")
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="bold")
+    facts.add_column()
+    facts.add_row("id", snap.id)
+    facts.add_row("state", common.state_cell(snap))
+    facts.add_row("location", Text(snap.url))
+    if snap.problem:
+        facts.add_row("problem", Text(snap.problem, style="red"))
+    if snap.live_leases:
+        facts.add_row("in use", describe_leases(snap.live_leases))
+    m = snap.manifest
+    size = format_size(snap.size_bytes)
+    if m is None:
+        facts.add_row("on disk", f"{size} in {common.plural(len(snap.files), 'file')}, "
+                                 f"{common.plural(snap.num_shards, 'shard')}")
+        facts.add_row("last change", common.when(snap.last_used))
+        return Group(title, facts)
+    facts.add_row("pipeline", Text(m.pipeline or "-"))
+    facts.add_row("examples", f"{m.num_examples:,} in {common.plural(len(m.shards), 'shard')}")
+    facts.add_row("on disk", f"{size} (shards {format_size(m.total_bytes)}, "
+                             f"{m.compression}, ratio {common.ratio(snap)})")
+    facts.add_row("created", f"{common.when(snap.created_at)}, committed "
+                             f"{common.when(parse_time(m.committed_at))}")
+    facts.add_row("last used", common.ago(snap.last_used))
+    if m.key:
+        facts.add_row("key", Text(m.key))
+    writer = m.writer
+    facts.add_row("writer", f"{writer.get('host', '?')} pid {writer.get('pid', '?')} "
+                            f"run {writer.get('run_id', '?')}")
+    facts.add_row("format", f"version {m.format_version}, snapcache {m.library_version}")
+    parts: list = [title, facts, "", schema_table(m.schema), "", shard_table(m.shards)]
+    if m.fingerprint_tree:
+        parts += ["", fingerprint_tree(m.fingerprint_tree)]
+    return Group(*parts)
+
+
+def schema_table(schema_doc: dict | None) -> Table | str:
+    if schema_doc is None:
+        return "[bold]schema[/]: none (the snapshot is empty)"
+    schema = Schema.from_json(schema_doc)
+    t = Table(title=f"schema ({schema.structure})", title_justify="left", box=None,
+              header_style="bold", pad_edge=False)
+    for column in ("FIELD", "KIND", "DTYPE", "SHAPE"):
+        t.add_column(column)
+    for f in schema.fields:
+        if f.kind == "tensor":
+            dims = f.shape if f.shape is not None else (None,) * f.ndim
+            shape = "(" + ", ".join("?" if d is None else str(d) for d in dims) + \
+                ("," if len(dims) == 1 else "") + ")"
+        else:
+            shape = "-"
+        kind = f.kind + (" (python)" if f.python else "")
+        t.add_row(Text(f.name), kind, f.dtype or "-", shape)
+    return t
+
+
+def shard_table(shards) -> Table:
+    t = Table(title=f"shards ({len(shards)})", title_justify="left", box=None,
+              header_style="bold", pad_edge=False)
+    t.add_column("#", justify="right")
+    t.add_column("FILE")
+    t.add_column("ROWS", justify="right")
+    t.add_column("SIZE", justify="right")
+    t.add_column("CHECKSUM")
+    shown = list(enumerate(shards))
+    if len(shown) > MAX_SHARD_ROWS:
+        shown = shown[:MAX_SHARD_ROWS // 2] + [None] + shown[-MAX_SHARD_ROWS // 2:]
+    for row in shown:
+        if row is None:
+            t.add_row("…", f"{len(shards) - MAX_SHARD_ROWS} more (--json lists all)", "", "", "")
+            continue
+        i, s = row
+        t.add_row(str(i), s.path, f"{s.rows:,}", format_size(s.bytes), s.checksum)
+    return t
+
+
+def fingerprint_tree(doc: dict) -> Tree:
+    def label(node: dict) -> str:
+        summary = node.get("summary") or ""
+        digest = str(node.get("digest", ""))[:8]
+        text = f"{node.get('label', '?')}"
+        if summary and summary != node.get("label"):
+            text += f": {summary}"
+        return f"{escape(text)} [dim]{digest}[/]"
+
+    def grow(branch: Tree, node: dict) -> None:
+        for child in node.get("children") or []:
+            if isinstance(child, dict):
+                grow(branch.add(label(child)), child)
+
+    tree = Tree(f"[bold]fingerprint[/] {label(doc)}")
+    grow(tree, doc)
+    return tree
+

@@ -1,0 +1,81 @@
+"""``snapcache ls [ROOT]``: one row per snapshot folder, totals at the bottom."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+from rich.text import Text
+
+from snapcache.admin.inventory import open_root, scan
+from snapcache.admin.units import format_size
+from snapcache.cli import common
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "ls", help="list the snapshots in a root: state, size, last use, pipeline",
+        description="List every snapshot folder in ROOT: committed snapshots, most recently "
+                    "used first, then writes in progress, abandoned writes and corrupt ones.")
+    parser.add_argument("root_arg", nargs="?", metavar="ROOT", default=None,
+                        help="snapshot root (same as --root)")
+    common.add_root_option(parser)
+    common.add_json_option(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.root_arg and args.root and args.root_arg != args.root:
+        raise ValueError(f"two roots given: {args.root_arg!r} and --root {args.root!r}")
+    storage = open_root(args.root_arg or args.root)
+    snaps = scan(storage)
+    if args.json:
+        common.print_json({
+            "root": storage.url,
+            "snapshots": [s.to_json() for s in snaps],
+            "totals": {"snapshots": len(snaps),
+                       "num_examples": sum(s.num_examples or 0 for s in snaps),
+                       "num_shards": sum(s.num_shards for s in snaps),
+                       "size_bytes": sum(s.size_bytes for s in snaps)},
+        })
+        return 0
+    out = common.console()
+    if not snaps:
+        out.print(f"no snapshots in {storage.url}", markup=False)
+        return 0
+    out.print(f"snapshots in {storage.url}", markup=False)
+    out.print(table(snaps))
+    garbage = [s for s in snaps if s.state == "abandoned" and not s.leased]
+    if garbage:
+        size = format_size(sum(s.size_bytes for s in garbage))
+        out.print(f"abandoned writes hold {size} ({common.plural(len(garbage), 'folder')}): "
+                  "`snapcache purge --incomplete` reclaims it")
+    corrupt = [s for s in snaps if s.state == "corrupt"]
+    for snap in corrupt:
+        out.print(Text.assemble(("corrupt", "bold red"), f" {snap.short_id}: {snap.problem}"))
+    return 0
+
+
+def table(snaps) -> Table:
+    states = {}
+    for snap in snaps:
+        states[snap.state] = states.get(snap.state, 0) + 1
+    summary = ", ".join(f"{n} {state}" for state, n in states.items())
+    t = Table(show_footer=True, box=None, header_style="bold", footer_style="bold", pad_edge=False)
+    t.add_column("ID", footer=f"{len(snaps)} total", no_wrap=True)
+    t.add_column("NAME", no_wrap=True, max_width=24, overflow="ellipsis")
+    t.add_column("STATE", footer=summary, no_wrap=True)
+    t.add_column("EXAMPLES", justify="right",
+                 footer=common.count(sum(s.num_examples or 0 for s in snaps)))
+    t.add_column("SHARDS", justify="right", footer=common.count(sum(s.num_shards for s in snaps)))
+    t.add_column("SIZE", justify="right", footer=format_size(sum(s.size_bytes for s in snaps)),
+                 no_wrap=True)
+    t.add_column("RATIO", justify="right")
+    t.add_column("CREATED", no_wrap=True)
+    t.add_column("LAST USED", no_wrap=True)
+    t.add_column("PIPELINE", no_wrap=True, max_width=48, overflow="ellipsis")
+    for s in snaps:
+        t.add_row(s.short_id, Text(s.name or "-"), common.state_cell(s), common.count(s.num_examples),
+                  str(s.num_shards), format_size(s.size_bytes), common.ratio(s),
+                  common.when(s.created_at), common.ago(s.last_used), Text(s.pipeline or "-"))
+    return t

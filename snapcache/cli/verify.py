@@ -1,0 +1,91 @@
+"""``snapcache verify [ID...]``: re-read every shard and check every checksum."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from rich.markup import escape
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
+                           TimeRemainingColumn, TransferSpeedColumn)
+
+from snapcache.admin import VerifyProgress, VerifyReport, verify
+from snapcache.admin.units import format_size
+from snapcache.cli import common
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "verify", help="re-read every shard and check sizes, checksums, rows and schema",
+        description="Check every byte of the given snapshots (default: all committed ones) "
+                    "against their manifests. Exit status: 0 if all match, 1 on any mismatch.")
+    parser.add_argument("ids", nargs="*", metavar="ID", help="snapshot id prefixes or names")
+    common.add_root_option(parser)
+    common.add_json_option(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if sys.stderr.isatty():
+        with Progress(TextColumn("verifying {task.description}"), BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), TimeRemainingColumn(),
+                      console=common.console(stderr=True), transient=True) as bar:
+            task = bar.add_task("", total=None)
+
+            def show(p: VerifyProgress) -> None:
+                bar.update(task, completed=p.bytes_done, total=p.bytes_total,
+                           description=p.snapshot.short_id)
+
+            report = verify(args.ids, args.root, progress=show)
+    else:
+        report = verify(args.ids, args.root, progress=_PlainProgress())
+    if args.json:
+        common.print_json({
+            "root": report.root, "ok": report.ok,
+            "snapshots": [{"id": c.snapshot.id, "name": c.snapshot.name, "ok": c.ok,
+                           "shards_checked": c.shards_checked,
+                           "bytes_checked": c.bytes_checked, "problems": list(c.problems)}
+                          for c in report.checks]})
+    else:
+        print_report(report)
+    return 0 if report.ok else 1
+
+
+class _PlainProgress:
+    """Progress as plain lines on stderr (at most one a second) when it is not a terminal."""
+
+    def __init__(self) -> None:
+        self._last = 0.0
+
+    def __call__(self, p: VerifyProgress) -> None:
+        now = time.monotonic()
+        if now - self._last < 1.0 and p.bytes_done < p.bytes_total:
+            return
+        self._last = now
+        share = p.bytes_done / p.bytes_total if p.bytes_total else 1.0
+        print(f"verifying {p.snapshot.short_id} {p.shard}: {format_size(p.bytes_done)} of "
+              f"{format_size(p.bytes_total)} ({share:.0%})", file=sys.stderr, flush=True)
+
+
+def print_report(report: VerifyReport) -> None:
+    out = common.console()
+    if not report.checks:
+        out.print(f"nothing to verify: no committed snapshot in {report.root}")
+        return
+    for check in report.checks:
+        snap = check.snapshot
+        name = escape(f" ({snap.name})") if snap.name else ""
+        status = "[green]ok[/]    " if check.ok else "[bold red]FAILED[/]"
+        out.print(f"{status} {snap.short_id}{name}: {common.plural(check.shards_checked, 'shard')}, "
+                  f"{format_size(check.bytes_checked)}")
+        for problem in check.problems:
+            out.print(f"         - {problem}", markup=False)
+    total = sum(c.bytes_checked for c in report.checks)
+    if report.ok:
+        out.print(f"all {common.plural(len(report.checks), 'snapshot')} match their checksums "
+                  f"({format_size(total)} read)")
+    else:
+        out.print(f"[bold red]{len(report.failed)} of {common.plural(len(report.checks), 'snapshot')} failed "
+                  f"verification[/]: purge each (`snapcache purge ID`) and the next run "
+                  "rebuilds it")

@@ -1,0 +1,173 @@
+"""The Python API behind the CLI: snapcache.ls / purge, snapcache.admin.info / verify."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+
+import snapcache as sc
+from admin_fixtures import (abandoned_write, exists, live_lease, make_snapshot,
+                            set_last_used)
+from snapcache import admin
+from snapcache.store.fs import Storage
+
+
+@pytest.fixture
+def three(root):
+    """Three committed snapshots used 1, 10 and 100 days ago."""
+    ids = {name: make_snapshot(root, name) for name in ("new", "mid", "old")}
+    for name, days in (("new", 1), ("mid", 10), ("old", 100)):
+        set_last_used(root, ids[name], days)
+    return ids
+
+
+def test_ls_reports_every_state(root, three):
+    abandoned_write(root, "a" * 32)
+    live_lease(root, "b" * 32, kind="write")
+    Storage(root).child("c" * 32).write_atomic("manifest.json", b"{not json")
+    snaps = sc.ls(root)
+    assert [(s.name, s.state) for s in snaps] == [
+        ("new", "committed"), ("mid", "committed"), ("old", "committed"),
+        (None, "writing"), (None, "abandoned"), (None, "corrupt")]
+    new = snaps[0]
+    assert new.id == three["new"] and new.num_examples == 40 and new.num_shards >= 1
+    assert new.size_bytes == sum(os.path.getsize(os.path.join(root, new.id, f))
+                                 for f in os.listdir(os.path.join(root, new.id)))
+    assert new.compression_ratio is not None and new.pipeline.startswith("range(0, 40)")
+    assert 0.9 * 86400 < (snaps[0].last_used - snaps[1].last_used).total_seconds() / 9 < 1.1 * 86400
+    assert snaps[4].num_shards == 1 and snaps[4].size_bytes > 3000
+    assert "not valid JSON" in snaps[5].problem
+    assert snaps[3].leased and not snaps[4].leased
+    assert new.to_json()["state"] == "committed"
+
+
+def test_missing_root_and_default_root(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        sc.ls(str(tmp_path / "nope"))
+    monkeypatch.setenv("SNAPCACHE_ROOT", str(tmp_path))
+    make_snapshot(str(tmp_path), "env")
+    assert [s.name for s in sc.ls()] == ["env"]
+
+
+def test_info_by_prefix_name_and_errors(root, three):
+    fid = three["mid"]
+    assert admin.info(fid[:6], root).name == "mid"
+    assert admin.info(fid, root).manifest.fingerprint == fid
+    assert admin.info("mid", root).id == fid
+    abandoned_write(root, "ab" + "0" * 30)
+    abandoned_write(root, "ab" + "1" * 30)
+    with pytest.raises(ValueError, match=r"'ab' is ambiguous .* matches 2 snapshots"):
+        admin.info("ab", root)
+    with pytest.raises(ValueError, match="no snapshot 'zzz'"):
+        admin.info("zzz", root)
+
+
+def test_verify_finds_a_flipped_byte(root, three):
+    assert admin.verify(root=root).ok
+    snap = admin.info("old", root)
+    shard = snap.manifest.shards[-1].path
+    path = os.path.join(root, snap.id, shard)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    seen = []
+    report = admin.verify(root=root, progress=lambda p: seen.append(p.bytes_done))
+    assert not report.ok and [c.snapshot.name for c in report.failed] == ["old"]
+    assert shard in report.failed[0].problems[0] and "checksum" in report.failed[0].problems[0]
+    assert seen == sorted(seen) and seen[-1] == sum(
+        c.snapshot.manifest.total_bytes for c in report.checks)
+    assert admin.verify(["new"], root).ok
+
+
+def test_purge_needs_a_selection(root, three):
+    with pytest.raises(ValueError, match="nothing selected"):
+        sc.purge(root)
+    with pytest.raises(ValueError, match="invalid size '12XB'"):
+        sc.purge(root, max_size="12XB")
+
+
+def test_purge_dry_run_then_older_than(root, three):
+    plan = sc.purge(root, older_than="7d", dry_run=True)
+    assert sorted(i.snapshot.name for i in plan.deleted) == ["mid", "old"]
+    assert plan.freed_bytes == sum(i.snapshot.size_bytes for i in plan.deleted)
+    assert all(exists(root, fid) for fid in three.values())
+    report = sc.purge(root, older_than=30 * 86400)
+    assert [i.snapshot.name for i in report.deleted] == ["old"]
+    assert not exists(root, three["old"]) and exists(root, three["mid"])
+
+
+def test_purge_max_size_evicts_least_recently_used_abandoned_first(root, three):
+    abandoned_write(root, "a" * 32)
+    total = sum(s.size_bytes for s in sc.ls(root))
+    sizes = {s.name: s.size_bytes for s in sc.ls(root)}
+    budget = total - sizes[None] - sizes["old"] - 1  # the abandoned write and "old": not enough
+    report = sc.purge(root, max_size=budget, dry_run=True)
+    assert [i.snapshot.name for i in report.deleted] == [None, "old", "mid"]
+    assert report.budget_met and report.size_after <= budget
+    assert sc.purge(root, max_size=0, dry_run=True).size_after == 0
+
+
+def test_purge_incomplete_only_takes_abandoned_writes(root, three):
+    abandoned_write(root, "a" * 32)
+    live_lease(root, "b" * 32, kind="write")
+    report = sc.purge(root, incomplete=True)
+    assert [i.snapshot.id for i in report.deleted] == ["a" * 32]
+    assert not exists(root, "a" * 32) and exists(root, "b" * 32)
+
+
+def test_purge_keeps_leased_snapshots_unless_forced(root, three):
+    live_lease(root, three["old"])
+    report = sc.purge(root, ids=["old"])
+    assert not report.deleted and "read lease of pid" in report.kept[0].reason
+    assert exists(root, three["old"], "manifest.json")
+    report = sc.purge(root, max_size=0)
+    assert {i.snapshot.name for i in report.deleted} == {"new", "mid"}
+    assert report.budget_met is False
+    assert sc.purge(root, ids=["old"], force=True).deleted
+    assert not exists(root, three["old"])
+
+
+def test_purge_deletes_the_manifest_first(root, three, monkeypatch):
+    def crash(self, rel, recursive=False):
+        if recursive:
+            raise PermissionError("simulated crash half-way")
+        os.remove(self.full(rel))
+
+    monkeypatch.setattr(Storage, "remove", crash)
+    report = sc.purge(root, ids=["old"])
+    assert not report.deleted and "could not delete" in report.kept[0].reason
+    monkeypatch.undo()
+    states = {s.id: s.state for s in sc.ls(root)}
+    assert states[three["old"]] == "abandoned"  # never a valid-looking snapshot
+    assert sc.purge(root, incomplete=True).deleted
+
+
+def test_purge_puts_the_manifest_back_if_a_reader_arrives(root, three, monkeypatch):
+    purge_module = importlib.import_module("snapcache.admin.purge")
+    from snapcache.store.lease import LeaseInfo
+
+    calls = []
+    reader = LeaseInfo("read", "r", "host", 1, 0.0, 30.0, name="reader-r.json")
+
+    def leases(folder):
+        calls.append(folder.url)
+        return [] if len(calls) == 1 else [reader]
+
+    monkeypatch.setattr(purge_module, "live_leases", leases)
+    report = sc.purge(root, ids=["old"])
+    assert not report.deleted and "just now" in report.kept[0].reason
+    assert admin.info("old", root).state == "committed"
+
+
+def test_purge_tidies_leftovers_of_committed_snapshots(root, three):
+    folder = Storage(root).child(three["new"])
+    folder.write_atomic("progress-0001-0000-0badc0de.json", b"{}")
+    folder.write_atomic("0badc0de-0000-000000.arrow", b"x" * 100)
+    mine = live_lease(root, three["new"])
+    report = sc.purge(root, incomplete=True)
+    assert sorted(report.tidied) == [f"{three['new']}/0badc0de-0000-000000.arrow",
+                                     f"{three['new']}/progress-0001-0000-0badc0de.json"]
+    assert report.tidied_bytes == 102 and folder.exists(mine)
+    assert admin.verify(["new"], root).ok

@@ -1,0 +1,134 @@
+"""`snapcache ls / info / verify` through the console script, on local disk and S3."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from admin_fixtures import (abandoned_write, assert_one_line_error, live_lease, make_snapshot,
+                            run_cli, set_last_used)
+from snapcache.store.fs import Storage
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_root(request, root):
+    return root if request.param == "local" else request.getfixturevalue("s3_root")
+
+
+@pytest.fixture
+def filled(any_root):
+    """Two committed snapshots ("train" used 3 days ago, "val" today) and an abandoned write."""
+    ids = {"train": make_snapshot(any_root, "train", 60), "val": make_snapshot(any_root, "val")}
+    set_last_used(any_root, ids["train"], 3)
+    abandoned_write(any_root, "ab" * 16)
+    return any_root, ids
+
+
+def test_ls_table_and_json(filled):
+    root, ids = filled
+    proc = run_cli("ls", root)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"snapshots in {root}"
+    assert lines[1].split()[:4] == ["ID", "NAME", "STATE", "EXAMPLES"]
+    rows = [line.split() for line in lines[2:5]]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (ids["val"][:12], "val", "committed"), (ids["train"][:12], "train", "committed"),
+        ("abababababab", "-", "abandoned")]
+    assert "3 days ago" in lines[3] and "range(0, 60) -> map `make_snapshot" in lines[3]
+    assert lines[5].split()[:2] == ["3", "total"] and "100" in lines[5]  # 60 + 40 examples
+    assert "purge --incomplete" in proc.stdout and proc.stdout == "\n".join(
+        line.rstrip() for line in proc.stdout.splitlines()) + "\n"
+
+    doc = json.loads(run_cli("ls", "--root", root, "--json").stdout)
+    assert doc["root"] == root and doc["totals"]["snapshots"] == 3
+    by_name = {s["name"]: s for s in doc["snapshots"]}
+    train = by_name["train"]
+    assert train["id"] == ids["train"] and train["num_examples"] == 60
+    assert train["state"] == "committed" and train["size_bytes"] > 0
+    assert train["compression_ratio"] > 0 and train["last_used"] < by_name["val"]["last_used"]
+    assert by_name[None]["state"] == "abandoned"
+    assert doc["totals"]["size_bytes"] == sum(s["size_bytes"] for s in doc["snapshots"])
+
+
+def test_ls_shows_a_snapshot_being_read(root):
+    fid = make_snapshot(root, "busy")
+    live_lease(root, fid)
+    proc = run_cli("ls", root)
+    assert "committed (being read)" in proc.stdout
+    assert json.loads(run_cli("ls", root, "--json").stdout)["snapshots"][0]["live_leases"]
+
+
+def test_ls_default_root_from_environment(tmp_path):
+    make_snapshot(str(tmp_path), "env")
+    proc = run_cli("ls", env={"SNAPCACHE_ROOT": str(tmp_path)})
+    assert proc.returncode == 0 and " env " in proc.stdout
+
+
+def test_info_by_prefix(filled):
+    root, ids = filled
+    proc = run_cli("info", ids["train"][:5], "--root", root)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith(f"snapshot {ids['train'][:12]} (train)")
+    for fragment in ("examples   60 in", "schema (dict)", "x      tensor", "int64",
+                     "(16,)", "i      scalar (python)", "shards (", "xxh3_64:",
+                     "fingerprint snapshot key", "key: train"):
+        assert fragment in out, (fragment, out)
+    doc = json.loads(run_cli("info", "val", "--root", root, "--json").stdout)
+    assert doc["id"] == ids["val"] and doc["manifest"]["num_examples"] == 40
+
+
+def test_info_of_an_abandoned_write(filled):
+    root, _ = filled
+    proc = run_cli("info", "abab", "--root", root)
+    assert proc.returncode == 0 and "abandoned" in proc.stdout and "3 files" in proc.stdout
+
+
+def test_info_errors_are_one_line(filled):
+    root, ids = filled
+    abandoned_write(root, "ab" * 15 + "cd")
+    assert_one_line_error(run_cli("info", "ab", "--root", root), "'ab' is ambiguous",
+                          "matches 2 snapshots")
+    assert_one_line_error(run_cli("info", "ffffffff", "--root", root), "no snapshot 'ffffffff'")
+
+
+def test_verify_ok_and_after_a_flipped_byte(filled):
+    root, ids = filled
+    proc = run_cli("verify", "--root", root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all 2 snapshots match their checksums" in proc.stdout
+    assert "verifying" in proc.stderr  # plain progress lines: stderr is not a terminal
+    info = json.loads(run_cli("info", "train", "--root", root, "--json").stdout)
+    shard = info["manifest"]["shards"][1]["path"]
+    folder = Storage(root).child(ids["train"])
+    data = bytearray(folder.read_bytes(shard))
+    data[100] ^= 0x01
+    folder.write_atomic(shard, bytes(data))
+    proc = run_cli("verify", "--root", root)
+    assert proc.returncode == 1
+    assert f"FAILED {ids['train'][:12]} (train)" in proc.stdout
+    assert shard in proc.stdout and "checksum" in proc.stdout
+    assert "1 of 2 snapshots failed verification" in proc.stdout
+    proc = run_cli("verify", "val", "--root", root, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["ok"] is True
+
+
+def test_bad_input_is_one_line_without_traceback(tmp_path, root):
+    make_snapshot(root, "one")
+    missing = str(tmp_path / "missing")
+    assert_one_line_error(run_cli("ls", missing), "snapcache ls: error:", "does not exist")
+    assert_one_line_error(run_cli("verify", "nope", "--root", root), "no snapshot 'nope'")
+    assert_one_line_error(run_cli("purge", "--max-size", "12XB", "--root", root),
+                          "invalid size '12XB': use a number with B, KB, MB, GB, TB (or KiB")
+    assert_one_line_error(run_cli("purge", "--older-than", "7x", "--root", root),
+                          "invalid duration '7x'")
+    assert_one_line_error(run_cli("purge", "--root", root), "say what to purge")
+    assert_one_line_error(run_cli("info", "x", "--root", missing), "does not exist")
+    assert_one_line_error(run_cli("ls", root, "--root", missing), "two roots given")
+
+
+def test_s3_bucket_that_does_not_exist(s3_root):
+    proc = run_cli("ls", "s3://snapcache-no-such-bucket-4242/snaps")
+    assert_one_line_error(proc, "does not exist")
