@@ -71,7 +71,7 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
     current: tuple[ShardInfo, Any, int] | None = None  # shard, file reader, next batch index
     try:
         while True:
-            while todo and (not opening or open_bytes + todo[0].bytes <= budget // 2):
+            while todo and (open_bytes == 0 or open_bytes + todo[0].bytes <= budget // 2):
                 shard = todo.popleft()
                 opening.append((shard, pool.submit(reader.open_shard, shard)))
                 open_bytes += shard.bytes
