@@ -25,6 +25,22 @@ def default_root() -> str:
     return os.path.join(cache, "snapcache")
 
 
+def distributed_env() -> tuple[int, int]:
+    """``(rank, world_size)`` from ``$RANK``/``$WORLD_SIZE`` (as ``torchrun`` sets them), else
+    ``(0, 1)``. Read at call time."""
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        raise ValueError(f"RANK and WORLD_SIZE must be integers; got RANK="
+                         f"{os.environ.get('RANK')!r}, WORLD_SIZE="
+                         f"{os.environ.get('WORLD_SIZE')!r}") from None
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK must be in [0, WORLD_SIZE); got RANK={rank}, "
+                         f"WORLD_SIZE={world_size}")
+    return rank, world_size
+
+
 def resolve_parallelism(value: int | None, *, what: str) -> int:
     """Turn ``None`` / an int / ``AUTOTUNE`` into a worker count (>= 1)."""
     if value is None:
@@ -55,8 +71,10 @@ class SnapshotOptions:
     compression_level: int | None = None
     shard_size: int = 64 * _MiB
     """Target size of one shard file in bytes (a shard closes once it reaches this)."""
-    record_batch_size: int = 4 * _MiB
-    """Target uncompressed bytes of one Arrow record batch inside a shard."""
+    record_batch_size: int | None = None
+    """Target uncompressed bytes of one Arrow record batch inside a shard. Default: 16 MiB
+    uncompressed (large batches are sliced zero-copy), 4 MiB compressed (each batch is
+    decompressed whole before its first example, so smaller ones start sooner)."""
     verify: bool = True
     """Check every shard's xxh3 checksum before yielding any of its examples."""
     key: str | None = None
@@ -81,6 +99,13 @@ class SnapshotOptions:
     """Bytes the local cache may hold at most."""
     storage_options: dict = field(default_factory=dict, compare=False, hash=False)
 
+    @property
+    def batch_bytes(self) -> int:
+        """The record batch target in effect (see ``record_batch_size``)."""
+        if self.record_batch_size is not None:
+            return self.record_batch_size
+        return 16 * _MiB if self.compression == "none" else 4 * _MiB
+
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSIONS:
             raise ValueError(
@@ -90,6 +115,8 @@ class SnapshotOptions:
             raise ValueError("compression_level needs compression='zstd' or 'lz4'")
         for name in ("shard_size", "record_batch_size"):
             value = getattr(self, name)
+            if value is None and name == "record_batch_size":
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of bytes; got {value!r}")
         if self.key is not None and (not isinstance(self.key, str) or not self.key.strip()):

@@ -62,6 +62,9 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
     decoded record batches (estimated from the manifest's raw sizes), and at least one of
     each so the reader always makes progress.
     """
+    # A shard that is large against the budget is read in low-memory mode: its mapped pages
+    # are dropped as it is hashed and decoded, instead of staying resident until it is done.
+    low_memory = any(s.bytes > budget // 4 for s in shards)
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="snapcache-read")
     opening: collections.deque[tuple[ShardInfo, Future]] = collections.deque()
     decoding: collections.deque[tuple[Future, int, ShardInfo | None]] = collections.deque()
@@ -73,7 +76,8 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
         while True:
             while todo and (open_bytes == 0 or open_bytes + todo[0].bytes <= budget // 2):
                 shard = todo.popleft()
-                opening.append((shard, pool.submit(reader.open_shard, shard)))
+                opening.append((shard, pool.submit(reader.open_shard, shard,
+                                                   low_memory=low_memory)))
                 open_bytes += shard.bytes
             while len(decoding) < 2 * max(1, threads) and (
                     not decoding or decoded_bytes < budget // 2):
@@ -94,7 +98,8 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
                     continue
                 estimate = (shard.raw_bytes or shard.bytes) // max(1, count)
                 last = index + 1 == count
-                decoding.append((pool.submit(file_reader.get_batch, index), estimate,
+                task = _decode_releasing if low_memory else _decode
+                decoding.append((pool.submit(task, reader, file_reader, index, shard), estimate,
                                  shard if last else None))
                 decoded_bytes += estimate
                 current = None if last else (shard, file_reader, index + 1)
@@ -105,6 +110,7 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
             decoded_bytes -= estimate
             if finished is not None:
                 open_bytes -= finished.bytes
+                reader.forget(finished)
             yield batch
     finally:
         for _, future in opening:
@@ -112,6 +118,18 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
         for future, _, _ in decoding:
             future.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _decode(reader: "SnapshotReader", file_reader: Any, index: int, shard: ShardInfo
+            ) -> pa.RecordBatch:
+    return file_reader.get_batch(index)
+
+
+def _decode_releasing(reader: "SnapshotReader", file_reader: Any, index: int,
+                      shard: ShardInfo) -> pa.RecordBatch:
+    batch = file_reader.get_batch(index)
+    reader.release_pages(shard)
+    return batch
 
 
 def column_chunks(batches: Iterator[pa.RecordBatch], decoder: Decoder) -> Iterator[Columns]:

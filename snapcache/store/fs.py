@@ -118,8 +118,28 @@ class Storage:
 
     # -- reads ---------------------------------------------------------------------------------
     def read_bytes(self, rel: str) -> bytes:
-        with self.fs.open(self.full(rel), "rb") as f:
-            return f.read()
+        """The whole file, in one request on object stores: a file rewritten meanwhile (a
+        lease's heartbeat) reads as either version, never as a failed partial read."""
+        if self.local:
+            with open(self.full(rel), "rb") as f:
+                return f.read()
+        return self.fs.cat_file(self.full(rel))
+
+    def map_file(self, rel: str) -> "tuple[pa.Buffer, mmap.mmap | None]":
+        """A whole local file as an Arrow buffer over a read-only shared memory map, and the
+        map (so callers can drop resident pages with ``madvise``); elsewhere the downloaded
+        bytes and None."""
+        import mmap
+
+        import pyarrow as pa
+
+        if not self.local:
+            return pa.py_buffer(self.read_bytes(rel)), None
+        with open(self.full(rel), "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return pa.py_buffer(b""), None
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return pa.py_buffer(mapped), mapped
 
     def read_buffer(self, rel: str) -> "pa.Buffer":
         """A whole file as an Arrow buffer: memory-mapped on local disk, downloaded elsewhere."""
@@ -333,6 +353,17 @@ def file_identity(url: str, strict: bool = False, storage_options: dict | None =
                 h.update(chunk)
         identity["xxh3_128"] = h.hexdigest()
     return identity
+
+
+def is_dir(url: str, storage_options: dict | None = None) -> bool:
+    fs, path = _filesystem(url, storage_options)
+    return bool(fs.isdir(path))
+
+
+def open_input(url: str, storage_options: dict | None = None) -> IO[bytes]:
+    """A seekable binary file object reading ``url`` (local path or any fsspec URL)."""
+    fs, path = _filesystem(url, storage_options)
+    return fs.open(path, "rb")
 
 
 def read_file(url: str, storage_options: dict | None = None) -> bytes:

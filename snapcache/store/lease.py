@@ -76,7 +76,7 @@ def _load(storage: Storage, name: str) -> LeaseInfo | None:
         return LeaseInfo(**doc)
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OSError):
         # Unreadable: being written right now, or garbage. Treat it as held until it ages out
         # by its modification time, so a torn write never lets two writers in.
         modified = storage.modified(name) or 0.0

@@ -7,6 +7,7 @@ of its examples is yielded, and its row count and Arrow schema must match.
 
 from __future__ import annotations
 
+import mmap
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
@@ -29,8 +30,22 @@ def load_manifest(storage: Storage) -> Manifest | None:
     return Manifest.loads(data, where=storage.url)
 
 
-def checksum(buffer: Any) -> str:
-    return "xxh3_64:" + xxhash.xxh3_64(memoryview(buffer)).hexdigest()
+_READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
+_CHUNK = 16 << 20  # a multiple of every page size
+
+
+def checksum(buffer: Any, mapped: mmap.mmap | None = None) -> str:
+    """``xxh3_64:<hex>`` of ``buffer``. With its memory map, hash in chunks and drop each
+    chunk's pages from this process once hashed (the page cache keeps them), so verifying a
+    large shard does not make it resident."""
+    if mapped is None:
+        return "xxh3_64:" + xxhash.xxh3_64(memoryview(buffer)).hexdigest()
+    digest = xxhash.xxh3_64()
+    view = memoryview(buffer)
+    for offset in range(0, len(view), _CHUNK):
+        digest.update(view[offset:offset + _CHUNK])
+        mapped.madvise(mmap.MADV_DONTNEED, offset, min(_CHUNK, len(view) - offset))
+    return "xxh3_64:" + digest.hexdigest()
 
 
 class SnapshotReader:
@@ -52,6 +67,7 @@ class SnapshotReader:
         self.schema = Schema.from_json(manifest.schema) if manifest.schema is not None else None
         self._decoder = Decoder(self.schema) if self.schema is not None else None
         self._arrow_schema = self.schema.arrow_schema() if self.schema is not None else None
+        self._maps: dict[str, mmap.mmap] = {}   # low-memory shards being read
 
     @classmethod
     def open(cls, storage: Storage, **kwargs: Any) -> "SnapshotReader":
@@ -117,24 +133,32 @@ class SnapshotReader:
         threads, budget = read_budget(self.read_threads, self.prefetch_bytes)
         return record_batches(self, shards, threads=threads, budget=budget)
 
-    def open_shard(self, shard: ShardInfo, *, verify: bool | None = None
-                   ) -> pa.RecordBatchFileReader:
-        """Load one shard and check it against the manifest; raise CorruptSnapshotError if not."""
+    def open_shard(self, shard: ShardInfo, *, verify: bool | None = None,
+                   low_memory: bool = False) -> pa.RecordBatchFileReader:
+        """Load one shard and check it against the manifest; raise CorruptSnapshotError if not.
+
+        ``low_memory``: a local shard's pages are dropped from this process as soon as they are
+        hashed, and again by :meth:`release_pages` as its batches are decoded, so that resident
+        memory stays within the prefetch budget even when one shard is larger than it.
+        """
         where = f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
-        buffer = self._load(shard, where)
+        buffer, mapped = self._load(shard, where)
+        if low_memory and mapped is not None:
+            self._maps[shard.path] = mapped
         if self.verify if verify is None else verify:
-            actual = checksum(buffer)
+            actual = checksum(buffer, mapped if low_memory else None)
             if actual != shard.checksum and self.cache is not None and not self.storage.local:
                 # The local copy may be what is damaged: drop it and check the original.
                 self.cache.discard(self._cache_key(shard))
-                buffer = self._load(shard, where)
+                buffer, mapped = self._load(shard, where)
                 actual = checksum(buffer)
             if actual != shard.checksum:
                 raise CorruptSnapshotError(
                     f"{where} is corrupt: checksum {actual} != {shard.checksum} in the manifest. "
                     f"Delete the snapshot folder ({self.storage.url}) to rebuild it")
         try:
-            reader = pa.ipc.open_file(buffer)
+            # Our own threads decode batches in parallel; Arrow's would only oversubscribe.
+            reader = pa.ipc.open_file(buffer, options=_READ_OPTIONS)
             rows = reader.count_rows()
         except (pa.ArrowInvalid, OSError) as e:
             raise CorruptSnapshotError(f"{where} is not a readable Arrow file: {e}") from None
@@ -150,20 +174,31 @@ class SnapshotReader:
     def _cache_key(self, shard: ShardInfo) -> str:
         return f"{self.manifest.fingerprint}/{shard.path}"
 
-    def _load(self, shard: ShardInfo, where: str) -> pa.Buffer:
+    def release_pages(self, shard: ShardInfo) -> None:
+        """Drop a low-memory shard's resident pages from this process. Always safe: the map is
+        read-only and file-backed, so pages still in use fault back in from the page cache."""
+        mapped = self._maps.get(shard.path)
+        if mapped is not None:
+            mapped.madvise(mmap.MADV_DONTNEED)
+
+    def forget(self, shard: ShardInfo) -> None:
+        self._maps.pop(shard.path, None)
+
+    def _load(self, shard: ShardInfo, where: str) -> tuple[pa.Buffer, mmap.mmap | None]:
+        mapped = None
         try:
             if self.cache is not None and not self.storage.local:
                 buffer = self.cache.get(self._cache_key(shard), shard.bytes,
                                         lambda: self.storage.read_bytes(shard.path))
             else:
-                buffer = self.storage.read_buffer(shard.path)
+                buffer, mapped = self.storage.map_file(shard.path)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)})"
                                        ) from None
         if buffer.size != shard.bytes:
             raise CorruptSnapshotError(
                 f"{where} has {buffer.size} bytes, the manifest says {shard.bytes}")
-        return buffer
+        return buffer, mapped
 
     def verify_all(self) -> list[str]:
         """Check every shard; return one line per problem (empty if the snapshot is sound)."""

@@ -32,6 +32,17 @@ log = logging.getLogger(__name__)
 _END = object()
 
 
+def batch_rows(example_bytes: int, target_bytes: int, most: int = 1 << 16) -> int:
+    """Rows per record batch: the largest power of two whose batch stays within the target.
+
+    Powers of two make the record batches line up with the batch sizes users pick (32, 256,
+    1024): a ``snapshot -> batch(256)`` pipeline then cuts its batches out of one record batch
+    each, without copying them together.
+    """
+    rows = max(1, target_bytes // max(1, example_bytes))
+    return min(most, 1 << (rows.bit_length() - 1))
+
+
 class _HashingSink:
     """A write-only file wrapper that checksums and counts what passes through it."""
 
@@ -135,8 +146,9 @@ class SnapshotWriter:
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._state = "open"
         # A shard holds several record batches, so batches stay well below the shard size.
-        self._batch_target = min(self.options.record_batch_size,
+        self._batch_target = min(self.options.batch_bytes,
                                  max(1, self.options.shard_size // 4))
+        self._batch_rows: int | None = None
 
     @property
     def num_examples(self) -> int:
@@ -155,7 +167,10 @@ class SnapshotWriter:
             self._thread.start()
         self._encoder.add(example, index=self._count)
         self._count += 1
-        if self._encoder.nbytes >= self._batch_target:
+        if self._batch_rows is None:
+            self._batch_rows = batch_rows(self._encoder.nbytes, self._batch_target)
+        if self._encoder.num_rows >= self._batch_rows or \
+                self._encoder.nbytes >= 2 * self._batch_target:
             self._send_batch()
 
     def commit(self) -> Manifest | None:
