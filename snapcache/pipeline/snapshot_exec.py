@@ -17,9 +17,9 @@ from snapcache.store.cache import ShardCache
 from snapcache.store.coordinator import negotiate
 from snapcache.store.fs import Storage
 from snapcache.store.lease import ReadLease
-from snapcache.store.manifest import now_iso
-from snapcache.store.reader import SnapshotReader
-from snapcache.store.streams import StreamRecord
+from snapcache.store.manifest import now_iso, writer_identity
+from snapcache.store.reader import SnapshotReader, load_manifest
+from snapcache.store.streams import StreamRecord, stream_shards, try_commit
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -39,37 +39,91 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     spec = streams.current()
     storage = Storage(op.path, options.storage_options).child(tree.digest)
     run_id = layout.new_run_id()
-    decision = negotiate(storage, run_id=run_id, stream=spec.index, streams=spec.count,
-                         on_busy=options.on_busy, lease_ttl=options.lease_ttl,
-                         wait_timeout=options.wait_timeout)
+    # Streams may each write their share only if that gives the same examples as one writer:
+    # an element-wise upstream. Otherwise one stream writes everything, the others wait.
+    alone = spec.count > 1 and not splittable(op.parent)
+    writing = streams.StreamSpec() if alone else spec
+    decision = negotiate(storage, run_id=run_id, stream=writing.index, streams=writing.count,
+                         on_busy="wait" if alone else options.on_busy,
+                         lease_ttl=options.lease_ttl, wait_timeout=options.wait_timeout)
+
+    def commit_fields() -> dict:
+        return dict(fingerprint=tree.digest, compression=options.compression,
+                    created_at=now_iso(), committed_at=now_iso(),
+                    writer=writer_identity(run_id), fingerprint_tree=tree.to_json(),
+                    pipeline=describe, key=options.key, name=options.name)
+
     if decision.action == "read":
         assert decision.manifest is not None
-        reader = SnapshotReader(storage, decision.manifest, verify=options.verify)
-        if options.local_cache is not None and not storage.local:
-            reader.cache = _shard_cache(options.local_cache, options.local_cache_limit)
-        start, stop = spec.row_range(decision.manifest.num_examples)
-        return _read(reader, run_id, start, stop, options.lease_ttl)
+        return _read(_reader(storage, decision.manifest, options), run_id, spec,
+                     options.lease_ttl)
+    if decision.action == "replay":
+        assert decision.resume is not None
+        return _replay(storage, decision.resume, options, writing.count, commit_fields)
     if decision.action == "compute":
         log.info("snapshot %s is being written by another process: computing without writing",
                  storage.url)
         return _with_stream(iterate, op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
     resume = decision.resume
     if resume is not None and not resumable(op.parent):
-        _discard(storage, resume, spec)
+        _discard(storage, resume, writing)
         resume = None
     skip = resume.rows if resume is not None else 0
     if skip:
         log.info("resuming snapshot %s stream %d: %d examples already written", storage.url,
-                 spec.index, skip)
+                 writing.index, skip)
     writer = SnapshotWriter(storage, fingerprint=tree.digest, options=options,
                             fingerprint_tree=tree.to_json(), pipeline=describe,
-                            stream=spec.index, streams=spec.count, run_id=run_id,
+                            stream=writing.index, streams=writing.count, run_id=run_id,
                             resume=resume, lease=decision.lease)
     source = _with_stream(iterate, op.parent, epoch,
-                          streams.StreamSpec(spec.index, spec.count, skip))
-    return _write(source, writer, decision.lease,
-                  SnapshotReader(storage, _partial_manifest(resume, tree.digest), verify=True)
-                  if resume is not None else None)
+                          streams.StreamSpec(writing.index, writing.count, skip))
+    written = _write(source, writer, decision.lease,
+                     SnapshotReader(storage, _partial_manifest(resume, tree.digest), verify=True)
+                     if resume is not None else None)
+    if alone:
+        return _write_then_read(written, storage, options, run_id, spec)
+    return written
+
+
+def _reader(storage: Storage, manifest, options) -> SnapshotReader:
+    reader = SnapshotReader(storage, manifest, verify=options.verify)
+    reader.prefetch_bytes = options.prefetch_bytes
+    if options.local_cache is not None and not storage.local:
+        reader.cache = _shard_cache(options.local_cache, options.local_cache_limit)
+    return reader
+
+
+def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
+                     spec: streams.StreamSpec) -> Iterator[Any]:
+    """One stream writes the whole snapshot for all (its examples are not yielded as they
+    are written), then reads back its own share like every other stream."""
+    for _ in written:
+        pass
+    manifest = load_manifest(storage)
+    if manifest is None:  # committed by nobody: cannot happen after a complete write
+        raise CorruptSnapshotError(f"snapshot {storage.url} was not committed after writing")
+    yield from _read(_reader(storage, manifest, options), run_id, spec, options.lease_ttl)
+
+
+def _replay(storage: Storage, record: StreamRecord, options, count: int,
+            commit_fields: Callable[[], dict]) -> Iterator[Any]:
+    """This stream is complete while others are not: yield its own shards again, then commit
+    if the others have finished meanwhile."""
+    fields = commit_fields()
+    partial = _partial_manifest(record, fields["fingerprint"])
+    yield from SnapshotReader(storage, partial, verify=options.verify).examples()
+    try_commit(storage, count, **fields)
+
+
+def splittable(op: ops.Op | None) -> bool:
+    """True if running the pipeline up to ``op`` as N streams yields the same examples as one
+    run: a source followed only by element-wise ops."""
+    node = op
+    while isinstance(node, (ops.MapOp, ops.FilterOp, ops.PrefetchOp, ops.CacheOp,
+                            ops.SnapshotOp)):
+        node = node.parent
+    return node is None or node.parent is None
 
 
 _caches: dict[tuple[str, int], ShardCache] = {}
@@ -92,8 +146,10 @@ def _with_stream(iterate: Iterate, op: ops.Op, epoch: int, spec: streams.StreamS
         streams.reset(token)
 
 
-def _read(reader: SnapshotReader, run_id: str, start: int, stop: int, ttl: float
+def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
           ) -> Iterator[Any]:
+    """This stream's share of a committed snapshot: the shards it wrote, if the snapshot was
+    written by as many streams, else a contiguous 1/count of the rows."""
     lease = None
     try:
         lease = ReadLease(reader.storage, run_id=run_id, ttl=ttl)
@@ -107,7 +163,11 @@ def _read(reader: SnapshotReader, run_id: str, start: int, stop: int, ttl: float
             f"snapshot {reader.storage.url} was purged while it was being opened; iterate "
             "again to rebuild it")
     try:
-        yield from reader.examples_range(start, stop)
+        own = stream_shards(reader.manifest, spec.index, spec.count) if spec.count > 1 else None
+        if own is not None:
+            yield from reader.examples(own)
+        else:
+            yield from reader.examples_range(*spec.row_range(reader.manifest.num_examples))
     finally:
         if lease is not None:
             lease.release()
@@ -156,7 +216,7 @@ def resumable(op: ops.Op | None) -> bool:
     node = op
     while isinstance(node, (ops.MapOp, ops.PrefetchOp)):
         node = node.parent
-    if isinstance(node, (ops.RangeSource, ops.FilesSource)):
+    if isinstance(node, (ops.RangeSource, ops.FilesSource, ops.ParquetSource, ops.TorchSource)):
         return True
     if isinstance(node, ops.IterableSource):
         return hasattr(node.items, "__getitem__") and hasattr(node.items, "__len__")

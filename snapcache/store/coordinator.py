@@ -5,6 +5,7 @@
 - a committed manifest exists -> **read**;
 - this process wins the write lease of its stream -> **write** (resuming an earlier run's
   finished shards when the caller can skip examples);
+- its stream is complete but others are not -> **replay** the stream's own shards;
 - someone else holds it -> ``on_busy="compute"``: **compute** without writing;
   ``on_busy="wait"``: poll until the commit (then read) or until the lease expires (then take
   it over and write), or raise LeaseTimeoutError after ``wait_timeout`` seconds.
@@ -29,10 +30,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Decision:
-    action: str                          # "read" | "write" | "compute"
+    action: str                          # "read" | "write" | "compute" | "replay"
     manifest: Manifest | None = None     # read
     lease: WriteLease | None = None      # write
-    resume: StreamRecord | None = None   # write: an earlier run's finished shards
+    resume: StreamRecord | None = None   # write: an earlier run's finished shards;
+                                         # replay: this stream's complete record
 
 
 def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 1,
@@ -47,6 +49,12 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
             return Decision("read", manifest=manifest)
         names = storage.listdir()
         mine_done = layout.marker_name(streams, stream) in names
+        if mine_done:
+            # This stream was completed (by us in an earlier epoch, or by an earlier run) and
+            # others are not yet: serve this stream's own shards; no need to wait for them.
+            record = load_markers(storage, streams, names).get(stream)
+            if record is not None:
+                return Decision("replay", resume=record)
         if not mine_done:
             lease = WriteLease.acquire(storage, run_id=run_id, stream=stream, streams=streams,
                                        ttl=lease_ttl)

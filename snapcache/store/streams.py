@@ -119,8 +119,24 @@ def assemble(markers: dict[int, StreamRecord], streams: int, *, fingerprint: str
     for other in schemas:
         schema = other if schema is None else merge_schemas(schema, other, where=fingerprint)
     shards = tuple(s for record in ordered for s in record.shards)
+    # Which shards each stream wrote: readers with the same number of streams then read back
+    # exactly the examples each stream wrote.
+    layout_info = {"streams": streams, "stream_shards": [len(r.shards) for r in ordered]}
     return Manifest(fingerprint=fingerprint, schema=schema.to_json() if schema else None,
-                    shards=shards, **fields)
+                    shards=shards, extra={**fields.pop("extra", {}), **layout_info}, **fields)
+
+
+def stream_shards(manifest: Manifest, stream: int, streams: int) -> list[ShardInfo] | None:
+    """The shards stream ``stream`` of ``streams`` wrote, if the snapshot was written by that
+    many streams (else None)."""
+    extra = manifest.extra
+    counts = extra.get("stream_shards")
+    if extra.get("streams") != streams or not isinstance(counts, list) or \
+            len(counts) != streams or sum(counts) != len(manifest.shards) or \
+            not all(isinstance(c, int) and c >= 0 for c in counts):
+        return None
+    start = sum(counts[:stream])
+    return list(manifest.shards[start:start + counts[stream]])
 
 
 def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: Any
