@@ -100,6 +100,46 @@ class Dataset:
         return cls(ops.FilesSource(parent=None, urls=urls, strict=strict,
                                    storage_options=dict(storage_options or {})))
 
+    @classmethod
+    def from_parquet(cls, path_or_glob: str | os.PathLike | Sequence[str | os.PathLike],
+                     columns: Sequence[str] | None = None, *,
+                     storage_options: dict | None = None) -> "Dataset":
+        """Rows of Parquet files (a file, glob, folder or list; local or any fsspec URL such
+        as ``s3://``) as dicts of column values, read lazily, a batch of rows at a time.
+
+        Files are fingerprinted by identity (path, size and mtime; ETag on S3) plus
+        ``columns``. Streams (DataLoader workers, ranks) share the work by file, or by row
+        group when there are fewer files than streams::
+
+            ds = Dataset.from_parquet("s3://bucket/train/*.parquet", columns=["text", "label"])
+        """
+        from snapcache.store.parquet import expand_parquet
+
+        if isinstance(columns, str) or (columns is not None and not all(
+                isinstance(c, str) for c in columns)):
+            raise TypeError(f"columns must be a list of column names or None; got {columns!r}")
+        urls = tuple(expand_parquet(path_or_glob, storage_options))
+        return cls(ops.ParquetSource(parent=None, urls=urls,
+                                     columns=tuple(columns) if columns is not None else None,
+                                     storage_options=dict(storage_options or {})))
+
+    @classmethod
+    def from_torch(cls, dataset: Any) -> "Dataset":
+        """Examples ``dataset[i]`` of a map-style dataset (``torch.utils.data.Dataset`` or
+        anything with ``__getitem__`` and ``__len__``), torch tensors turned into numpy arrays.
+
+        The dataset is fingerprinted by its state (its attributes, tensors by content); if it
+        holds something that cannot be hashed, name the version with ``snapshot(key=...)``.
+        """
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise TypeError(f"from_torch needs a map-style dataset with __getitem__ and __len__; "
+                            f"got {type(dataset).__name__} (for an IterableDataset use "
+                            "Dataset.from_generator(iter, dataset))")
+        from snapcache.adapters.torch import register_tensor_fingerprint
+
+        register_tensor_fingerprint()
+        return cls(ops.TorchSource(parent=None, dataset=dataset))
+
     # -- transformations -----------------------------------------------------------------------
     def map(self, fn: Callable[[Any], Any], num_parallel_calls: int | None = None,
             deterministic: bool = True, executor: str = "thread") -> "Dataset":
@@ -254,6 +294,36 @@ class Dataset:
             stats.current.reset(token)
         self._recorder = recorder
         return iterator
+
+    # -- frameworks ----------------------------------------------------------------------------
+    def to_torch(self, *, rank: int | None = None, world_size: int | None = None) -> Any:
+        """A ``torch.utils.data.IterableDataset`` for a ``DataLoader`` with any number of
+        workers and ranks: each example of an epoch is delivered once across all of them.
+        Call ``set_epoch(n)`` on it before each epoch to reshuffle. See docs/guide.md::
+
+            loader = DataLoader(ds.batch(64).to_torch(), batch_size=None, num_workers=4)
+        """
+        from snapcache.adapters.torch import to_torch
+
+        return to_torch(self, rank=rank, world_size=world_size)
+
+    def to_tf(self, *, element_spec: Any = None) -> Any:
+        """A ``tf.data.Dataset`` of the examples; its ``element_spec`` comes from the
+        snapshot's schema (building the snapshot first if needed), or pass one. See
+        docs/guide.md::
+
+            model.fit(ds.map(to_xy).batch(32).to_tf(), epochs=5)
+        """
+        from snapcache.adapters.tf import to_tf
+
+        return to_tf(self, element_spec=element_spec)
+
+    def as_numpy_iterator(self, epoch: int | None = None) -> Iterator[Any]:
+        """One epoch with every number as a numpy array (dicts of arrays for batches), ready
+        for ``jax.device_put``."""
+        from snapcache.adapters.numpy import as_numpy_iterator
+
+        return as_numpy_iterator(self, epoch)
 
     def stats(self) -> stats.EpochStats | None:
         """Statistics of the epoch iterated last (or being iterated): per stage examples/s

@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
+from snapcache.errors import FingerprintError
 from snapcache.fingerprint import FingerprintNode, hash_function, hash_value
 from snapcache.fingerprint import sources as source_fp
 from snapcache.options import SnapshotOptions
@@ -94,7 +95,43 @@ class FilesSource(Op):
                                             storage_options=self.storage_options)]
 
 
-SOURCES = (IterableSource, GeneratorSource, RangeSource, FilesSource)
+@dataclass(frozen=True, eq=False)
+class ParquetSource(Op):
+    """Rows of Parquet files, as dicts of column values; split by file or row group."""
+    urls: tuple[str, ...] = ()
+    columns: tuple[str, ...] | None = None
+    storage_options: dict = field(default_factory=dict)
+    kind: ClassVar[str] = "from_parquet"
+
+    def describe(self) -> str:
+        return f"from_parquet({len(self.urls)} files)"
+
+    def fingerprint_children(self, where: str) -> list[FingerprintNode]:
+        return [source_fp.hash_files_source(self.urls, storage_options=self.storage_options),
+                hash_value(self.columns, "argument `columns`", where=where)]
+
+
+@dataclass(frozen=True, eq=False)
+class TorchSource(Op):
+    """A map-style dataset (``__getitem__`` and ``__len__``), read by index."""
+    dataset: Any = None
+    kind: ClassVar[str] = "from_torch"
+
+    def describe(self) -> str:
+        return f"from_torch({type(self.dataset).__name__}, {len(self.dataset)} items)"
+
+    def fingerprint_children(self, where: str) -> list[FingerprintNode]:
+        try:
+            return [hash_value(self.dataset, f"dataset `{type(self.dataset).__name__}`",
+                               where=where)]
+        except FingerprintError as e:
+            raise FingerprintError(
+                f"from_torch: the dataset cannot be fingerprinted: {e}. Name the version "
+                "yourself with .snapshot(path, key='my-data-v1'), or teach snapcache the type "
+                "with snapcache.fingerprint.register(type, fn)") from e
+
+
+SOURCES = (IterableSource, GeneratorSource, RangeSource, FilesSource, ParquetSource, TorchSource)
 
 
 # -- transformations ---------------------------------------------------------------------------

@@ -237,3 +237,8 @@ _RUNNERS: dict[type, Callable[[Any, int], Iterator[Any]]] = {
 from snapcache.pipeline import runners  # noqa: E402
 
 _RUNNERS.update(runners.RUNNERS)
+
+# Sources from the ecosystem (Parquet, torch datasets).
+from snapcache.pipeline import ecosystem  # noqa: E402
+
+_RUNNERS.update(ecosystem.RUNNERS)

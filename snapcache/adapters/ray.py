@@ -1,0 +1,298 @@
+"""Build and read snapshots on a Ray cluster (``pip install 'snapcache[ray]'``).
+
+:func:`build` writes the first epoch of a snapshot with ``num_tasks`` Ray tasks: task ``i``
+runs stream ``i`` of ``num_tasks`` of the upstream pipeline (sources split by stride, see
+:mod:`snapcache.pipeline.streams`) and writes that stream's shards and completion marker
+straight into the snapshot root; the last stream to finish creates the manifest. It is the
+same protocol as several processes iterating ``ds.iterate(epoch=0, stream=(i, n))``, so the
+result is an ordinary snapshot: same folder (fingerprint), same format, readable by
+``.snapshot(path)`` anywhere. Ray retries failed and lost tasks; a retried stream resumes from
+the shards its earlier attempt finished, and a stream already complete is not redone.
+
+:func:`read` turns a committed snapshot into a ``ray.data.Dataset`` through
+:class:`SnapshotDatasource`: one read task per group of consecutive shards, each verified
+(size and checksum) before any of its rows is used.
+
+Ray is imported on first use; nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from snapcache.errors import SnapcacheError, StoreError
+from snapcache.pipeline import ops, plan
+from snapcache.store import layout
+from snapcache.store.fs import Storage
+from snapcache.store.manifest import Manifest, now_iso, writer_identity
+from snapcache.store.reader import load_manifest
+from snapcache.store.streams import best_progress, load_markers, try_commit
+
+if TYPE_CHECKING:
+    from snapcache.pipeline.dataset import Dataset
+
+log = logging.getLogger("snapcache")
+
+__all__ = ["BuildResult", "FingerprintMismatchError", "PendingBuild", "SnapshotDatasource",
+           "StreamOutcome", "build", "read"]
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError("snapcache.ray needs Ray: pip install 'snapcache[ray]'") from e
+    return ray
+
+
+class FingerprintMismatchError(SnapcacheError):
+    """A Ray worker computed another fingerprint for the pipeline than the driver did
+    (different package versions, or local source files that differ between machines)."""
+
+
+# -- building ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamOutcome:
+    """What one task did for its stream: ``"written"`` (computed, possibly resuming an earlier
+    attempt's ``resumed_rows``), ``"complete"`` (an earlier run had finished it), or
+    ``"committed"`` (the snapshot was already committed)."""
+
+    stream: int
+    status: str
+    examples: int = 0
+    resumed_rows: int = 0
+    seconds: float = 0.0
+    host: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """A committed snapshot built on Ray (``str()`` gives a one-line summary)."""
+
+    fingerprint: str
+    url: str
+    num_examples: int
+    num_shards: int
+    total_bytes: int
+    seconds: float
+    streams: tuple[StreamOutcome, ...]
+
+    def __str__(self) -> str:
+        written = sum(s.status == "written" for s in self.streams)
+        return (f"snapshot {self.fingerprint} at {self.url}: {self.num_examples} examples in "
+                f"{self.num_shards} shards ({self.total_bytes / 1e6:.1f} MB), "
+                f"{written}/{len(self.streams)} streams written in {self.seconds:.1f} s")
+
+
+def _snapshot_op(ds: "Dataset") -> ops.SnapshotOp:
+    snap = plan.last_snapshot(ds._op)
+    if snap is None:
+        raise ValueError("snapcache.ray.build needs a pipeline with a .snapshot(path); add "
+                         "one after the expensive steps, e.g. ds.map(f).snapshot('s3://b/snaps')")
+    if snap.options.on_busy != "wait":
+        # A task that computed without writing would leave its stream unwritten.
+        snap = dataclasses.replace(snap, options=dataclasses.replace(snap.options,
+                                                                     on_busy="wait"))
+    return snap
+
+
+# Ops that would apply to each stream's share separately, so that n streams would write other
+# examples than one process: take(k) would keep k per stream, batch and shard would group the
+# shares. (map, filter, shuffle, interleave, repeat, prefetch and cache keep the multiset.)
+_PER_STREAM = (ops.TakeOp, ops.BatchOp, ops.ShardOp)
+
+
+def _check_splittable(snap: ops.SnapshotOp, num_tasks: int) -> None:
+    if num_tasks == 1:
+        return
+    for node in ops.lineage(snap.parent):
+        if isinstance(node, _PER_STREAM):
+            raise ValueError(
+                f"{node.describe()} before the snapshot would run in each of the {num_tasks} "
+                "streams on its share of the source, so the snapshot would not hold what one "
+                "process writes; move it after .snapshot(), or build with num_tasks=1")
+
+
+def _folder(snap: ops.SnapshotOp, digest: str) -> Storage:
+    return Storage(snap.path, snap.options.storage_options).child(digest)
+
+
+def _commit_if_complete(snap: ops.SnapshotOp, storage: Storage, tree, streams: int
+                        ) -> Manifest | None:
+    """The committed manifest; committing it first if all ``streams`` streams are complete but
+    nobody committed (the last writer died between its marker and the manifest). None while
+    streams are missing."""
+    manifest = load_manifest(storage)
+    if manifest is not None:
+        return manifest
+    options = snap.options
+    return try_commit(
+        storage, streams, fingerprint=tree.digest, compression=options.compression,
+        created_at=now_iso(), committed_at=now_iso(),
+        writer=writer_identity(layout.new_run_id()), fingerprint_tree=tree.to_json(),
+        pipeline=plan.describe_pipeline(snap.parent), key=options.key, name=options.name)
+
+
+def _run_stream(snap: ops.SnapshotOp, index: int, count: int, expected: str) -> StreamOutcome:
+    """The body of one Ray task: write stream ``index`` of ``count`` (or find it done)."""
+    from snapcache.pipeline.dataset import Dataset
+    from snapcache.pipeline.snapshot_exec import resumable
+    from snapcache.store.lease import HOST
+
+    tree = plan.snapshot_tree(snap)
+    if tree.digest != expected:
+        raise FingerprintMismatchError(
+            f"stream {index} on {HOST}: the pipeline's fingerprint is {tree.digest} here but "
+            f"{expected} on the driver; install the same package versions on every node, and "
+            "read sources from shared storage (s3://...) rather than local files")
+    storage = _folder(snap, tree.digest)
+    names = storage.listdir()
+    done = dict(host=HOST, pid=os.getpid())
+    if layout.MANIFEST in names:
+        return StreamOutcome(index, "committed", **done)
+    if layout.marker_name(count, index) in names:
+        _commit_if_complete(snap, storage, tree, count)
+        return StreamOutcome(index, "complete", **done)
+    previous = best_progress(storage, index, count) if resumable(snap.parent) else None
+    start = time.monotonic()
+    examples = sum(1 for _ in Dataset(snap).iterate(epoch=0, stream=(index, count)))
+    return StreamOutcome(index, "written", examples=examples,
+                         resumed_rows=previous.rows if previous is not None else 0,
+                         seconds=time.monotonic() - start, **done)
+
+
+def _task_options(resources: dict | None, max_retries: int, ray_remote_args: dict | None
+                  ) -> dict:
+    resources = dict(resources or {})
+    options: dict[str, Any] = {"num_cpus": resources.pop("CPU", 1),
+                               "max_retries": max_retries, "retry_exceptions": True}
+    if "GPU" in resources:
+        options["num_gpus"] = resources.pop("GPU")
+    if "memory" in resources:
+        options["memory"] = resources.pop("memory")
+    if resources:
+        options["resources"] = resources
+    options.update(ray_remote_args or {})
+    return options
+
+
+class PendingBuild:
+    """A build started with ``wait=False``: ``refs`` are the tasks' object refs (one per
+    stream); :meth:`result` waits for them and returns the :class:`BuildResult`."""
+
+    def __init__(self, snap: ops.SnapshotOp, tree, refs: list, started: float):
+        self._snap, self._tree, self.refs, self._started = snap, tree, refs, started
+
+    def result(self, timeout: float | None = None) -> BuildResult:
+        outcomes = tuple(_ray().get(self.refs, timeout=timeout))
+        storage = _folder(self._snap, self._tree.digest)
+        manifest = _commit_if_complete(self._snap, storage, self._tree, len(self.refs))
+        if manifest is None:
+            done = set(load_markers(storage, len(self.refs)))
+            missing = sorted(set(range(len(self.refs))) - done)
+            raise StoreError(f"snapshot {storage.url} was not committed: streams {missing} of "
+                             f"{len(self.refs)} are not complete; run build() again to finish "
+                             "them (finished shards are reused)")
+        result = BuildResult(fingerprint=manifest.fingerprint, url=storage.url,
+                             num_examples=manifest.num_examples, num_shards=len(manifest.shards),
+                             total_bytes=manifest.total_bytes,
+                             seconds=time.monotonic() - self._started, streams=outcomes)
+        log.info("%s", result)
+        return result
+
+
+def build(ds: "Dataset", *, num_tasks: int, resources: dict | None = None,
+          max_retries: int = 3, wait: bool = True, ray_remote_args: dict | None = None
+          ) -> BuildResult | PendingBuild:
+    """Write the snapshot of ``ds`` (its last ``.snapshot()``) with ``num_tasks`` Ray tasks.
+
+    Task ``i`` runs stream ``i`` of ``num_tasks`` of the pipeline up to the snapshot and writes
+    its shards straight to the snapshot root; the last one to finish commits the manifest.
+    Each task reserves ``resources`` (Ray's names: ``{"CPU": 4, "GPU": 1, "memory": 8e9,
+    "my_label": 1}``; default one CPU). A task that raises or whose worker dies is retried up
+    to ``max_retries`` times and resumes from its finished shards; streams an earlier run
+    completed are not redone. ``ray_remote_args`` go to ``.options()`` of every task
+    (``runtime_env``, ``scheduling_strategy``, ...).
+
+    The snapshot is the one a single process writes (same fingerprint and format); its
+    examples are in stream order: stream 0's (examples 0, n, 2n, ...), then stream 1's, ...
+
+    Example::
+
+        ray.init()
+        ds = sc.Dataset.from_files("s3://raw/*.jpg").map(decode).snapshot("s3://b/snaps")
+        print(snapcache.ray.build(ds, num_tasks=64))
+        for batch in ds: ...          # every later epoch and run reads the snapshot
+    """
+    if not isinstance(num_tasks, int) or isinstance(num_tasks, bool) or num_tasks < 1:
+        raise ValueError(f"num_tasks must be an int >= 1; got {num_tasks!r}")
+    if not isinstance(max_retries, int) or max_retries < -1:
+        raise ValueError(f"max_retries must be an int >= -1 (-1: retry forever); "
+                         f"got {max_retries!r}")
+    snap = _snapshot_op(ds)
+    _check_splittable(snap, num_tasks)
+    options = _task_options(resources, max_retries, ray_remote_args)
+    ray = _ray()
+    tree = plan.snapshot_tree(snap)
+    started = time.monotonic()
+    task = ray.remote(_run_stream).options(name="snapcache-stream", **options)
+    snap_ref = ray.put(snap)  # the pipeline (user functions included) is pickled once
+    refs = [task.remote(snap_ref, i, num_tasks, tree.digest) for i in range(num_tasks)]
+    pending = PendingBuild(snap, tree, refs, started)
+    return pending.result() if wait else pending
+
+
+# -- reading -----------------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    # SnapshotDatasource subclasses ray.data.Datasource, so it lives in a module importing Ray.
+    if name == "SnapshotDatasource":
+        _ray()
+        from snapcache.adapters.ray_read import SnapshotDatasource
+
+        return SnapshotDatasource
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _snapshot_folder(source: "str | Dataset", storage_options: dict | None) -> tuple[str, dict]:
+    if isinstance(source, str) or hasattr(source, "__fspath__"):
+        return os.fspath(source), dict(storage_options or {})
+    snap = plan.last_snapshot(source._op)
+    if snap is None:
+        raise ValueError("snapcache.ray.read needs a snapshot folder or a Dataset with a "
+                         ".snapshot(path)")
+    options = snap.options.storage_options if storage_options is None else storage_options
+    return Storage(snap.path, options).url_of(plan.snapshot_tree(snap).digest), dict(options)
+
+
+def read(source: "str | Dataset", *, shards_per_task: int | None = None,
+         storage_options: dict | None = None, verify: bool = True, **read_args: Any):
+    """A committed snapshot as a ``ray.data.Dataset``.
+
+    ``source`` is a snapshot folder (``"s3://b/snaps/<fingerprint>"``) or a Dataset whose last
+    ``.snapshot()`` is committed. Each read task reads ``shards_per_task`` consecutive shards
+    (default: as many tasks as Ray Data asks for), verifying every checksum. ``read_args`` go
+    to ``ray.data.read_datasource`` (``override_num_blocks``, ``ray_remote_args``, ...).
+
+    Example::
+
+        train_ds = snapcache.ray.read(ds)          # then ray.train's datasets={"train": ...}
+        for batch in train_ds.iter_batches(batch_size=256): ...
+    """
+    _ray()
+    try:
+        import ray.data
+    except ImportError as e:  # a plain `pip install ray` lacks Ray Data's dependencies
+        raise ImportError("snapcache.ray.read needs Ray Data: pip install 'snapcache[ray]'"
+                          ) from e
+    from snapcache.adapters.ray_read import SnapshotDatasource
+
+    path, options = _snapshot_folder(source, storage_options)
+    datasource = SnapshotDatasource(path, shards_per_task=shards_per_task,
+                                    storage_options=options, verify=verify)
+    return ray.data.read_datasource(datasource, **read_args)

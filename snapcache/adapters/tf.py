@@ -1,0 +1,126 @@
+"""TensorFlow: a ``Dataset`` as a ``tf.data.Dataset`` whose ``element_spec`` comes from the
+snapshot's schema.
+
+Where the spec comes from, in order:
+
+1. ``to_tf(element_spec=...)`` if given;
+2. the committed snapshot's schema, when the pipeline has a ``.snapshot()`` and only ops that
+   keep the example structure follow it (shuffle, batch, filter, take, shard, repeat, prefetch,
+   cache). A snapshot not committed yet is built first (the first epoch's work, done once).
+   Dimensions that varied between examples are ``None``; each ``batch`` after the snapshot adds
+   a leading ``None``;
+3. otherwise the first example (or batch) of epoch 0: its shapes, with a leading ``None`` when
+   the pipeline batches. Pass ``element_spec`` when later examples may have other shapes.
+
+Each iteration of the ``tf.data.Dataset`` (each Keras epoch) is the next snapcache epoch, so
+seeded shuffles reshuffle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from snapcache.adapters._imports import require
+from snapcache.pipeline import ops, plan
+from snapcache.pipeline.runners import known_length
+from snapcache.store.fs import Storage
+from snapcache.store.reader import load_manifest
+from snapcache.store.schema import Schema
+
+STRUCTURE_PRESERVING = (ops.ShuffleOp, ops.BatchOp, ops.FilterOp, ops.TakeOp, ops.ShardOp,
+                        ops.RepeatOp, ops.PrefetchOp, ops.CacheOp)
+
+
+def to_tf(dataset: Any, *, element_spec: Any = None) -> Any:
+    tf = require("tensorflow", "ds.to_tf()")
+    spec = element_spec if element_spec is not None else infer_element_spec(dataset)
+
+    def generate() -> Iterator[Any]:
+        yield from dataset.iterate()
+
+    tf_dataset = tf.data.Dataset.from_generator(generate, output_signature=spec)
+    length = known_length(dataset._op)
+    if length is not None:  # lets Keras show progress and know where an epoch ends
+        tf_dataset = tf_dataset.apply(tf.data.experimental.assert_cardinality(length))
+    return tf_dataset
+
+
+def infer_element_spec(dataset: Any) -> Any:
+    """The ``tf.TypeSpec`` structure of the pipeline's elements (see the module docstring)."""
+    tf = require("tensorflow", "ds.to_tf()")
+    op = dataset._op
+    snap = plan.last_snapshot(op)
+    if snap is not None:
+        tail = ops.lineage(op)[len(ops.lineage(snap)):]
+        if all(isinstance(node, STRUCTURE_PRESERVING) for node in tail):
+            schema = _committed_schema(dataset, snap)
+            if schema is not None:
+                batch_dims = sum(isinstance(node, ops.BatchOp) for node in tail)
+                return spec_from_schema(tf, schema, batch_dims)
+    first = next(iter(dataset.iterate(epoch=0)), _EMPTY)
+    if first is _EMPTY:
+        raise ValueError("ds.to_tf(): the dataset is empty, so its element_spec cannot be "
+                         "inferred; pass to_tf(element_spec=...)")
+    batched = any(isinstance(node, ops.BatchOp) for node in ops.lineage(op))
+    return spec_from_value(tf, first, batched)
+
+
+_EMPTY = object()
+
+
+def _committed_schema(dataset: Any, snap: ops.SnapshotOp) -> Schema | None:
+    storage = Storage(snap.path, snap.options.storage_options).child(
+        plan.snapshot_tree(snap).digest)
+    manifest = load_manifest(storage)
+    if manifest is None:  # build it: the work of the first epoch, done once
+        for _ in type(dataset)(snap).iterate(epoch=0):
+            pass
+        manifest = load_manifest(storage)
+    if manifest is None or manifest.schema is None:  # computed without writing, or empty
+        return None
+    return Schema.from_json(manifest.schema)
+
+
+def spec_from_schema(tf: Any, schema: Schema, batch_dims: int = 0) -> Any:
+    """TensorSpecs of a snapshot schema's examples, with ``batch_dims`` leading ``None``s."""
+    lead = (None,) * batch_dims
+    specs = []
+    for field in schema.fields:
+        if field.kind in ("str", "bytes"):
+            specs.append(tf.TensorSpec(lead, tf.string))
+            continue
+        shape = () if field.kind == "scalar" else \
+            (field.shape if field.shape is not None else (None,) * field.ndim)
+        specs.append(tf.TensorSpec(lead + tuple(shape), _tf_dtype(tf, np.dtype(field.dtype))))
+    if schema.structure == "dict":
+        return {field.name: spec for field, spec in zip(schema.fields, specs)}
+    if schema.structure == "tuple":
+        return tuple(specs)
+    return specs[0]
+
+
+def spec_from_value(tf: Any, value: Any, batched: bool) -> Any:
+    """TensorSpecs matching one element; the leading dimension ``None`` if ``batched``."""
+    if isinstance(value, dict):
+        return {k: spec_from_value(tf, v, batched) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(spec_from_value(tf, v, batched) for v in value)
+    if isinstance(value, (str, bytes)):
+        return tf.TensorSpec((), tf.string)
+    array = np.asarray(value)
+    shape = tuple(array.shape)
+    if batched and shape:
+        shape = (None,) + shape[1:]
+    if array.dtype == object or array.dtype.kind in "US":
+        return tf.TensorSpec(shape, tf.string)
+    return tf.TensorSpec(shape, _tf_dtype(tf, array.dtype))
+
+
+def _tf_dtype(tf: Any, dtype: np.dtype) -> Any:
+    try:
+        return tf.as_dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"ds.to_tf(): TensorFlow has no dtype for numpy {dtype}; convert the "
+                        "field in a map() after the snapshot") from e

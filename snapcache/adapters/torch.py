@@ -1,0 +1,161 @@
+"""PyTorch: a ``Dataset`` as a ``torch.utils.data.IterableDataset``, and torch values as numpy.
+
+``ds.to_torch()`` splits every epoch into streams, one per DataLoader worker and rank::
+
+    stream index = rank * num_workers + worker_id,   stream count = world_size * num_workers
+
+so each example of an epoch is delivered exactly once across all workers of all ranks, and on
+the first epoch the workers write a snapshot's shards as cooperating streams (one snapshot,
+not one copy per worker). The rank comes from ``rank=``/``world_size=``, else from
+``torch.distributed`` if it is initialized, else from the ``RANK``/``WORLD_SIZE`` environment
+variables (set by ``torchrun``), else 0 of 1.
+
+This module imports without torch (for :func:`numpy_example`); :func:`to_torch` needs it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterator
+
+import numpy as np
+
+from snapcache.adapters._imports import require
+from snapcache.options import distributed_env
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset as _Base
+except ImportError:  # to_torch() says what to install
+    torch = None  # type: ignore[assignment]
+    _Base = object  # type: ignore[assignment,misc]
+
+
+class TorchDataset(_Base):  # type: ignore[misc,valid-type]
+    """An ``IterableDataset`` over a snapcache ``Dataset``; made by ``ds.to_torch()``.
+
+    Example::
+
+        loader = DataLoader(ds.batch(64).to_torch(), batch_size=None, num_workers=4)
+        for epoch in range(10):
+            loader.dataset.set_epoch(epoch)
+            for batch in loader:
+                ...
+    """
+
+    def __init__(self, dataset: Any, *, rank: int | None = None,
+                 world_size: int | None = None) -> None:
+        if (rank is None) != (world_size is None):
+            raise ValueError("pass both rank and world_size, or neither (then they come from "
+                             "torch.distributed or the RANK/WORLD_SIZE environment variables)")
+        if world_size is not None and not (isinstance(world_size, int) and world_size >= 1 and
+                                           isinstance(rank, int) and 0 <= rank < world_size):
+            raise ValueError(f"rank must be in [0, world_size) with world_size >= 1; got "
+                             f"rank={rank!r}, world_size={world_size!r}")
+        self.dataset = dataset
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s shuffle order from the next iteration on (call it before each epoch,
+        as with ``DistributedSampler``; without it every epoch has epoch 0's order)."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0; got {epoch!r}")
+        self.epoch = epoch
+
+    def stream(self) -> tuple[int, int]:
+        """``(index, count)`` of the stream this process reads: from the rank and the worker."""
+        rank, world_size = self._rank()
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return rank * workers + worker, world_size * workers
+
+    def _rank(self) -> tuple[int, int]:
+        if self.world_size is not None:
+            return self.rank, self.world_size  # type: ignore[return-value]
+        distributed = torch.distributed
+        if distributed.is_available() and distributed.is_initialized():
+            return distributed.get_rank(), distributed.get_world_size()
+        return distributed_env()
+
+    def __iter__(self) -> Iterator[Any]:
+        for example in self.dataset.iterate(epoch=self.epoch, stream=self.stream()):
+            yield to_tensors(example)
+
+    def __getstate__(self) -> dict:
+        # DataLoader workers started with "spawn" pickle the dataset: send the op graph only
+        # (its functions must then be picklable, i.e. defined at module level).
+        from snapcache.pipeline.dataset import Dataset
+
+        state = dict(self.__dict__)
+        state["dataset"] = Dataset(self.dataset._op)
+        return state
+
+
+def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = None
+             ) -> TorchDataset:
+    require("torch", "ds.to_torch()")
+    return TorchDataset(dataset, rank=rank, world_size=world_size)
+
+
+def to_tensors(value: Any) -> Any:
+    """numpy arrays and scalars as torch tensors, recursively through dicts, tuples and lists;
+    ``str``/``bytes`` (and batches of them) as Python values.
+
+    Writable arrays (batches stacked by ``.batch()``, outputs of maps) are shared with the
+    tensor, zero-copy. Read-only arrays are views of a snapshot's Arrow buffers, which may be
+    a read-only memory map of the shard file: those are copied, since a tensor is writable and
+    writing through it would corrupt (or crash on) the shared buffer.
+    """
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            return value.tolist()
+        if not value.flags.writeable:
+            value = np.array(value)
+        try:
+            return torch.from_numpy(value)
+        except TypeError as e:
+            raise TypeError(f"to_torch: torch has no dtype for numpy {value.dtype}; convert the "
+                            "field in a map() after the snapshot") from e
+    if isinstance(value, (np.bool_, np.number)):
+        return torch.from_numpy(np.array(value))
+    if isinstance(value, dict):
+        return {k: to_tensors(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(to_tensors(v) for v in value)
+    if isinstance(value, list):
+        return [to_tensors(v) for v in value]
+    return value
+
+
+# -- torch values into a pipeline (Dataset.from_torch) ---------------------------------------------
+def numpy_example(value: Any) -> Any:
+    """An example of a torch dataset with its tensors as numpy arrays (what snapshots store)."""
+    module = sys.modules.get("torch")
+    if module is None:
+        return value
+    if isinstance(value, module.Tensor):
+        return value.detach().cpu().numpy()
+    if isinstance(value, dict):
+        return {k: numpy_example(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(numpy_example(v) for v in value)
+    if isinstance(value, list):
+        return [numpy_example(v) for v in value]
+    return value
+
+
+def register_tensor_fingerprint() -> None:
+    """Let fingerprints hash torch tensors by dtype, shape and content (when torch is loaded)."""
+    module = sys.modules.get("torch")
+    if module is None:
+        return
+    from snapcache.fingerprint import register
+
+    def content(t: Any) -> Any:
+        t = t.detach().cpu().contiguous()
+        return ("torch.Tensor", str(t.dtype), tuple(t.shape),
+                t.reshape(-1).view(module.uint8).numpy().tobytes())
+
+    register(module.Tensor, content)

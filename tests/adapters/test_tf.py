@@ -1,0 +1,60 @@
+"""TensorFlow adapter: element_spec from the snapshot schema, Keras fit. (TF imports slowly:
+keep these tests few and in this module.)"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import snapcache as sc  # noqa: E402
+
+
+def make(i):
+    return {"x": np.full(4, i, np.float32), "y": np.float32(i % 2), "name": f"n{i}",
+            "ragged": np.arange(i % 3 + 1, dtype=np.int32), "label": i}
+
+
+def test_element_spec_comes_from_the_snapshot_schema_which_to_tf_builds(root):
+    ds = sc.Dataset.range(12).map(make).snapshot(root, progress=False)
+    assert not os.path.exists(root)
+    tf_ds = ds.shuffle(4, seed=0).to_tf()
+    assert len(os.listdir(root)) == 1          # built once, to read the schema
+    spec = tf_ds.element_spec
+    assert spec == {"x": tf.TensorSpec((4,), tf.float32), "y": tf.TensorSpec((), tf.float32),
+                    "name": tf.TensorSpec((), tf.string),
+                    "ragged": tf.TensorSpec((None,), tf.int32),      # varied: None
+                    "label": tf.TensorSpec((), tf.int64)}
+    epochs = [[int(e["label"]) for e in tf_ds] for _ in range(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(12))
+    assert epochs[0] != epochs[1]               # each tf iteration is the next epoch
+    first = next(iter(ds.to_tf()))
+    assert first["name"].numpy() == b"n0" and first["ragged"].shape == (1,)
+
+
+def test_batched_pipeline_has_a_leading_none_and_fits_a_keras_model(root):
+    base = sc.Dataset.range(64).map(make).snapshot(root, progress=False)
+    batched = sc.Dataset.range(64).map(lambda i: {"x": np.full(4, i, np.float32)}) \
+        .snapshot(root, progress=False).batch(8)
+    assert batched.to_tf().element_spec == {"x": tf.TensorSpec((None, 4), tf.float32)}
+
+    xy = base.map(lambda e: (e["x"] / 64.0, e["y"])).batch(16)      # a map after: peeked
+    tf_ds = xy.to_tf()
+    assert tf_ds.element_spec == (tf.TensorSpec((None, 4), tf.float32),
+                                  tf.TensorSpec((None,), tf.float32))
+    assert tf_ds.cardinality().numpy() == 4
+    model = tf.keras.Sequential([tf.keras.Input((4,)),
+                                 tf.keras.layers.Dense(1, activation="sigmoid")])
+    model.compile(optimizer="sgd", loss="binary_crossentropy")
+    history = model.fit(tf_ds, epochs=1, verbose=0, shuffle=False)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_explicit_element_spec_and_empty_dataset(root):
+    spec = tf.TensorSpec((), tf.int64)
+    assert [int(x) for x in sc.Dataset.range(3).to_tf(element_spec=spec)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="element_spec"):
+        sc.Dataset.range(0).to_tf()

@@ -1,0 +1,240 @@
+"""PyTorch adapter: DataLoader workers and ranks see every example once; epochs reshuffle;
+the first epoch writes one snapshot as cooperating streams; from_torch reads map-style datasets."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+import snapcache as sc  # noqa: E402
+from snapcache.adapters.torch import TorchDataset, to_tensors  # noqa: E402
+from snapcache.store.fs import Storage  # noqa: E402
+from snapcache.store.reader import load_manifest  # noqa: E402
+
+N = 40
+
+
+def counted(log_path: str):
+    """An 'expensive' map that appends its input to a file (workers are processes)."""
+
+    def expensive(i):
+        with open(log_path, "a") as f:
+            f.write(f"{i}\n")
+        return {"id": i, "x": np.full(3, i, np.float32)}
+
+    return expensive
+
+
+def calls(log_path) -> list[int]:
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path) as f:
+        return [int(line) for line in f.read().split()]
+
+
+def ids_of(loader) -> list[int]:
+    out: list[int] = []
+    for item in loader:
+        ids = item["id"] if isinstance(item, dict) else item
+        out.extend(ids.tolist() if isinstance(ids, torch.Tensor) else [int(ids)])
+    return out
+
+
+def snapshot_streams(root: str, ds) -> set[int]:
+    """The stream numbers of the committed snapshot's shards (``<run>-<stream>-<seq>.arrow``)."""
+    [folder] = [name for name in os.listdir(root)]
+    manifest = load_manifest(Storage(root).child(folder))
+    assert manifest is not None
+    return {int(shard.path.split("-")[1]) for shard in manifest.shards}
+
+
+def test_dataloader_with_two_workers_writes_one_snapshot_and_delivers_each_example_once(
+        tmp_path, root):
+    log = str(tmp_path / "calls")
+    ds = sc.Dataset.range(N).map(counted(log)).snapshot(root, progress=False)
+    loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+
+    first = ids_of(loader)
+    assert sorted(first) == list(range(N))
+    assert sorted(calls(log)) == list(range(N))          # the expensive map ran once an example
+    assert len(os.listdir(root)) == 1                     # one snapshot, not one per worker
+    assert snapshot_streams(root, ds) == {0, 1}           # written by both workers as streams
+
+    second = ids_of(loader)                               # epoch 2 reads the snapshot
+    assert sorted(second) == list(range(N))
+    assert len(calls(log)) == N
+
+
+def test_set_epoch_reshuffles_the_order_but_not_the_set(root):
+    ds = sc.Dataset.range(N).snapshot(root, progress=False).shuffle(16, seed=3).batch(4)
+    torch_ds = ds.to_torch()
+    loader = DataLoader(torch_ds, batch_size=None, num_workers=2)
+    orders = []
+    for epoch in (0, 1, 1):
+        torch_ds.set_epoch(epoch)
+        orders.append(ids_of(loader))
+    assert all(sorted(order) == list(range(N)) for order in orders)
+    assert orders[0] != orders[1]
+    assert orders[1] == orders[2]                         # same epoch, same order
+
+
+@pytest.mark.parametrize("with_snapshot", [True, False])
+def test_two_ranks_times_two_workers_partition_the_examples(root, with_snapshot):
+    ds = sc.Dataset.range(N)
+    if with_snapshot:
+        ds = ds.snapshot(root, progress=False)
+    ds = ds.shuffle(8, seed=0)
+    per_rank = []
+    for epoch in range(2):  # with a snapshot: epoch 0 writes 4 streams, epoch 1 reads
+        per_rank = []
+        for rank in range(2):
+            torch_ds = ds.to_torch(rank=rank, world_size=2)
+            torch_ds.set_epoch(epoch)
+            per_rank.append(ids_of(DataLoader(torch_ds, batch_size=None, num_workers=2)))
+        assert not set(per_rank[0]) & set(per_rank[1])
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(N))
+    if with_snapshot:
+        assert snapshot_streams(root, ds) == {0, 1, 2, 3}
+
+
+def test_dataloader_without_workers_and_with_collation(root):
+    ds = sc.Dataset.range(10).map(lambda i: {"id": i, "x": np.full(2, i, np.float32)})
+    batches = list(DataLoader(ds.to_torch(), batch_size=4))  # torch collates the examples
+    assert [b["id"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert batches[0]["x"].dtype == torch.float32 and batches[0]["x"].shape == (4, 2)
+
+
+def test_stream_comes_from_rank_arguments_then_environment(monkeypatch):
+    ds = sc.Dataset.range(4)
+    assert ds.to_torch(rank=1, world_size=3).stream() == (1, 3)
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert ds.to_torch().stream() == (2, 4)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="RANK must be in"):
+        ds.to_torch().stream()
+    with pytest.raises(ValueError, match="both rank and world_size"):
+        ds.to_torch(rank=0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        ds.to_torch(rank=2, world_size=2)
+
+
+def test_stream_comes_from_torch_distributed_when_initialized(tmp_path, monkeypatch):
+    distributed = torch.distributed
+    if not distributed.is_available():
+        pytest.skip("torch.distributed is not available")
+    monkeypatch.setenv("RANK", "5")  # ignored: the process group wins
+    monkeypatch.setenv("WORLD_SIZE", "9")
+    distributed.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0,
+                                   world_size=1)
+    try:
+        assert sc.Dataset.range(4).to_torch().stream() == (0, 1)
+    finally:
+        distributed.destroy_process_group()
+
+
+def test_batches_are_tensors_sharing_memory_with_writable_arrays(root):
+    ds = sc.Dataset.range(8).map(lambda i: {"x": np.full((2, 2), i, np.float32),
+                                            "name": f"n{i}", "b": b"raw"}).batch(4)
+    [batch, _] = list(ds)
+    tensors = to_tensors(batch)
+    assert isinstance(tensors["x"], torch.Tensor) and tensors["x"].shape == (4, 2, 2)
+    assert tensors["x"].data_ptr() == batch["x"].ctypes.data          # zero-copy
+    assert tensors["name"] == ["n0", "n1", "n2", "n3"]                  # strings pass through
+    assert tensors["b"] == [b"raw"] * 4
+
+
+def test_read_only_snapshot_arrays_are_copied_without_warnings(root):
+    ds = sc.Dataset.range(8).map(lambda i: {"x": np.full(3, i, np.int64)}).snapshot(
+        root, progress=False, compression="none")
+    list(ds)  # write
+    read = list(ds.batch(4))  # the vectorized read: views of the memory-mapped shard
+    assert not read[0]["x"].flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tensor = to_tensors(read[0])["x"]
+    tensor += 1  # safe: a copy, the shard is untouched
+    assert [b["x"][:, 0].tolist() for b in ds.batch(4)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    scalar = to_tensors({"y": np.float32(2.5), "n": 3})
+    assert scalar["y"].dtype == torch.float32 and scalar["n"] == 3
+
+
+class Squares(torch.utils.data.Dataset):
+    def __init__(self, n: int, scale: float = 1.0):
+        self.n = n
+        self.weights = torch.arange(n, dtype=torch.float32) * scale
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {"id": i, "w": self.weights[i], "v": torch.full((2,), float(i * i))}
+
+
+def test_from_torch_reads_by_index_as_numpy_and_splits_by_stride(root):
+    ds = sc.Dataset.from_torch(Squares(10))
+    examples = list(ds)
+    assert [e["id"] for e in examples] == list(range(10))
+    assert isinstance(examples[3]["v"], np.ndarray) and examples[3]["v"].tolist() == [9.0, 9.0]
+    parts = [[e["id"] for e in ds.iterate(stream=(k, 3))] for k in range(3)]
+    assert parts == [list(range(k, 10, 3)) for k in range(3)]
+    snap = ds.snapshot(root, progress=False)
+    assert [e["id"] for e in snap] == list(range(10))
+    assert [e["id"] for e in snap] == list(range(10))  # read back
+
+
+def test_from_torch_fingerprint_follows_the_dataset_state():
+    a = sc.Dataset.from_torch(Squares(10)).fingerprint()
+    assert a == sc.Dataset.from_torch(Squares(10)).fingerprint()
+    assert a != sc.Dataset.from_torch(Squares(10, scale=2.0)).fingerprint()
+    assert a != sc.Dataset.from_torch(Squares(11)).fingerprint()
+
+
+class Locked(torch.utils.data.Dataset):
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        return i
+
+
+def test_from_torch_unhashable_dataset_points_to_key(root):
+    ds = sc.Dataset.from_torch(Locked())
+    with pytest.raises(sc.FingerprintError, match="key="):
+        ds.fingerprint()
+    assert list(ds.snapshot(root, key="locked-v1", progress=False)) == [0, 1, 2]
+    with pytest.raises(TypeError, match="map-style"):
+        sc.Dataset.from_torch(iter([1, 2]))
+
+
+def test_from_torch_is_resumable():
+    from snapcache.pipeline.snapshot_exec import resumable
+
+    assert resumable(sc.Dataset.from_torch(Squares(3)).map(lambda e: e)._op)
+
+
+def test_set_epoch_validates():
+    with pytest.raises(ValueError, match="epoch"):
+        sc.Dataset.range(3).to_torch().set_epoch(-1)
+
+
+def test_torch_dataset_pickles_its_op_graph():
+    import pickle
+
+    torch_ds = sc.Dataset.range(5).to_torch(rank=0, world_size=1)
+    torch_ds.set_epoch(2)
+    copy = pickle.loads(pickle.dumps(torch_ds))
+    assert isinstance(copy, TorchDataset) and copy.epoch == 2
+    assert [int(x) for x in copy] == list(range(5))
+    json.dumps(copy.stream())
