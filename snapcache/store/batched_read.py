@@ -72,9 +72,13 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
     open_bytes = 0
     decoded_bytes = 0
     current: tuple[ShardInfo, Any, int] | None = None  # shard, file reader, next batch index
+    started = False
     try:
         while True:
-            while todo and (open_bytes == 0 or open_bytes + todo[0].bytes <= budget // 2):
+            # Until the first batch is out, open one shard at a time: opening the next (hashing
+            # all its bytes) would compete with decoding the first for the same cores.
+            while todo and (open_bytes == 0 or (started and
+                                                open_bytes + todo[0].bytes <= budget // 2)):
                 shard = todo.popleft()
                 opening.append((shard, pool.submit(reader.open_shard, shard,
                                                    low_memory=low_memory)))
@@ -111,6 +115,7 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
             if finished is not None:
                 open_bytes -= finished.bytes
                 reader.forget(finished)
+            started = True
             yield batch
     finally:
         for _, future in opening:

@@ -234,11 +234,21 @@ def check_root(root, n):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sigkill_at_random_points_never_corrupts_and_resumes(tmp_path, seed):
+    kill_and_resume(tmp_path, seed, kills=4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(2, 12))
+def test_sigkill_stress(tmp_path, seed):
+    kill_and_resume(tmp_path, seed, kills=10, n=1500)
+
+
+def kill_and_resume(tmp_path, seed, kills, n=400):
     rng = random.Random(seed)
     script = tmp_path / "killable.py"
     script.write_text(KILLABLE)
-    root, n = str(tmp_path / "snaps"), 400
-    for _ in range(4):
+    root = str(tmp_path / "snaps")
+    for _ in range(kills):
         proc = subprocess.Popen([sys.executable, str(script), root, str(n)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         time.sleep(rng.uniform(0.6, 1.6))
