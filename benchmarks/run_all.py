@@ -35,24 +35,20 @@ MEMORY_BUDGET = 32 << 20
 # Written with the numbers of the run that produced docs/benchmarks.md; revisit after changes.
 NOTES = """### Why the missed targets are missed
 
-- **Image-like batched reads vs HF datasets** (none: ~0.97x, a tie within noise; zstd: ~0.4x).
-  HF's cache file is uncompressed Arrow, so the zstd row compares decompressing ~300 MB against
-  reading ~940 MB uncompressed; with 2 cores, zstd on weakly compressible pixels decompresses at
-  ~1.5 GB/s, which bounds the read. Uncompressed, snapcache pays for the xxh3 checksum of every
-  byte (it holds the GIL, ~12 GB/s) and for one concatenation per batch: the writer's record
-  batches hold ~85 images (4 MiB), so every batch of 256 spans several and is copied once
-  before the consumer's own copy. Writing record batches of a power-of-two number of rows
-  >= the common batch sizes (e.g. 256 images = 12.6 MB, within `shard_size / 4`) would make
-  batches zero-copy views, and storing buffers uncompressed when compression saves < ~10%
-  would make zstd cost nothing on such data; both are writer changes left for a follow-up.
-- **Time to first batch** (worst ~50 ms, image-like with zstd): the first shard (64 MB) is
-  checksummed whole before any of its examples is trusted, then its first record batch is
-  decompressed. Checksumming per record batch (or smaller first shards) would bring it down.
-- **Peak RSS with a 32 MB budget**: ~300 MB against 232 MB allowed (an idle process with
-  snapcache imported is ~70 MB). A shard is memory-mapped and checksummed whole, so at least
-  one shard file (64 MB by default) is resident regardless of the budget, and the next one is
-  mapped while the last batches of the previous are still in use. A smaller `shard_size`
-  bounds it; streaming the checksum and unmapping consumed ranges would fix it properly.
+- **Image-like batched reads with zstd vs HF datasets** (~0.3x). HF's cache file is
+  uncompressed Arrow. These pixels (values 0..63) compress by only 25%, and zstd decodes them
+  at ~0.7-1 GB/s per core (Huffman-coded literals), so on 2 cores any zstd reader of this data
+  is bound near 1.3-1.5 GB/s, while HF reads ~4 GB/s of raw bytes. With compression off
+  snapcache reads the same data at ~1.2x HF (record batches hold a power-of-two number of
+  rows, so batches of 256 are zero-copy slices). What would close it: storing buffers raw when
+  compression saves little (Arrow C++ has `min_space_savings` for that; pyarrow 26 does not
+  expose it), or `compression="lz4"`/`"none"` for such data.
+- **Time to first batch** (worst ~60 ms, image-like; the other rows 12-35 ms). The first shard
+  (~70 MB) is checksummed whole before any of its examples is trusted. Measured in a fresh
+  process right after the snapshot was written, mapping pages still under writeback costs
+  tens of milliseconds; warm, opening and verifying a shard takes 7-8 ms and the first batch
+  arrives in 20-34 ms. Smaller shards or per-record-batch checksums would bring the cold case
+  down.
 """
 
 
