@@ -13,14 +13,13 @@ import itertools
 from typing import Any, Callable, Iterator
 
 from snapcache.options import AUTOTUNE
-from snapcache.pipeline import ops, plan, streams
+from snapcache.pipeline import ops, plan, snapshot_exec, streams
 from snapcache.runtime.autotune import available_cpus
 from snapcache.runtime.interleave import interleave
 from snapcache.runtime.progress import DefaultDisplay, track
 from snapcache.runtime.shuffle import epoch_rng
 from snapcache.store import batched_read, layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import ReadLease
 from snapcache.store.reader import SnapshotReader, load_manifest
 
 REPEAT_EPOCH_STRIDE = 1 << 40
@@ -36,9 +35,7 @@ def _open_committed(op: ops.SnapshotOp) -> SnapshotReader | None:
     manifest = load_manifest(storage)
     if manifest is None:
         return None
-    reader = SnapshotReader(storage, manifest, verify=op.options.verify)
-    reader.prefetch_bytes = op.options.prefetch_bytes
-    return reader
+    return snapshot_exec.open_reader(storage, manifest, op.options)
 
 
 def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch: int
@@ -51,20 +48,12 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
     shards = batched_read.shard_order(reader.manifest.shards, rng)
 
     def chunks() -> Iterator[dict]:
-        try:  # the read lease tells ``purge`` the snapshot is in use
-            lease = ReadLease(reader.storage, run_id=layout.new_run_id(),
-                              ttl=snapshot.options.lease_ttl)
-        except OSError:  # read-only storage: reading still works
-            lease = None
-        try:
+        with snapshot_exec.read_session(reader, layout.new_run_id(), snapshot.options.lease_ttl):
             columns = batched_read.column_chunks(reader.record_batches(shards),
                                                  reader._decoder)  # type: ignore[arg-type]
             if shuffle is not None and shuffle.buffer_size > 1:
                 columns = batched_read.window_shuffle(columns, shuffle.buffer_size, rng)
             yield from columns
-        finally:
-            if lease is not None:
-                lease.release()
 
     return chunks(), reader.schema
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -55,7 +56,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
     if decision.action == "read":
         assert decision.manifest is not None
-        return _read(_reader(storage, decision.manifest, options), run_id, spec,
+        return _read(open_reader(storage, decision.manifest, options), run_id, spec,
                      options.lease_ttl)
     if decision.action == "replay":
         assert decision.resume is not None
@@ -86,7 +87,8 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     return written
 
 
-def _reader(storage: Storage, manifest, options) -> SnapshotReader:
+def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
+    """A reader of a committed snapshot configured by the snapshot's options."""
     reader = SnapshotReader(storage, manifest, verify=options.verify)
     reader.prefetch_bytes = options.prefetch_bytes
     if options.local_cache is not None and not storage.local:
@@ -103,7 +105,7 @@ def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: 
     manifest = load_manifest(storage)
     if manifest is None:  # committed by nobody: cannot happen after a complete write
         raise CorruptSnapshotError(f"snapshot {storage.url} was not committed after writing")
-    yield from _read(_reader(storage, manifest, options), run_id, spec, options.lease_ttl)
+    yield from _read(open_reader(storage, manifest, options), run_id, spec, options.lease_ttl)
 
 
 def _replay(storage: Storage, record: StreamRecord, options, count: int,
@@ -150,6 +152,17 @@ def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: fl
           ) -> Iterator[Any]:
     """This stream's share of a committed snapshot: the shards it wrote, if the snapshot was
     written by as many streams, else a contiguous 1/count of the rows."""
+    with read_session(reader, run_id, ttl):
+        own = stream_shards(reader.manifest, spec.index, spec.count) if spec.count > 1 else None
+        if own is not None:
+            yield from reader.examples(own)
+        else:
+            yield from reader.examples_range(*spec.row_range(reader.manifest.num_examples))
+
+
+@contextlib.contextmanager
+def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[None]:
+    """Hold a read lease (so ``purge`` keeps the snapshot) and record the use while reading."""
     lease = None
     try:
         lease = ReadLease(reader.storage, run_id=run_id, ttl=ttl)
@@ -163,11 +176,7 @@ def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: fl
             f"snapshot {reader.storage.url} was purged while it was being opened; iterate "
             "again to rebuild it")
     try:
-        own = stream_shards(reader.manifest, spec.index, spec.count) if spec.count > 1 else None
-        if own is not None:
-            yield from reader.examples(own)
-        else:
-            yield from reader.examples_range(*spec.row_range(reader.manifest.num_examples))
+        yield
     finally:
         if lease is not None:
             lease.release()

@@ -176,3 +176,24 @@ def _only_child(root):
     import os
     (name,) = [n for n in os.listdir(root) if not n.startswith(".")]
     return name
+
+
+def test_fast_batched_path_holds_a_read_lease_and_records_use(tmp_path):
+    import os
+
+    import snapcache as sc
+
+    root = str(tmp_path / "snaps")
+    ds = sc.Dataset.range(64).map(lambda i: {"x": np.full(4, i)}).snapshot(root)
+    list(ds)
+    (folder,) = os.listdir(root)
+    assert "last-used.json" not in os.listdir(os.path.join(root, folder))  # written, not read
+    from snapcache.pipeline import snapshot_exec
+
+    snapshot_exec._last_used.clear()
+    it = iter(ds.batch(8))
+    next(it)
+    names = os.listdir(os.path.join(root, folder))
+    assert any(n.startswith("reader-") for n in names) and "last-used.json" in names
+    list(it)
+    assert not any(n.startswith("reader-") for n in os.listdir(os.path.join(root, folder)))
