@@ -75,7 +75,8 @@ def _library_module(name: str) -> bool | None:
     if known is not None:
         return known
     top = name.partition(".")[0]
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "snapcache":
+        # snapcache itself counts by version even when installed from a checkout (-e).
         result = True
     else:
         module = sys.modules.get(name) or sys.modules.get(top)

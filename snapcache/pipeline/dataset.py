@@ -10,6 +10,7 @@ import itertools
 import os
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from snapcache.fingerprint import register
 from snapcache.options import AUTOTUNE, SnapshotOptions, check_parallelism, default_root
 from snapcache.pipeline import ops, plan
 
@@ -356,3 +357,8 @@ class Dataset:
             root = os.fspath(path) if path is not None else default_root()
             options = storage_options or {}
         return explain_tree(tree, Storage(root, options))
+
+
+# A Dataset captured by a function (an interleave source, a closure) counts by its pipeline's
+# fingerprint, not by its Python object state (iteration counters, caches).
+register(Dataset, lambda ds: ("snapcache.Dataset", ds.fingerprint()))

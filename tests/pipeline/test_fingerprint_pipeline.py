@@ -179,3 +179,14 @@ SCALE = 2
 
 def decode_path(path):
     return {"n": int(open(path).read()) * SCALE}
+
+
+def test_captured_datasets_count_by_their_pipeline():
+    def make(n):
+        inner = sc.Dataset.range(n)
+        return sc.Dataset.range(2).interleave(lambda i: inner, cycle_length=1)
+
+    assert make(3).fingerprint() == make(3).fingerprint() != make(4).fingerprint()
+    # snapcache itself is a library (by version), even when installed from a checkout
+    ds = sc.Dataset.range(3).interleave(lambda i: sc.Dataset.range(i), cycle_length=2)
+    assert ds.fingerprint()
