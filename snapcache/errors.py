@@ -5,6 +5,8 @@ The tree::
     SnapcacheError                      base of everything below
     ├── FingerprintError (TypeError)    a captured value cannot be hashed deterministically;
     │                                   the message names the value and where it was captured
+    ├── FingerprintMismatchError        a cluster worker computed another fingerprint for the
+    │                                   pipeline than the driver (different versions or code)
     ├── UnsupportedValueError (TypeError)
     │                                   an example holds a value that cannot be stored safely
     │                                   (arbitrary Python objects are never pickled)
@@ -15,8 +17,9 @@ The tree::
     │   ├── CorruptSnapshotError        a checksum mismatch, a malformed or lying manifest
     │   │   └── UnknownFormatVersionError
     │   │                               written by a newer snapcache; upgrade to read it
-    │   └── LeaseTimeoutError (TimeoutError)
+    │   ├── LeaseTimeoutError (TimeoutError)
     │                                   waited too long for another writer's commit
+    │   └── LeaseLostError              another process took over this writer's lease
     └── UserFunctionError               a user function raised; the original exception is the
                                         ``__cause__`` and the message names the op and position
 
@@ -39,6 +42,8 @@ __all__ = [
     "CorruptSnapshotError",
     "UnknownFormatVersionError",
     "LeaseTimeoutError",
+    "LeaseLostError",
+    "FingerprintMismatchError",
     "UserFunctionError",
     "RandomnessWarning",
 ]
@@ -74,6 +79,16 @@ class UnknownFormatVersionError(CorruptSnapshotError):
 
 class LeaseTimeoutError(StoreError, TimeoutError):
     """Waiting for another process to commit a snapshot took too long."""
+
+
+class LeaseLostError(StoreError):
+    """Another process took over a lease this process believed it held (it stopped renewing
+    it for longer than the lease's ttl); this writer must not commit."""
+
+
+class FingerprintMismatchError(SnapcacheError):
+    """A worker computed another fingerprint for the pipeline than the driver did (different
+    package versions, or source files that differ between machines)."""
 
 
 class UserFunctionError(SnapcacheError):

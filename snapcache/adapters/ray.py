@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from snapcache.errors import SnapcacheError, StoreError
+from snapcache.errors import FingerprintMismatchError, StoreError
 from snapcache.pipeline import ops, plan
 from snapcache.store import layout
 from snapcache.store.fs import Storage
@@ -48,11 +48,6 @@ def _ray():
     except ImportError as e:
         raise ImportError("snapcache.ray needs Ray: pip install 'snapcache[ray]'") from e
     return ray
-
-
-class FingerprintMismatchError(SnapcacheError):
-    """A Ray worker computed another fingerprint for the pipeline than the driver did
-    (different package versions, or local source files that differ between machines)."""
 
 
 # -- building ----------------------------------------------------------------------------------

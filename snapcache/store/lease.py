@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from snapcache.errors import LeaseLostError
 from snapcache.store.fs import Storage
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,6 @@ DEFAULT_TTL = 30.0
 _WRITE_RE = re.compile(r"^lease-(\d{4})-(\d{4})-(\d{6})\.json$")
 _READ_RE = re.compile(r"^reader-([0-9a-f]+)\.json$")
 HOST = socket.gethostname()
-
-
-class LeaseLostError(RuntimeError):
-    """Another process took over a lease this process believed it held."""
 
 
 def pid_alive(pid: int) -> bool:
