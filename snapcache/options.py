@@ -71,10 +71,10 @@ class SnapshotOptions:
     compression_level: int | None = None
     shard_size: int = 64 * _MiB
     """Target size of one shard file in bytes (a shard closes once it reaches this)."""
-    record_batch_size: int | None = None
-    """Target uncompressed bytes of one Arrow record batch inside a shard. Default: 16 MiB
-    uncompressed (large batches are sliced zero-copy), 4 MiB compressed (each batch is
-    decompressed whole before its first example, so smaller ones start sooner)."""
+    record_batch_size: int = 16 * _MiB
+    """Target uncompressed bytes of one Arrow record batch inside a shard. Batches hold a
+    power-of-two number of rows within it, so common batch sizes are cut from one record batch
+    (zero copy when uncompressed, one decompression when compressed)."""
     verify: bool = True
     """Check every shard's xxh3 checksum before yielding any of its examples."""
     key: str | None = None
@@ -99,13 +99,6 @@ class SnapshotOptions:
     """Bytes the local cache may hold at most."""
     storage_options: dict = field(default_factory=dict, compare=False, hash=False)
 
-    @property
-    def batch_bytes(self) -> int:
-        """The record batch target in effect (see ``record_batch_size``)."""
-        if self.record_batch_size is not None:
-            return self.record_batch_size
-        return 16 * _MiB if self.compression == "none" else 4 * _MiB
-
     def __post_init__(self) -> None:
         if self.compression not in COMPRESSIONS:
             raise ValueError(
@@ -115,8 +108,6 @@ class SnapshotOptions:
             raise ValueError("compression_level needs compression='zstd' or 'lz4'")
         for name in ("shard_size", "record_batch_size"):
             value = getattr(self, name)
-            if value is None and name == "record_batch_size":
-                continue
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of bytes; got {value!r}")
         if self.key is not None and (not isinstance(self.key, str) or not self.key.strip()):

@@ -64,7 +64,7 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
     """
     # A shard that is large against the budget is read in low-memory mode: its mapped pages
     # are dropped as it is hashed and decoded, instead of staying resident until it is done.
-    low_memory = any(s.bytes > budget // 4 for s in shards)
+    low_memory = any(s.bytes > budget // 2 for s in shards)
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="snapcache-read")
     opening: collections.deque[tuple[ShardInfo, Future]] = collections.deque()
     decoding: collections.deque[tuple[Future, int, ShardInfo | None]] = collections.deque()

@@ -146,7 +146,7 @@ class SnapshotWriter:
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._state = "open"
         # A shard holds several record batches, so batches stay well below the shard size.
-        self._batch_target = min(self.options.batch_bytes,
+        self._batch_target = min(self.options.record_batch_size,
                                  max(1, self.options.shard_size // 4))
         self._batch_rows: int | None = None
 
