@@ -33,7 +33,7 @@ START, END = "<!-- runtime-benchmarks:start -->", "<!-- runtime-benchmarks:end -
 COMPRESSIONS = ("none", "lz4", "zstd")
 MEMORY_BUDGET = 32 << 20
 # Written with the numbers of the run that produced docs/benchmarks.md; revisit after changes.
-NOTES = """### Why the missed targets are missed
+NOTES = """### Why the missed target is missed
 
 - **Image-like batched reads with zstd vs HF datasets** (~0.3x). HF's cache file is
   uncompressed Arrow. These pixels (values 0..63) compress by only 25%, and zstd decodes them
@@ -43,12 +43,6 @@ NOTES = """### Why the missed targets are missed
   rows, so batches of 256 are zero-copy slices). What would close it: storing buffers raw when
   compression saves little (Arrow C++ has `min_space_savings` for that; pyarrow 26 does not
   expose it), or `compression="lz4"`/`"none"` for such data.
-- **Time to first batch** (worst ~60 ms, image-like; the other rows 12-35 ms). The first shard
-  (~70 MB) is checksummed whole before any of its examples is trusted. Measured in a fresh
-  process right after the snapshot was written, mapping pages still under writeback costs
-  tens of milliseconds; warm, opening and verifying a shard takes 7-8 ms and the first batch
-  arrives in 20-34 ms. Smaller shards or per-record-batch checksums would bring the cold case
-  down.
 """
 
 
