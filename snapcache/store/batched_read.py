@@ -178,17 +178,34 @@ def window_shuffle(chunks: Iterator[Columns], buffer_size: int, rng: np.random.G
         rows += _rows(chunk)
         if rows < 2 * buffer_size:
             continue
-        window = _concat(([carry] if carry is not None else []) + pieces)
-        order = rng.permutation(_rows(window))
+        window = ([carry] if carry is not None else []) + pieces
+        order = rng.permutation(sum(_rows(p) for p in window))
         emit, keep = order[:-buffer_size], order[-buffer_size:]
-        yield {name: column.take(emit, axis=0) for name, column in window.items()}
-        carry = {name: column.take(keep, axis=0) for name, column in window.items()}
+        yield _gather(window, emit)
+        carry = _gather(window, keep)
         pieces, rows = [], buffer_size
     rest = ([carry] if carry is not None else []) + pieces
     if rest:
-        window = _concat(rest)
-        order = rng.permutation(_rows(window))
-        yield {name: column.take(order, axis=0) for name, column in window.items()}
+        yield _gather(rest, rng.permutation(sum(_rows(p) for p in rest)))
+
+
+def _gather(pieces: list[Columns], order: np.ndarray) -> Columns:
+    """Rows ``order`` of the pieces' concatenation, without building the concatenation:
+    every row is copied once, straight into the result."""
+    if len(pieces) == 1:
+        return {name: column.take(order, axis=0) for name, column in pieces[0].items()}
+    out = {name: np.empty((len(order), *column.shape[1:]), dtype=column.dtype)
+           for name, column in pieces[0].items()}
+    start = 0
+    for piece in pieces:
+        stop = start + _rows(piece)
+        where = np.flatnonzero((order >= start) & (order < stop))
+        if len(where):
+            rows = order[where] - start
+            for name, column in piece.items():
+                out[name][where] = column[rows]
+        start = stop
+    return out
 
 
 def cut_batches(chunks: Iterator[Columns], batch_size: int, drop_remainder: bool = False
