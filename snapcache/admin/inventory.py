@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from snapcache.errors import CorruptSnapshotError
 from snapcache.options import default_root
 from snapcache.store import layout
+from snapcache.store.catalog import read_entry
 from snapcache.store.fs import FileStat, Storage
 from snapcache.store.lease import LeaseInfo, live_leases
 from snapcache.store.manifest import Manifest
-from snapcache.store.reader import load_manifest
 
 STATES = ("committed", "writing", "abandoned", "corrupt")
 
@@ -125,11 +124,8 @@ def _order(info: SnapshotInfo) -> tuple:
 def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
     """Look at one snapshot folder."""
     files = tuple(folder.walk())
-    problem, manifest = "", None
-    try:
-        manifest = load_manifest(folder)
-    except CorruptSnapshotError as e:
-        problem = str(e)
+    entry = read_entry(folder, fingerprint)
+    manifest, problem = entry.manifest, entry.problem
     leases = tuple(live_leases(folder))
     newest = max((f.mtime for f in files if f.mtime is not None), default=None)
     oldest = min((f.mtime for f in files if f.mtime is not None), default=None)

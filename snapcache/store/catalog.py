@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 from snapcache.errors import CorruptSnapshotError
@@ -10,8 +9,6 @@ from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,21 +27,15 @@ class Entry:
         return "committed" if self.manifest is not None else "incomplete"
 
 
+def read_entry(folder: Storage, fingerprint: str) -> Entry:
+    """One snapshot folder: its manifest, or why it could not be read."""
+    try:
+        return Entry(fingerprint, folder.url, load_manifest(folder))
+    except CorruptSnapshotError as e:
+        return Entry(fingerprint, folder.url, None, problem=str(e))
+
+
 def scan(root: Storage) -> list[Entry]:
     """Every snapshot folder directly inside ``root``, sorted by fingerprint."""
-    entries = []
-    for name in root.listdir():
-        if not layout.is_fingerprint(name):
-            continue
-        folder = root.child(name)
-        try:
-            manifest = load_manifest(folder)
-        except CorruptSnapshotError as e:
-            entries.append(Entry(name, folder.url, None, problem=str(e)))
-            continue
-        entries.append(Entry(name, folder.url, manifest))
-    return entries
-
-
-def committed(root: Storage) -> list[Manifest]:
-    return [e.manifest for e in scan(root) if e.manifest is not None]
+    return [read_entry(root.child(name), name) for name in root.listdir()
+            if layout.is_fingerprint(name)]
