@@ -29,9 +29,9 @@ from snapcache.errors import FingerprintMismatchError, StoreError
 from snapcache.pipeline import ops, plan
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.manifest import Manifest, now_iso, writer_identity
+from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
-from snapcache.store.streams import best_progress, load_markers, try_commit
+from snapcache.store.streams import best_progress, commit_fields, load_markers, try_commit
 
 if TYPE_CHECKING:
     from snapcache.pipeline.dataset import Dataset
@@ -126,12 +126,9 @@ def _commit_if_complete(snap: ops.SnapshotOp, storage: Storage, tree, streams: i
     manifest = load_manifest(storage)
     if manifest is not None:
         return manifest
-    options = snap.options
-    return try_commit(
-        storage, streams, fingerprint=tree.digest, compression=options.compression,
-        created_at=now_iso(), committed_at=now_iso(),
-        writer=writer_identity(layout.new_run_id()), fingerprint_tree=tree.to_json(),
-        pipeline=plan.describe_pipeline(snap.parent), key=options.key, name=options.name)
+    return try_commit(storage, streams, **commit_fields(
+        snap.options, fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
+        pipeline=plan.describe_pipeline(snap.parent), run_id=layout.new_run_id()))
 
 
 def _run_stream(snap: ops.SnapshotOp, index: int, count: int, expected: str) -> StreamOutcome:

@@ -18,9 +18,9 @@ from snapcache.store.cache import ShardCache
 from snapcache.store.coordinator import negotiate
 from snapcache.store.fs import Storage
 from snapcache.store.lease import ReadLease
-from snapcache.store.manifest import now_iso, writer_identity
+from snapcache.store.manifest import now_iso
 from snapcache.store.reader import SnapshotReader, load_manifest
-from snapcache.store.streams import StreamRecord, stream_shards, try_commit
+from snapcache.store.streams import StreamRecord, commit_fields, stream_shards, try_commit
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -48,11 +48,9 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                          on_busy="wait" if alone else options.on_busy,
                          lease_ttl=options.lease_ttl, wait_timeout=options.wait_timeout)
 
-    def commit_fields() -> dict:
-        return dict(fingerprint=tree.digest, compression=options.compression,
-                    created_at=now_iso(), committed_at=now_iso(),
-                    writer=writer_identity(run_id), fingerprint_tree=tree.to_json(),
-                    pipeline=describe, key=options.key, name=options.name)
+    def fields() -> dict:
+        return commit_fields(options, fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
+                             pipeline=describe, run_id=run_id)
 
     if decision.action == "read":
         assert decision.manifest is not None
@@ -60,7 +58,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                      options.lease_ttl)
     if decision.action == "replay":
         assert decision.resume is not None
-        return _replay(storage, decision.resume, options, writing.count, commit_fields)
+        return _replay(storage, decision.resume, options, writing.count, fields)
     if decision.action == "compute":
         log.info("snapshot %s is being written by another process: computing without writing",
                  storage.url)

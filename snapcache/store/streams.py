@@ -18,7 +18,8 @@ from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.lease import live_leases
-from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.options import SnapshotOptions
+from snapcache.store.manifest import Manifest, ShardInfo, now_iso, writer_identity
 from snapcache.store.schema import Schema, merge_schemas
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,16 @@ def stream_shards(manifest: Manifest, stream: int, streams: int) -> list[ShardIn
         return None
     start = sum(counts[:stream])
     return list(manifest.shards[start:start + counts[stream]])
+
+
+def commit_fields(options: SnapshotOptions, *, fingerprint: str, fingerprint_tree: dict | None,
+                  pipeline: str, run_id: str, created_at: str | None = None) -> dict:
+    """The manifest fields, besides shards and schema, that whoever commits records: pass
+    them to :func:`try_commit`."""
+    return dict(fingerprint=fingerprint, compression=options.compression,
+                created_at=created_at or now_iso(), committed_at=now_iso(),
+                writer=writer_identity(run_id), fingerprint_tree=fingerprint_tree,
+                pipeline=pipeline, key=options.key, name=options.name)
 
 
 def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: Any

@@ -23,9 +23,10 @@ from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
 from snapcache.store.lease import WriteLease
 from snapcache.store.manifest import (
-    CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso, writer_identity)
+    CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
 from snapcache.store.schema import merge_schemas
-from snapcache.store.streams import StreamRecord, try_commit, write_marker, write_progress
+from snapcache.store.streams import (
+    StreamRecord, commit_fields, try_commit, write_marker, write_progress)
 
 log = logging.getLogger(__name__)
 
@@ -192,12 +193,9 @@ class SnapshotWriter:
             if self._lease is not None:
                 self._lease.check()
             write_marker(self.storage, record)
-            manifest = try_commit(
-                self.storage, self._streams, fingerprint=self.fingerprint,
-                compression=self.options.compression, created_at=self._created_at,
-                committed_at=now_iso(), writer=writer_identity(self._run_id),
-                fingerprint_tree=self._tree, pipeline=self._pipeline, key=self.options.key,
-                name=self.options.name)
+            manifest = try_commit(self.storage, self._streams, **commit_fields(
+                self.options, fingerprint=self.fingerprint, fingerprint_tree=self._tree,
+                pipeline=self._pipeline, run_id=self._run_id, created_at=self._created_at))
         except BaseException as e:
             self.abort()
             if isinstance(e, OSError):
