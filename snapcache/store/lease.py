@@ -20,7 +20,7 @@ import re
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from snapcache.errors import LeaseLostError
 from snapcache.store.fs import Storage
@@ -89,8 +89,8 @@ def write_leases(storage: Storage) -> list[LeaseInfo]:
             info = _load(storage, name)
             if info is not None:
                 streams, stream, generation = map(int, match.groups())
-                leases.append(LeaseInfo(**{**asdict(info), "streams": streams, "stream": stream,
-                                           "generation": generation}))
+                leases.append(replace(info, streams=streams, stream=stream,
+                                      generation=generation))
     return leases
 
 
@@ -104,6 +104,13 @@ def live_leases(storage: Storage) -> list[LeaseInfo]:
     now = time.time()
     return [lease for lease in write_leases(storage) + read_leases(storage)
             if not lease.expired(now)]
+
+
+def _heartbeat(storage: Storage, info: LeaseInfo) -> LeaseInfo:
+    """Rewrite a lease file with a fresh heartbeat; return what was written."""
+    info = replace(info, heartbeat_at=time.time())
+    storage.write_atomic(info.name, info.dumps())
+    return info
 
 
 class _Heartbeat:
@@ -186,8 +193,7 @@ class WriteLease:
 
     def renew(self) -> None:
         self.check()
-        self.info = LeaseInfo(**{**asdict(self.info), "heartbeat_at": time.time()})
-        self.storage.write_atomic(self.info.name, self.info.dumps())
+        self.info = _heartbeat(self.storage, self.info)
 
     def release(self) -> None:
         self._heartbeat.stop()
@@ -206,8 +212,7 @@ class ReadLease:
         self._heartbeat = _Heartbeat(self.renew, max(0.05, ttl / 4), "snapcache-read-lease")
 
     def renew(self) -> None:
-        self.info = LeaseInfo(**{**asdict(self.info), "heartbeat_at": time.time()})
-        self.storage.write_atomic(self.info.name, self.info.dumps())
+        self.info = _heartbeat(self.storage, self.info)
 
     def release(self) -> None:
         self._heartbeat.stop()
