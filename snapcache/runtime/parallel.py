@@ -48,12 +48,7 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int
                 position += 1
             if not in_flight:
                 return
-            if deterministic:
-                index, future = in_flight.popleft()
-            else:
-                wait([f for _, f in in_flight], return_when=FIRST_COMPLETED)
-                index, future = next((i, f) for i, f in in_flight if f.done())
-                in_flight.remove((index, future))
+            index, future = next_done(in_flight, deterministic)
             error = future.exception()
             if error is not None:
                 raise annotate(error, label, index)
@@ -62,6 +57,18 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int
         for _, future in in_flight:
             future.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def next_done(in_flight: collections.deque[tuple[int, Future]], deterministic: bool
+              ) -> tuple[int, Future]:
+    """Take the next call to deliver: the oldest (waiting for it) if ``deterministic``, else
+    whichever finishes first. Items are ``(position, future)``."""
+    if deterministic:
+        return in_flight.popleft()
+    wait([f for _, f in in_flight], return_when=FIRST_COMPLETED)
+    done = next(item for item in in_flight if item[1].done())
+    in_flight.remove(done)
+    return done
 
 
 def serial_map(fn: Callable[[Any], Any], items: Iterable[Any], *, label: str = "map"

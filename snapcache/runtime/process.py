@@ -30,13 +30,14 @@ import pickle
 import sys
 import time
 import uuid
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from snapcache.runtime.errors import annotate
+from snapcache.runtime.parallel import next_done
 
 SHM_THRESHOLD = 64 << 10
 """numpy results of at least this many bytes travel through shared memory."""
@@ -236,12 +237,7 @@ def process_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
                 position += len(chunk)
             if not in_flight:
                 return
-            if deterministic:
-                start, future = in_flight.popleft()
-            else:
-                wait([f for _, f in in_flight], return_when=FIRST_COMPLETED)
-                start, future = next((s, f) for s, f in in_flight if f.done())
-                in_flight.remove((start, future))
+            start, future = next_done(in_flight, deterministic)
             error = future.exception()
             if error is not None:
                 raise annotate(error, label, getattr(error, "_snapcache_position", start))
