@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import struct
 from typing import Any
 
 import hypothesis.extra.numpy as hnp
@@ -16,6 +15,8 @@ from hypothesis import strategies as st
 
 from snapcache.errors import CorruptSnapshotError, SchemaMismatchError, UnsupportedValueError
 from snapcache.store.codec import Decoder, Encoder, FieldSpec, Schema, infer_schema
+
+from equality import assert_same_example, assert_same_value
 
 DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -36,37 +37,6 @@ def ipc_round_trip(batches: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
             writer.write_batch(batch)
     reader = pa.ipc.open_file(pa.BufferReader(sink.getvalue()))
     return [reader.get_batch(i) for i in range(reader.num_record_batches)]
-
-
-def assert_same_value(expected: Any, got: Any) -> None:
-    """Exact equality: type, dtype (native order), shape and bits."""
-    if isinstance(expected, np.ndarray):
-        assert type(got) is np.ndarray
-        native = expected.dtype.newbyteorder("=")
-        assert got.dtype == native and got.dtype.byteorder in "=|"
-        assert got.shape == expected.shape
-        assert got.tobytes() == np.ascontiguousarray(expected, dtype=native).tobytes()
-    elif isinstance(expected, np.generic):
-        assert type(got) is type(expected) and got.dtype == expected.dtype
-        assert got.tobytes() == expected.tobytes()
-    elif type(expected) is float:
-        assert type(got) is float and struct.pack("<d", got) == struct.pack("<d", expected)
-    else:
-        assert type(got) is type(expected) and got == expected
-
-
-def assert_same_example(expected: Any, got: Any) -> None:
-    assert type(got) is type(expected)
-    if isinstance(expected, dict):
-        assert list(got) == list(expected)
-        for key in expected:
-            assert_same_value(expected[key], got[key])
-    elif isinstance(expected, tuple):
-        assert len(got) == len(expected)
-        for e, g in zip(expected, got):
-            assert_same_value(e, g)
-    else:
-        assert_same_value(expected, got)
 
 
 def field_values(schema: Schema, example: Any) -> dict[str, Any]:

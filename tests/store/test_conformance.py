@@ -19,6 +19,8 @@ import snapcache as sc
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 
+from equality import assert_same_example
+
 
 @pytest.fixture(params=["local", "memory", "s3"])
 def any_root(request, tmp_path):
@@ -44,18 +46,6 @@ def make_example(i: int) -> dict:
         "name": f"ex-{i}",
         "blob": bytes([i % 256]) * (i % 3),
     }
-
-
-def assert_same(a, b) -> None:
-    assert type(a) is type(b)
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for key in a:
-            assert_same(a[key], b[key])
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
-    else:
-        assert a == b
 
 
 def snapshot_folders(root: str) -> list[str]:
@@ -89,9 +79,9 @@ def test_first_epoch_writes_and_later_epochs_read(any_root, counter):
     second = list(ds)
     assert counter.count == 120, "epoch 2 must read the snapshot, not call the map"
     for a, b in zip(first, second, strict=True):
-        assert_same(a, b)
+        assert_same_example(a, b)
     for i, example in enumerate(second):
-        assert_same(example, make_example(i))
+        assert_same_example(example, make_example(i))
     # an identical pipeline built afresh hits the same snapshot
     assert len(list(sc.Dataset.range(120).map(counted(counter)).snapshot(any_root))) == 120
     assert counter.count == 120
@@ -108,8 +98,8 @@ def test_many_shards_round_trip_with_each_compression(any_root, compression):
     for shard in manifest["shards"]:
         assert folder.size(shard["path"]) == shard["bytes"]
     for a, b, i in zip(first, list(ds), range(150), strict=True):
-        assert_same(a, b)
-        assert_same(b, make_example(i))
+        assert_same_example(a, b)
+        assert_same_example(b, make_example(i))
 
 
 def test_an_abandoned_epoch_leaves_no_manifest(any_root, counter):

@@ -14,6 +14,8 @@ import pytest
 import snapcache as sc
 from snapcache.store import layout
 
+from equality import assert_same_example
+
 
 def snapshot_dirs(root):
     return sorted(d for d in os.listdir(root) if layout.is_fingerprint(d)) if os.path.isdir(root) \
@@ -35,22 +37,6 @@ def make_example(i):
     }
 
 
-def assert_same(a, b):
-    assert type(a) is type(b)
-    if isinstance(a, dict):
-        assert list(a) == list(b)
-        for k in a:
-            assert_same(a[k], b[k])
-    elif isinstance(a, tuple):
-        for x, y in zip(a, b, strict=True):
-            assert_same(x, y)
-    elif isinstance(a, (np.ndarray, np.generic)):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        assert np.array_equal(a, b)
-    else:
-        assert a == b
-
-
 def test_first_epoch_writes_later_epochs_read(root, counter):
     def expensive(i):
         counter.hit()
@@ -63,7 +49,7 @@ def test_first_epoch_writes_later_epochs_read(root, counter):
     second = list(ds)
     assert counter.count == 300, "epoch 2 must read the snapshot, not call the map"
     for a, b in zip(first, second, strict=True):
-        assert_same(a, b)
+        assert_same_example(a, b)
     # a freshly built identical pipeline hits the same snapshot
     again = list(sc.Dataset.range(300).map(expensive).snapshot(root))
     assert counter.count == 300 and len(again) == 300
@@ -80,7 +66,7 @@ def test_round_trip_with_each_compression_and_many_shards(root, compression):
     assert len(manifest["shards"]) > 2
     assert manifest["num_examples"] == 500
     for a, b in zip(first, list(ds), strict=True):
-        assert_same(a, b)
+        assert_same_example(a, b)
 
 
 def test_manifest_records_what_a_reader_needs(root):
@@ -118,8 +104,8 @@ def test_examples_of_every_structure_round_trip(root, make):
     ds = sc.Dataset.range(12).map(make).snapshot(root)
     expected = [make(i) for i in range(12)]
     for got_first, got_again, want in zip(list(ds), list(ds), expected, strict=True):
-        assert_same(got_first, want)
-        assert_same(got_again, want)
+        assert_same_example(got_first, want)
+        assert_same_example(got_again, want)
 
 
 def test_abandoned_epoch_leaves_no_snapshot_and_the_next_epoch_resumes(root, counter):
@@ -288,7 +274,7 @@ def test_memory_filesystem(counter):
     second = list(ds)
     assert counter.count == 30
     for a, b in zip(first, second, strict=True):
-        assert_same(a, b)
+        assert_same_example(a, b)
     fs = fsspec.filesystem("memory")
     assert any(p.endswith("manifest.json") for p in fs.find("/snapcache-test-root"))
     fs.rm("/snapcache-test-root", recursive=True)
@@ -340,7 +326,7 @@ def test_low_memory_reads_are_correct_and_still_verified(root):
     first = list(snap)
     again = list(snap)
     for a, b in zip(first, again, strict=True):
-        assert_same(a, b)
+        assert_same_example(a, b)
     batched = list(snap.batch(64))
     assert np.array_equal(np.concatenate([b["x"] for b in batched]),
                           np.stack([e["x"] for e in first]))
