@@ -18,7 +18,7 @@ from snapcache.store.cache import ShardCache
 from snapcache.store.coordinator import negotiate
 from snapcache.store.fs import Storage
 from snapcache.store.lease import ReadLease
-from snapcache.store.manifest import now_iso
+from snapcache.store.manifest import Manifest, now_iso
 from snapcache.store.reader import SnapshotReader, load_manifest
 from snapcache.store.streams import StreamRecord, commit_fields, stream_shards, try_commit
 from snapcache.store.writer import SnapshotWriter
@@ -62,7 +62,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     if decision.action == "compute":
         log.info("snapshot %s is being written by another process: computing without writing",
                  storage.url)
-        return _with_stream(iterate, op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
+        return iterate(op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
     resume = decision.resume
     if resume is not None and not resumable(op.parent):
         _discard(storage, resume, writing)
@@ -75,8 +75,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                             fingerprint_tree=tree.to_json(), pipeline=describe,
                             stream=writing.index, streams=writing.count, run_id=run_id,
                             resume=resume, lease=decision.lease)
-    source = _with_stream(iterate, op.parent, epoch,
-                          streams.StreamSpec(writing.index, writing.count, skip))
+    source = iterate(op.parent, epoch, streams.StreamSpec(writing.index, writing.count, skip))
     written = _write(source, writer, decision.lease,
                      SnapshotReader(storage, _partial_manifest(resume, tree.digest), verify=True)
                      if resume is not None else None)
@@ -137,15 +136,6 @@ def _shard_cache(directory: str, limit: int) -> ShardCache:
     return _caches[key]
 
 
-def _with_stream(iterate: Iterate, op: ops.Op, epoch: int, spec: streams.StreamSpec
-                 ) -> Iterator[Any]:
-    token = streams.set_current(spec)
-    try:
-        return iterate(op, epoch)
-    finally:
-        streams.reset(token)
-
-
 def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
           ) -> Iterator[Any]:
     """This stream's share of a committed snapshot: the shards it wrote, if the snapshot was
@@ -198,9 +188,8 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
             lease.release()
 
 
-def _partial_manifest(resume: StreamRecord, fingerprint: str):
-    from snapcache.store.manifest import Manifest
-
+def _partial_manifest(resume: StreamRecord, fingerprint: str) -> Manifest:
+    """A manifest listing only ``resume``'s shards, to read them back before the commit."""
     return Manifest(fingerprint=fingerprint, schema=resume.schema, shards=resume.shards,
                     compression="", created_at="", committed_at="", writer={})
 
