@@ -11,11 +11,16 @@ import os
 import posixpath
 import threading
 import uuid
-from typing import IO, Any, Iterable, NamedTuple, Sequence
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import fsspec
 import xxhash
 from fsspec.core import url_to_fs
+
+if TYPE_CHECKING:
+    import mmap
+
+    import pyarrow as pa
 
 _INSTALL_HINTS = {
     "s3": "s3fs (pip install 'snapcache[s3]')",
@@ -140,15 +145,6 @@ class Storage:
                 return pa.py_buffer(b""), None
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return pa.py_buffer(mapped), mapped
-
-    def read_buffer(self, rel: str) -> "pa.Buffer":
-        """A whole file as an Arrow buffer: memory-mapped on local disk, downloaded elsewhere."""
-        import pyarrow as pa
-
-        if self.local:
-            with pa.memory_map(self.full(rel), "r") as mm:
-                return mm.read_buffer()
-        return pa.py_buffer(self.read_bytes(rel))
 
     # -- writes --------------------------------------------------------------------------------
     def makedirs(self, rel: str = "") -> None:
@@ -364,14 +360,3 @@ def open_input(url: str, storage_options: dict | None = None) -> IO[bytes]:
     """A seekable binary file object reading ``url`` (local path or any fsspec URL)."""
     fs, path = _filesystem(url, storage_options)
     return fs.open(path, "rb")
-
-
-def read_file(url: str, storage_options: dict | None = None) -> bytes:
-    fs, path = _filesystem(url, storage_options)
-    with fs.open(path, "rb") as f:
-        return f.read()
-
-
-def iter_identities(urls: Iterable[str], strict: bool = False,
-                    storage_options: dict | None = None) -> list[dict]:
-    return [file_identity(u, strict, storage_options) for u in urls]
