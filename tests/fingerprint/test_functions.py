@@ -313,18 +313,17 @@ def _realistic_pipeline():
             Scaler(3).apply, np.sqrt]
 
 
-def test_ten_realistic_functions_fingerprint_fast():
+def test_ten_realistic_functions_fingerprint_the_same_every_time():
+    """Stable across repeated analysis (its speed is benchmarks/bench_fingerprint.py's)."""
     fns = _realistic_pipeline()
 
     def run():
         ops = [combine(f"map #{i} `f`", [hash_function(f, "function `f`")], kind="op:map")
                for i, f in enumerate(fns)]
         return pipeline_root(ops).digest
-    first = run()  # warm-up: code objects are analysed once
-    start = time.perf_counter()
+    first = run()  # code objects are analysed once, then memoised
     for _ in range(10):
         assert run() == first
-    assert (time.perf_counter() - start) / 10 < 0.05
 
 
 # -- randomness --------------------------------------------------------------------------------

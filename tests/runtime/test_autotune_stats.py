@@ -19,24 +19,28 @@ def test_available_cpus_is_positive_and_bounded():
 def test_thread_tuner_starts_at_the_cpus_and_grows_for_waiting_functions():
     tuner = ThreadTuner(cpus=4, period=4)
     assert tuner.parallelism == 4 > 1
-    waiting = tuner.wrap(lambda x: time.sleep(0.005))
-    for i in range(16):
-        waiting(i)
+    for _ in range(16):
+        tuner.observe(wall=0.005, cpu=0.0001)  # a call that mostly waits
     assert tuner.parallelism > 4  # mostly waiting: more threads than cores
     assert tuner.parallelism <= tuner.limit
 
 
 def test_thread_tuner_keeps_one_thread_a_core_for_cpu_bound_functions():
     tuner = ThreadTuner(cpus=2, period=4)
-
-    def burn(x):
-        t = time.thread_time()
-        while time.thread_time() - t < 0.003:
-            pass
-    busy = tuner.wrap(burn)
-    for i in range(16):
-        busy(i)
+    for _ in range(16):
+        tuner.observe(wall=0.003, cpu=0.003)  # a call that burns CPU all along
     assert tuner.parallelism == 2
+
+
+def test_thread_tuner_measures_wall_and_thread_cpu_time(monkeypatch):
+    """``wrap`` reports each call's wall time and its thread's CPU time (the rule above is
+    tested on exact observations, so it holds whatever else the machine is doing)."""
+    tuner = ThreadTuner(cpus=2, period=4)
+    seen = []
+    monkeypatch.setattr(tuner, "observe", lambda wall, cpu: seen.append((wall, cpu)))
+    assert tuner.wrap(lambda x: x + 1)(1) == 2
+    (wall, cpu), = seen
+    assert wall >= 0 and cpu >= 0
 
 
 def test_autotuned_map_adapts_and_keeps_order(monkeypatch):

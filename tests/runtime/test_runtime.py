@@ -79,10 +79,8 @@ def test_parallel_map_runs_concurrently_and_bounded():
             active -= 1
         return x
 
-    start = time.perf_counter()
     assert list(parallel_map(work, range(40), workers=4)) == list(range(40))
-    assert peak == 4
-    assert time.perf_counter() - start < 40 * 0.01  # faster than serial
+    assert peak == 4  # four calls ran at once (speed itself is measured in benchmarks/)
 
 
 def test_parallel_map_abandoned_does_not_run_everything():

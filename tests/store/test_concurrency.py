@@ -39,7 +39,7 @@ WORKER = textwrap.dedent('''
     import snapcache.fingerprint
     snapcache.fingerprint.register(list, lambda v: "call-log")  # `calls` is bookkeeping
     ds = sc.Dataset.range(n).map(expensive).snapshot(root, shard_size=2048, on_busy=on_busy,
-                                                     lease_ttl=5)
+                                                     lease_ttl=30)  # no takeover wanted here
     out = [(e["i"], int(e["x"].sum())) for e in ds]
     print(json.dumps({"calls": calls[0], "data": out}), flush=True)
 ''')
@@ -243,15 +243,35 @@ def test_sigkill_stress(tmp_path, seed):
     kill_and_resume(tmp_path, seed, kills=10, n=1500)
 
 
+def progress_records(root):
+    """Names of the progress records (finished shards of a writer run) under ``root``."""
+    return {name for _, _, files in os.walk(root) for name in files
+            if name.startswith("progress-")}
+
+
+def wait_for_new_progress(proc, root, seen, deadline=120.0):
+    """Block until ``proc`` has recorded a finished shard that was not in ``seen`` (or has
+    exited). A bounded wait for an event, not a timing assumption."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end and proc.poll() is None:
+        if progress_records(root) - seen:
+            return
+        time.sleep(0.01)
+
+
 def kill_and_resume(tmp_path, seed, kills, n=400):
+    """Each run is killed at a random moment after it finished at least one shard of its own,
+    so the final run must reuse finished shards, however slow the machine is."""
     rng = random.Random(seed)
     script = tmp_path / "killable.py"
     script.write_text(KILLABLE)
     root = str(tmp_path / "snaps")
     for _ in range(kills):
+        seen = progress_records(root)
         proc = subprocess.Popen([sys.executable, str(script), root, str(n)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(0.6, 1.6))
+        wait_for_new_progress(proc, root, seen)
+        time.sleep(rng.uniform(0.0, 0.3))  # somewhere later in the run: any point must be safe
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         check_root(root, n)
