@@ -31,7 +31,9 @@ from snapcache.store import batched_read, layout
 from snapcache.store.fs import Storage
 from snapcache.store.order import EpochOrder, Share, ranges_length
 from snapcache.store.ordered_read import layout_of, ordered_pieces
+from snapcache.store.manifest import Manifest
 from snapcache.store.reader import SnapshotReader, load_manifest
+from snapcache.store.streams import stream_shards
 
 STATE_FORMAT = "snapcache-iterator"
 STATE_VERSION = 1
@@ -202,8 +204,32 @@ def resume_ranges(state: dict) -> list[list[int]]:
 
 
 def _share_of_state(state: dict) -> Share:
+    bounds = state.get("bounds")
     return Share(tuple(tuple(r) for r in state["ranges"]), state["streams"], state["stream"],
-                 state["chunk"], state["unit"], state.get("balance"))
+                 state["chunk"], state["unit"], state.get("balance"),
+                 tuple(bounds) if bounds is not None else None)
+
+
+def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, window: int = 1,
+               unit: int = 1, balance: str | None = None) -> Share:
+    """Stream ``spec``'s share of a fresh epoch. Shuffled: chunks of the epoch's order,
+    round-robin. In order: one contiguous part per stream (whole units but the last's),
+    and when the snapshot was written by as many streams, the rows each wrote: in one epoch
+    some streams may still replay their own shards while others read the committed one."""
+    total = manifest.num_examples
+    if shuffled or spec.count == 1 or balance is not None:
+        return Share.of([(0, total)], spec.count, spec.index, window=window, unit=unit,
+                        balance=balance)
+    own = [stream_shards(manifest, k, spec.count) for k in range(spec.count)]
+    if all(o is not None for o in own):
+        bounds = [0]
+        for shards in own:
+            bounds.append(bounds[-1] + sum(s.rows for s in shards))  # type: ignore[union-attr]
+    else:
+        units = total // unit
+        bounds = [unit * (units * k // spec.count) for k in range(spec.count)] + [total]
+    return Share(((0, total),), spec.count, spec.index, unit=unit,
+                 chunk=max(unit, total // unit * unit), bounds=tuple(bounds))
 
 
 def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
@@ -259,14 +285,15 @@ def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
                              window=shape.window, unit=shape.unit, balance=balance)
             skip = 0
     else:
-        share = Share.of([(0, total)], spec.count, spec.index, window=shape.window,
-                         unit=shape.unit, balance=balance)
+        share = read_share(reader.manifest, spec, shuffled=seed is not None and not local_shuffle,
+                           window=shape.window, unit=shape.unit, balance=balance)
         skip = 0
     record = {"format": STATE_FORMAT, "version": STATE_VERSION, "snapshot": fingerprint,
               "num_examples": total, "epoch": epoch, "seed": seed, "window": shape.window,
               "ranges": [list(r) for r in share.ranges], "streams": share.streams,
               "stream": share.index, "chunk": share.chunk, "unit": share.unit,
-              "balance": share.balance, "consumed": skip}
+              "balance": share.balance, "consumed": skip,
+              "bounds": list(share.bounds) if share.bounds is not None else None}
     session = _session(reader, snapshot.options.lease_ttl)
     session.__enter__()
     items = _items(shape, reader, order, share, skip, epoch, local_shuffle, seed)

@@ -21,7 +21,7 @@ from snapcache.runtime.interleave import interleave
 from snapcache.runtime.progress import DefaultDisplay, track
 from snapcache.runtime.shuffle import epoch_rng
 from snapcache.store import batched_read, layout
-from snapcache.store.order import EpochOrder, Share
+from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 
 REPEAT_EPOCH_STRIDE = 1 << 40
@@ -43,7 +43,8 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
     if shuffle is not None and seed is None and not local:
         seed = secrets.randbits(63)
     order = EpochOrder(layout_of(reader.manifest), None if local else seed, epoch, window)
-    share = Share.of([(0, len(order))], spec.count, spec.index, window=window, unit=unit)
+    share = ordered.read_share(reader.manifest, spec, shuffled=seed is not None, window=window,
+                               unit=unit)
 
     def chunks() -> Iterator[dict]:
         with snapshot_exec.read_session(reader, layout.new_run_id(), snapshot.options.lease_ttl):

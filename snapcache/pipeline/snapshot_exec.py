@@ -20,7 +20,7 @@ from snapcache.store.fs import Storage
 from snapcache.store.lease import ReadLease
 from snapcache.store.manifest import Manifest, now_iso
 from snapcache.store.reader import SnapshotReader, load_manifest
-from snapcache.store.order import EpochOrder, Share
+from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 from snapcache.store.streams import StreamRecord, commit_fields, try_commit
 from snapcache.store.writer import SnapshotWriter
@@ -140,11 +140,13 @@ def _shard_cache(directory: str, limit: int) -> ShardCache:
 
 def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
           ) -> Iterator[Any]:
-    """This stream's share of a committed snapshot: chunks of its rows in order, round-robin
-    across the streams (see :class:`snapcache.store.order.Share`)."""
+    """This stream's share of a committed snapshot: the rows it wrote, if the snapshot was
+    written by as many streams, else chunks of its rows round-robin across the streams."""
+    from snapcache.pipeline.ordered import read_share
+
     with read_session(reader, run_id, ttl):
         order = EpochOrder(layout_of(reader.manifest), None, 0)
-        share = Share.of([(0, len(order))], spec.count, spec.index)
+        share = read_share(reader.manifest, spec, shuffled=False)
         for _, _, rows in ordered_pieces(reader, order, share.pieces(), mode="rows"):
             yield from rows
 

@@ -196,6 +196,10 @@ def _normalise(ranges: Sequence[Sequence[int]]) -> Ranges:
 class Share:
     """Stream ``index`` of ``streams``' part of the positions ``ranges`` (in that order).
 
+    ``bounds`` (``streams + 1`` sequence offsets), when given, makes stream ``k``'s share the
+    one contiguous part ``[bounds[k], bounds[k + 1])`` instead of chunks (a snapshot read by as
+    many streams as wrote it: each reads back what it wrote).
+
     ``balance``: None (shares differ by at most ``unit`` plus the last unit's remainder),
     ``"drop"`` (every share cut to the smallest, a whole number of units) or ``"pad"`` (every
     share filled to the largest with the first positions of ``ranges`` again), so that every
@@ -208,6 +212,7 @@ class Share:
     chunk: int = DEFAULT_CHUNK
     unit: int = 1
     balance: str | None = None
+    bounds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not (1 <= self.streams and 0 <= self.index < self.streams):
@@ -219,6 +224,13 @@ class Share:
         if self.balance not in (None, "drop", "pad"):
             raise ValueError(f"balance must be None, 'drop' or 'pad'; got {self.balance!r}")
         object.__setattr__(self, "ranges", _normalise(self.ranges))
+        if self.bounds is not None:
+            bounds = tuple(int(b) for b in self.bounds)
+            if len(bounds) != self.streams + 1 or bounds[0] != 0 or \
+                    bounds[-1] != self.length or list(bounds) != sorted(bounds):
+                raise ValueError(f"bounds must be {self.streams + 1} increasing offsets from 0 "
+                                 f"to {self.length}; got {self.bounds!r}")
+            object.__setattr__(self, "bounds", bounds)
 
     @classmethod
     def of(cls, ranges: Sequence[Sequence[int]], streams: int, index: int, *, window: int = 1,
@@ -246,6 +258,9 @@ class Share:
         return rounds, lo, hi
 
     def _natural(self, k: int) -> list[tuple[int, int]]:
+        if self.bounds is not None:
+            a, b = self.bounds[k], self.bounds[k + 1]
+            return [(a, b)] if b > a else []
         n, c = self.streams, self.chunk
         rounds, lo, hi = self._tail(k)
         pieces = [((r * n + k) * c, (r * n + k + 1) * c) for r in range(rounds)]
@@ -254,6 +269,8 @@ class Share:
         return pieces
 
     def _natural_count(self, k: int) -> int:
+        if self.bounds is not None:
+            return self.bounds[k + 1] - self.bounds[k]
         rounds, lo, hi = self._tail(k)
         return rounds * self.chunk + hi - lo
 
