@@ -97,17 +97,13 @@ def _snapshot_op(ds: "Dataset") -> ops.SnapshotOp:
     return snap
 
 
-# Ops that would apply to each stream's share separately, so that n streams would write other
-# examples than one process: take(k) would keep k per stream, batch and shard would group the
-# shares. (map, filter, shuffle, interleave, repeat, prefetch and cache keep the multiset.)
-_PER_STREAM = (ops.TakeOp, ops.BatchOp, ops.ShardOp)
-
-
 def _check_splittable(snap: ops.SnapshotOp, num_tasks: int) -> None:
     if num_tasks == 1:
         return
     for node in ops.lineage(snap.parent):
-        if isinstance(node, _PER_STREAM):
+        # An op applied to each stream's share separately would make n streams write other
+        # examples than one process (take keeps k per stream, batch and shard group shares).
+        if node.traits.per_stream:
             raise ValueError(
                 f"{node.describe()} before the snapshot would run in each of the {num_tasks} "
                 "streams on its share of the source, so the snapshot would not hold what one "

@@ -11,7 +11,6 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from snapcache.errors import CorruptSnapshotError, RandomnessWarning
-from snapcache.fingerprint import detect_randomness
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.cache import ShardCache
@@ -117,12 +116,8 @@ def _replay(storage: Storage, record: StreamRecord, options, count: int,
 
 def splittable(op: ops.Op | None) -> bool:
     """True if running the pipeline up to ``op`` as N streams yields the same examples as one
-    run: a source followed only by element-wise ops."""
-    node = op
-    while isinstance(node, (ops.MapOp, ops.FilterOp, ops.PrefetchOp, ops.CacheOp,
-                            ops.SnapshotOp)):
-        node = node.parent
-    return node is None or node.parent is None
+    run: a source followed only by element-wise ops (derived from the ops' traits)."""
+    return ops.splittable(op)
 
 
 _caches: dict[tuple[str, int], ShardCache] = {}
@@ -208,15 +203,9 @@ def _discard(storage: Storage, resume: StreamRecord, spec: streams.StreamSpec) -
 
 def resumable(op: ops.Op | None) -> bool:
     """True if the pipeline up to ``op`` can start at any example: an indexable source and
-    only one-to-one ops after it."""
-    node = op
-    while isinstance(node, (ops.MapOp, ops.PrefetchOp)):
-        node = node.parent
-    if isinstance(node, (ops.RangeSource, ops.FilesSource, ops.ParquetSource, ops.TorchSource)):
-        return True
-    if isinstance(node, ops.IterableSource):
-        return hasattr(node.items, "__getitem__") and hasattr(node.items, "__len__")
-    return False
+    only one-to-one, order-preserving ops after it (derived from the ops' traits; after a
+    ``map(deterministic=False)`` a resume restarts the stream instead of skipping by count)."""
+    return ops.resumable(op)
 
 
 def _touch_last_used(reader: SnapshotReader) -> None:
@@ -233,13 +222,7 @@ def _warn_randomness(op: ops.SnapshotOp, labelled) -> None:
         return
     _warned.add(op)
     for label, node in labelled:
-        problems = []
-        if isinstance(node, ops.ShuffleOp) and node.seed is None:
-            problems.append("is an unseeded shuffle")
-        if isinstance(node, (ops.MapOp, ops.FilterOp)):
-            fn = getattr(node, "fn", None) or getattr(node, "predicate", None)
-            problems.extend(detect_randomness(fn))
-        for problem in problems:
+        for problem in node.randomness_problems():
             warnings.warn(
                 f"{label} {problem}: its random draws are frozen into the snapshot at "
                 f"{op.path} and replayed every epoch. Move it after .snapshot(), or seed it.",
