@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator
 
 from snapcache.fingerprint import detect_randomness
+from snapcache.machine import available_cpus
 from snapcache.options import AUTOTUNE, resolve_parallelism
 from snapcache.pipeline.ops.base import Op, Traits, callable_name, closing, runs, upstream
-from snapcache.runtime.autotune import ThreadTuner, available_cpus
+from snapcache.runtime.autotune import ThreadTuner
 from snapcache.runtime.errors import annotate
 from snapcache.runtime.parallel import parallel_map
 from snapcache.runtime.process import process_map

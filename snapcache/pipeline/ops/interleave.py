@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator
 
+from snapcache.machine import available_cpus
 from snapcache.options import AUTOTUNE
 from snapcache.pipeline.ops.base import Op, Traits, callable_name, closing, runs, upstream
-from snapcache.runtime.autotune import available_cpus
 from snapcache.runtime.interleave import interleave
 
 
