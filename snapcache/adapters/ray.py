@@ -90,10 +90,11 @@ def _snapshot_op(ds: "Dataset") -> ops.SnapshotOp:
     if snap is None:
         raise ValueError("snapcache.ray.build needs a pipeline with a .snapshot(path); add "
                          "one after the expensive steps, e.g. ds.map(f).snapshot('s3://b/snaps')")
-    if snap.options.on_busy != "wait":
+    if snap.options.coordination.on_busy != "wait":
         # A task that computed without writing would leave its stream unwritten.
-        snap = dataclasses.replace(snap, options=dataclasses.replace(snap.options,
-                                                                     on_busy="wait"))
+        coordination = dataclasses.replace(snap.options.coordination, on_busy="wait")
+        snap = dataclasses.replace(snap, options=dataclasses.replace(
+            snap.options, coordination=coordination))
     return snap
 
 
@@ -123,7 +124,8 @@ def _commit_if_complete(snap: ops.SnapshotOp, storage: Storage, tree, streams: i
     if manifest is not None:
         return manifest
     return try_commit(storage, streams, **commit_fields(
-        snap.options, fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
+        snap.options.write, key=snap.options.key, name=snap.options.name,
+        fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
         pipeline=plan.describe_pipeline(snap.parent), run_id=layout.new_run_id()))
 
 

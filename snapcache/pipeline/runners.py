@@ -40,7 +40,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
     shards = batched_read.shard_order(reader.manifest.shards, rng)
 
     def chunks() -> Iterator[dict]:
-        with snapshot_exec.read_session(reader, layout.new_run_id(), snapshot.options.lease_ttl):
+        with snapshot_exec.read_session(reader, layout.new_run_id(), snapshot.options.coordination.lease_ttl):
             columns = batched_read.column_chunks(reader.record_batches(shards),
                                                  reader._decoder)  # type: ignore[arg-type]
             if shuffle is not None and shuffle.buffer_size > 1:

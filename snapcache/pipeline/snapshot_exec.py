@@ -44,17 +44,19 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     alone = spec.count > 1 and not splittable(op.parent)
     writing = streams.StreamSpec() if alone else spec
     decision = negotiate(storage, run_id=run_id, stream=writing.index, streams=writing.count,
-                         on_busy="wait" if alone else options.on_busy,
-                         lease_ttl=options.lease_ttl, wait_timeout=options.wait_timeout)
+                         on_busy="wait" if alone else options.coordination.on_busy,
+                         lease_ttl=options.coordination.lease_ttl,
+                         wait_timeout=options.coordination.wait_timeout)
 
     def fields() -> dict:
-        return commit_fields(options, fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
+        return commit_fields(options.write, key=options.key, name=options.name,
+                             fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
                              pipeline=describe, run_id=run_id)
 
     if decision.action == "read":
         assert decision.manifest is not None
         return _read(open_reader(storage, decision.manifest, options), run_id, spec,
-                     options.lease_ttl)
+                     options.coordination.lease_ttl)
     if decision.action == "replay":
         assert decision.resume is not None
         return _replay(storage, decision.resume, options, writing.count, fields)
@@ -70,13 +72,14 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     if skip:
         log.info("resuming snapshot %s stream %d: %d examples already written", storage.url,
                  writing.index, skip)
-    writer = SnapshotWriter(storage, fingerprint=tree.digest, options=options,
+    writer = SnapshotWriter(storage, fingerprint=tree.digest, options=options.write,
+                            key=options.key, name=options.name,
                             fingerprint_tree=tree.to_json(), pipeline=describe,
                             stream=writing.index, streams=writing.count, run_id=run_id,
                             resume=resume, lease=decision.lease)
     source = iterate(op.parent, epoch, streams.StreamSpec(writing.index, writing.count, skip))
     written = _write(source, writer, decision.lease,
-                     SnapshotReader(storage, _partial_manifest(resume, tree.digest), verify=True)
+                     SnapshotReader(storage, _partial_manifest(resume, tree.digest))
                      if resume is not None else None)
     if alone:
         return _write_then_read(written, storage, options, run_id, spec)
@@ -84,12 +87,12 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
 
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
-    """A reader of a committed snapshot configured by the snapshot's options."""
-    reader = SnapshotReader(storage, manifest, verify=options.verify)
-    reader.prefetch_bytes = options.prefetch_bytes
-    if options.local_cache is not None and not storage.local:
-        reader.cache = _shard_cache(options.local_cache, options.local_cache_limit)
-    return reader
+    """A reader of a committed snapshot configured by the snapshot's read options."""
+    read = options.read
+    cache = _shard_cache(read.local_cache, read.local_cache_limit) \
+        if read.local_cache is not None and not storage.local else None
+    return SnapshotReader(storage, manifest, verify=read.verify,
+                          prefetch_bytes=read.prefetch_bytes, cache=cache)
 
 
 def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
@@ -101,7 +104,8 @@ def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: 
     manifest = load_manifest(storage)
     if manifest is None:  # committed by nobody: cannot happen after a complete write
         raise CorruptSnapshotError(f"snapshot {storage.url} was not committed after writing")
-    yield from _read(open_reader(storage, manifest, options), run_id, spec, options.lease_ttl)
+    yield from _read(open_reader(storage, manifest, options), run_id, spec,
+                     options.coordination.lease_ttl)
 
 
 def _replay(storage: Storage, record: StreamRecord, options, count: int,
@@ -110,7 +114,7 @@ def _replay(storage: Storage, record: StreamRecord, options, count: int,
     if the others have finished meanwhile."""
     fields = commit_fields()
     partial = _partial_manifest(record, fields["fingerprint"])
-    yield from SnapshotReader(storage, partial, verify=options.verify).examples()
+    yield from SnapshotReader(storage, partial, verify=options.read.verify).examples()
     try_commit(storage, count, **fields)
 
 
