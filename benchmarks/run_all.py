@@ -24,7 +24,7 @@ import tempfile
 import time
 
 import snapcache as sc
-from snapcache.runtime import autotune
+from snapcache import machine
 from benchmarks import classic, cpu_work
 from benchmarks.workloads import example_bytes
 
@@ -134,8 +134,8 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
     L.append(f"`python -m benchmarks --scale {args.scale}` (baselines from "
              "`benchmarks/requirements.txt` in their own venv, see `benchmarks/run_all.py`); "
              f"took {elapsed / 60:.1f} min. Machine: {platform.machine()}, "
-             f"{autotune.available_cpus()} usable CPUs, "
-             f"{autotune.total_memory() / 2**30:.0f} GiB RAM, Python "
+             f"{machine.available_cpus()} usable CPUs, "
+             f"{machine.total_memory() / 2**30:.0f} GiB RAM, Python "
              f"{platform.python_version()}, {platform.platform()}. All numbers from this one run.\n")
     naive = classic_rows[0][1]
     L.append("### 1. Classic input-pipeline experiments\n")

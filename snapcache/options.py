@@ -1,18 +1,21 @@
-"""Configuration: frozen, validated dataclasses and the one place environment variables are read."""
+"""Configuration: frozen, validated dataclasses and the one place environment variables are read.
+
+The store's own options (:class:`WriteOptions`, :class:`ReadOptions`,
+:class:`CoordinationOptions`) live in :mod:`snapcache.store.options`, where they are validated;
+:class:`SnapshotOptions` composes them."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from snapcache.machine import available_cpus
+from snapcache.store.options import CoordinationOptions, ReadOptions, WriteOptions
 
 AUTOTUNE = -1
 """Pass as ``num_parallel_calls`` or a buffer size to let snapcache choose from the machine."""
 
-COMPRESSIONS = ("zstd", "lz4", "none")
-ON_BUSY = ("wait", "compute")
-
-_MiB = 1 << 20
 
 
 def default_root() -> str:
@@ -46,7 +49,7 @@ def resolve_parallelism(value: int | None, *, what: str) -> int:
     if value is None:
         return 1
     if value == AUTOTUNE:
-        return max(1, os.cpu_count() or 1)
+        return available_cpus()
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(
             f"{what} must be a positive int, None or snapcache.AUTOTUNE; got {value!r}")
@@ -60,79 +63,60 @@ def check_parallelism(value: Any, *, what: str) -> None:
 
 @dataclass(frozen=True)
 class SnapshotOptions:
-    """How a snapshot is written and read.
+    """How a snapshot is written, read and shared, and what the pipeline adds: the store's
+    :class:`WriteOptions`, :class:`ReadOptions` and :class:`CoordinationOptions` (each
+    validated where it is defined, in :mod:`snapcache.store.options`) plus ``key``, ``name``,
+    ``progress`` and ``storage_options``. ``Dataset.snapshot(...)`` builds it from keywords.
 
     Example::
 
-        ds.snapshot("s3://bucket/snaps", compression="lz4", shard_size=256 << 20)
+        SnapshotOptions(write=WriteOptions(compression="lz4", shard_size=256 << 20))
     """
 
-    compression: str = "zstd"
-    compression_level: int | None = None
-    shard_size: int = 64 * _MiB
-    """Target size of one shard file in bytes (a shard closes once it reaches this)."""
-    record_batch_size: int = 16 * _MiB
-    """Target uncompressed bytes of one Arrow record batch inside a shard. Batches hold a
-    power-of-two number of rows within it, so common batch sizes are cut from one record batch
-    (zero copy when uncompressed, one decompression when compressed)."""
-    verify: bool = True
-    """Check every shard's xxh3 checksum before yielding any of its examples."""
+    write: WriteOptions = field(default_factory=WriteOptions)
+    read: ReadOptions = field(default_factory=ReadOptions)
+    coordination: CoordinationOptions = field(default_factory=CoordinationOptions)
     key: str | None = None
     """A user-chosen version that replaces the computed upstream fingerprint."""
     name: str | None = None
     """A human name shown by ``snapcache ls``."""
-    on_busy: str = "wait"
-    """When another process is writing the snapshot: ``"wait"`` for its commit and then read,
-    or ``"compute"`` the examples without writing."""
-    wait_timeout: float | None = None
-    """Seconds to wait for another writer's commit before LeaseTimeoutError (None: no limit)."""
-    lease_ttl: float = 30.0
-    """A writer that has not renewed its lease for this long is presumed dead and replaced."""
-    prefetch_bytes: int | None = None
-    """Bytes a reader holds ahead of the consumer (None: a share of the machine's memory)."""
     progress: Any = field(default=True, compare=False, hash=False)
     """Progress of the writing epoch: True (a bar on a terminal, log lines otherwise), False,
     or a callable receiving :class:`snapcache.runtime.progress.ProgressUpdate` objects."""
-    local_cache: str | None = None
-    """A local folder keeping copies of remote shards once read (least recently used evicted)."""
-    local_cache_limit: int = 50 << 30
-    """Bytes the local cache may hold at most."""
     storage_options: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(
-                f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}; "
-                f"got {self.compression!r}")
-        if self.compression_level is not None and self.compression == "none":
-            raise ValueError("compression_level needs compression='zstd' or 'lz4'")
-        for name in ("shard_size", "record_batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive number of bytes; got {value!r}")
+        for name, kind in (("write", WriteOptions), ("read", ReadOptions),
+                           ("coordination", CoordinationOptions)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"SnapshotOptions.{name} must be a {kind.__name__}; got "
+                                f"{getattr(self, name)!r}")
         if self.key is not None and (not isinstance(self.key, str) or not self.key.strip()):
             raise ValueError(f"key must be a non-empty string naming your version; got {self.key!r}")
         if self.name is not None and not isinstance(self.name, str):
             raise ValueError(f"name must be a string; got {self.name!r}")
-        if self.on_busy not in ON_BUSY:
-            raise ValueError(f"on_busy must be one of {', '.join(map(repr, ON_BUSY))}; "
-                             f"got {self.on_busy!r}")
-        if self.wait_timeout is not None and not (
-                isinstance(self.wait_timeout, (int, float)) and self.wait_timeout >= 0):
-            raise ValueError(f"wait_timeout must be None or seconds >= 0; got {self.wait_timeout!r}")
-        if not isinstance(self.lease_ttl, (int, float)) or self.lease_ttl <= 0:
-            raise ValueError(f"lease_ttl must be a positive number of seconds; got {self.lease_ttl!r}")
-        if self.prefetch_bytes is not None and (
-                not isinstance(self.prefetch_bytes, int) or isinstance(self.prefetch_bytes, bool)
-                or self.prefetch_bytes <= 0):
-            raise ValueError(f"prefetch_bytes must be None or a positive number of bytes; "
-                             f"got {self.prefetch_bytes!r}")
         if not isinstance(self.progress, bool) and not callable(self.progress):
             raise TypeError(f"progress must be True, False or a callable; got {self.progress!r}")
-        if self.local_cache is not None and not isinstance(self.local_cache, (str, os.PathLike)):
-            raise ValueError(f"local_cache must be a folder path; got {self.local_cache!r}")
-        if not isinstance(self.local_cache_limit, int) or self.local_cache_limit <= 0:
-            raise ValueError("local_cache_limit must be a positive number of bytes; got "
-                             f"{self.local_cache_limit!r}")
         if not isinstance(self.storage_options, dict):
             raise TypeError("storage_options must be a dict of fsspec options")
+
+    @classmethod
+    def from_keywords(cls, *, key: str | None = None, name: str | None = None,
+                      progress: Any = True, storage_options: dict | None = None,
+                      **keywords: Any) -> "SnapshotOptions":
+        """Route ``Dataset.snapshot``'s flat keywords to the part that owns each one."""
+        parts: dict[str, dict[str, Any]] = {"write": {}, "read": {}, "coordination": {}}
+        for keyword, value in keywords.items():
+            owner = _OWNER.get(keyword)
+            if owner is None:
+                raise TypeError(f"unknown snapshot option {keyword!r}; the options are "
+                                f"{', '.join(sorted(_OWNER) + ['key', 'name', 'progress', 'storage_options'])}")
+            parts[owner][keyword] = value
+        return cls(write=WriteOptions(**parts["write"]), read=ReadOptions(**parts["read"]),
+                   coordination=CoordinationOptions(**parts["coordination"]), key=key,
+                   name=name, progress=progress, storage_options=dict(storage_options or {}))
+
+
+_OWNER = {f.name: part for part, kind in (("write", WriteOptions), ("read", ReadOptions),
+                                          ("coordination", CoordinationOptions))
+          for f in fields(kind)}

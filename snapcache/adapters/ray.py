@@ -90,24 +90,21 @@ def _snapshot_op(ds: "Dataset") -> ops.SnapshotOp:
     if snap is None:
         raise ValueError("snapcache.ray.build needs a pipeline with a .snapshot(path); add "
                          "one after the expensive steps, e.g. ds.map(f).snapshot('s3://b/snaps')")
-    if snap.options.on_busy != "wait":
+    if snap.options.coordination.on_busy != "wait":
         # A task that computed without writing would leave its stream unwritten.
-        snap = dataclasses.replace(snap, options=dataclasses.replace(snap.options,
-                                                                     on_busy="wait"))
+        coordination = dataclasses.replace(snap.options.coordination, on_busy="wait")
+        snap = dataclasses.replace(snap, options=dataclasses.replace(
+            snap.options, coordination=coordination))
     return snap
-
-
-# Ops that would apply to each stream's share separately, so that n streams would write other
-# examples than one process: take(k) would keep k per stream, batch and shard would group the
-# shares. (map, filter, shuffle, interleave, repeat, prefetch and cache keep the multiset.)
-_PER_STREAM = (ops.TakeOp, ops.BatchOp, ops.ShardOp)
 
 
 def _check_splittable(snap: ops.SnapshotOp, num_tasks: int) -> None:
     if num_tasks == 1:
         return
     for node in ops.lineage(snap.parent):
-        if isinstance(node, _PER_STREAM):
+        # An op applied to each stream's share separately would make n streams write other
+        # examples than one process (take keeps k per stream, batch and shard group shares).
+        if node.traits.per_stream:
             raise ValueError(
                 f"{node.describe()} before the snapshot would run in each of the {num_tasks} "
                 "streams on its share of the source, so the snapshot would not hold what one "
@@ -127,7 +124,8 @@ def _commit_if_complete(snap: ops.SnapshotOp, storage: Storage, tree, streams: i
     if manifest is not None:
         return manifest
     return try_commit(storage, streams, **commit_fields(
-        snap.options, fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
+        snap.options.write, key=snap.options.key, name=snap.options.name,
+        fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
         pipeline=plan.describe_pipeline(snap.parent), run_id=layout.new_run_id()))
 
 

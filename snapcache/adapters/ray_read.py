@@ -48,8 +48,9 @@ def to_block(schema: Schema, columns: dict[str, Any]) -> pa.Table:
 def read_blocks(url: str, storage_options: dict, manifest: Manifest,
                 shards: Sequence[ShardInfo], verify: bool = True) -> Iterator[pa.Table]:
     """The blocks of ``shards`` of the snapshot at ``url``, one per record batch."""
-    reader = SnapshotReader(Storage(url, storage_options), manifest, verify=verify)
-    reader.read_threads = 2  # one shard loads while the previous one is converted
+    # Two read threads: one shard loads while the previous one is converted.
+    reader = SnapshotReader(Storage(url, storage_options), manifest, verify=verify,
+                            read_threads=2)
     assert reader.schema is not None
     decoder = reader._decoder
     for batch in reader.record_batches(shards):

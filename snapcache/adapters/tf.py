@@ -5,8 +5,8 @@ Where the spec comes from, in order:
 
 1. ``to_tf(element_spec=...)`` if given;
 2. the committed snapshot's schema, when the pipeline has a ``.snapshot()`` and only ops that
-   keep the example structure follow it (shuffle, batch, filter, take, shard, repeat, prefetch,
-   cache). A snapshot not committed yet is built first (the first epoch's work, done once).
+   keep the example structure follow it (ops whose traits say ``structure_preserving``:
+   shuffle, batch, filter, take, shard, repeat, prefetch, cache). A snapshot not committed yet is built first (the first epoch's work, done once).
    Dimensions that varied between examples are ``None``; each ``batch`` after the snapshot adds
    a leading ``None``;
 3. otherwise the first example (or batch) of epoch 0: its shapes, with a leading ``None`` when
@@ -29,10 +29,6 @@ from snapcache.store.fs import Storage
 from snapcache.store.reader import load_manifest
 from snapcache.store.schema import Schema
 
-STRUCTURE_PRESERVING = (ops.ShuffleOp, ops.BatchOp, ops.FilterOp, ops.TakeOp, ops.ShardOp,
-                        ops.RepeatOp, ops.PrefetchOp, ops.CacheOp)
-
-
 def to_tf(dataset: Any, *, element_spec: Any = None) -> Any:
     tf = require("tensorflow", "ds.to_tf()")
     spec = element_spec if element_spec is not None else infer_element_spec(dataset)
@@ -54,16 +50,16 @@ def infer_element_spec(dataset: Any) -> Any:
     snap = plan.last_snapshot(op)
     if snap is not None:
         tail = ops.lineage(op)[len(ops.lineage(snap)):]
-        if all(isinstance(node, STRUCTURE_PRESERVING) for node in tail):
+        if all(node.traits.structure_preserving for node in tail):
             schema = _committed_schema(dataset, snap)
             if schema is not None:
-                batch_dims = sum(isinstance(node, ops.BatchOp) for node in tail)
+                batch_dims = sum(node.traits.batch_dims for node in tail)
                 return spec_from_schema(tf, schema, batch_dims)
     first = next(iter(dataset.iterate(epoch=0)), _EMPTY)
     if first is _EMPTY:
         raise ValueError("ds.to_tf(): the dataset is empty, so its element_spec cannot be "
                          "inferred; pass to_tf(element_spec=...)")
-    batched = any(isinstance(node, ops.BatchOp) for node in ops.lineage(op))
+    batched = any(node.traits.batch_dims for node in ops.lineage(op))
     return spec_from_value(tf, first, batched)
 
 

@@ -257,13 +257,13 @@ class Dataset:
         For remote roots (``s3://...``), ``local_cache=DIR`` keeps copies of the shards read in
         ``DIR``, at most ``local_cache_limit`` bytes, least recently used evicted first.
         """
-        options = SnapshotOptions(
+        options = SnapshotOptions.from_keywords(
             compression=compression, compression_level=compression_level,
             shard_size=shard_size, key=key, name=name, verify=verify, on_busy=on_busy,
             wait_timeout=wait_timeout, lease_ttl=lease_ttl, prefetch_bytes=prefetch_bytes,
             progress=progress,
             local_cache=os.fspath(local_cache) if local_cache is not None else None,
-            local_cache_limit=local_cache_limit, storage_options=dict(storage_options or {}))
+            local_cache_limit=local_cache_limit, storage_options=storage_options)
         root = os.fspath(path) if path is not None else default_root()
         return self._then(ops.SnapshotOp, path=root, options=options)
 

@@ -38,8 +38,12 @@ from snapcache.store.streams import stream_shards
 STATE_FORMAT = "snapcache-iterator"
 STATE_VERSION = 1
 
-_ELEMENTWISE = (ops.MapOp, ops.FilterOp, ops.PrefetchOp)
-_ABOVE = (ops.MapOp, ops.FilterOp, ops.PrefetchOp, ops.BatchOp)
+
+
+def _element_wise(node: ops.Op) -> bool:
+    """Runs the same after the read as before it: element-wise and keeps no copy."""
+    t = node.traits
+    return t.element_wise and not t.keeps_copy and not t.source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,16 +59,16 @@ class Shape:
     @property
     def columnar(self) -> bool:
         """No user function runs: batches can be cut from whole columns."""
-        return not any(isinstance(o, (ops.MapOp, ops.FilterOp)) for o in self.below + self.above)
+        return all(o.function is None for o in self.below + self.above)
 
     @property
     def unit(self) -> int:
         """Positions per item of the first batch, when no filter comes before it."""
         for node in self.below + self.above:
-            if isinstance(node, ops.FilterOp):
-                return 1
             if isinstance(node, ops.BatchOp):
                 return node.batch_size
+            if not node.traits.one_to_one:  # a filter: items no longer map to positions
+                return 1
         return 1
 
     @property
@@ -89,8 +93,8 @@ def match(op: ops.Op) -> Shape | None:
     below, above = chain[:cut], chain[cut + 1:] if shuffles else []
     if not shuffles:  # no shuffle: everything counts as "above"
         below, above = [], chain
-    if not all(isinstance(n, _ELEMENTWISE) for n in below) or \
-            not all(isinstance(n, _ABOVE) for n in above):
+    if not all(_element_wise(n) for n in below) or \
+            not all(_element_wise(n) or isinstance(n, ops.BatchOp) for n in above):
         return None
     return Shape(node, tuple(below), chain[cut] if shuffles else None, tuple(above))
 
@@ -128,7 +132,7 @@ def build_then_open(snapshot: ops.SnapshotOp, epoch: int, spec: streams.StreamSp
         close = getattr(source, "close", None)
         if close is not None:
             close()
-    timeout = snapshot.options.wait_timeout
+    timeout = snapshot.options.coordination.wait_timeout
     start, delay = time.monotonic(), 0.02
     while True:
         reader = committed_reader(snapshot)
@@ -258,9 +262,9 @@ def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
             why_not = ("an unseeded shuffle read by several streams is shuffled by each "
                        "stream on its own; give the shuffle a seed")
     for node in shape.below + shape.above:
-        if isinstance(node, ops.MapOp) and not node.deterministic:
-            why_not = (f"{node.describe()} has deterministic=False: its outputs are not in "
-                       "order, so no prefix of them is known to be consumed")
+        if not node.traits.order_preserving:
+            why_not = (f"{node.describe()} does not keep the order (deterministic=False): no "
+                       "prefix of its outputs is known to be consumed")
     order = EpochOrder(layout_of(reader.manifest), None if local_shuffle else seed, epoch,
                        shape.window)
     total = len(order)
@@ -294,7 +298,7 @@ def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
               "stream": share.index, "chunk": share.chunk, "unit": share.unit,
               "balance": share.balance, "consumed": skip,
               "bounds": list(share.bounds) if share.bounds is not None else None}
-    session = _session(reader, snapshot.options.lease_ttl)
+    session = _session(reader, snapshot.options.coordination.lease_ttl)
     session.__enter__()
     items = _items(shape, reader, order, share, skip, epoch, local_shuffle, seed)
     closed = []
@@ -406,22 +410,13 @@ def _tagged_op(node: ops.Op, parent: ops.Op) -> ops.Op:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TaggedBatch(ops.Op):
+class TaggedBatch(ops.BatchOp):
     """``batch`` over (position, value) pairs: each batch carries its last position."""
 
-    batch_size: int = 1
-    drop_remainder: bool = False
-    kind = "batch"
-    content = False
 
-    def describe(self) -> str:
-        return f"batch({self.batch_size})"
-
-
+@ops.runs(TaggedBatch)
 def run_tagged_batch(op: TaggedBatch, epoch: int) -> Iterator[Any]:
-    from snapcache.pipeline import plan
-
-    source = plan._upstream(op, epoch)
+    source = ops.upstream(op, epoch)
 
     def body() -> Iterator[tuple[int, Any]]:
         chunk: list[tuple[int, Any]] = []
@@ -433,7 +428,7 @@ def run_tagged_batch(op: TaggedBatch, epoch: int) -> Iterator[Any]:
         if chunk and not op.drop_remainder:
             yield chunk[-1][0], stack([v for _, v in chunk])
 
-    return plan._closing(source, body())
+    return ops.closing(source, body())
 
 
 def total_positions(state: dict) -> int:

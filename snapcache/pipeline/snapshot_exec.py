@@ -11,7 +11,6 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from snapcache.errors import CorruptSnapshotError, RandomnessWarning
-from snapcache.fingerprint import detect_randomness
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.cache import ShardCache
@@ -47,17 +46,19 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     alone = spec.count > 1 and not splittable(op.parent)
     writing = streams.StreamSpec() if alone else spec
     decision = negotiate(storage, run_id=run_id, stream=writing.index, streams=writing.count,
-                         on_busy="wait" if alone else options.on_busy,
-                         lease_ttl=options.lease_ttl, wait_timeout=options.wait_timeout)
+                         on_busy="wait" if alone else options.coordination.on_busy,
+                         lease_ttl=options.coordination.lease_ttl,
+                         wait_timeout=options.coordination.wait_timeout)
 
     def fields() -> dict:
-        return commit_fields(options, fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
+        return commit_fields(options.write, key=options.key, name=options.name,
+                             fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
                              pipeline=describe, run_id=run_id)
 
     if decision.action == "read":
         assert decision.manifest is not None
         return _read(open_reader(storage, decision.manifest, options), run_id, spec,
-                     options.lease_ttl)
+                     options.coordination.lease_ttl)
     if decision.action == "replay":
         assert decision.resume is not None
         return _replay(storage, decision.resume, options, writing.count, fields)
@@ -73,13 +74,14 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     if skip:
         log.info("resuming snapshot %s stream %d: %d examples already written", storage.url,
                  writing.index, skip)
-    writer = SnapshotWriter(storage, fingerprint=tree.digest, options=options,
+    writer = SnapshotWriter(storage, fingerprint=tree.digest, options=options.write,
+                            key=options.key, name=options.name,
                             fingerprint_tree=tree.to_json(), pipeline=describe,
                             stream=writing.index, streams=writing.count, run_id=run_id,
                             resume=resume, lease=decision.lease)
     source = iterate(op.parent, epoch, streams.StreamSpec(writing.index, writing.count, skip))
     written = _write(source, writer, decision.lease,
-                     SnapshotReader(storage, _partial_manifest(resume, tree.digest), verify=True)
+                     SnapshotReader(storage, _partial_manifest(resume, tree.digest))
                      if resume is not None else None)
     if alone:
         return _write_then_read(written, storage, options, run_id, spec)
@@ -87,12 +89,12 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
 
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
-    """A reader of a committed snapshot configured by the snapshot's options."""
-    reader = SnapshotReader(storage, manifest, verify=options.verify)
-    reader.prefetch_bytes = options.prefetch_bytes
-    if options.local_cache is not None and not storage.local:
-        reader.cache = _shard_cache(options.local_cache, options.local_cache_limit)
-    return reader
+    """A reader of a committed snapshot configured by the snapshot's read options."""
+    read = options.read
+    cache = _shard_cache(read.local_cache, read.local_cache_limit) \
+        if read.local_cache is not None and not storage.local else None
+    return SnapshotReader(storage, manifest, verify=read.verify,
+                          prefetch_bytes=read.prefetch_bytes, cache=cache)
 
 
 def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
@@ -104,7 +106,8 @@ def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: 
     manifest = load_manifest(storage)
     if manifest is None:  # committed by nobody: cannot happen after a complete write
         raise CorruptSnapshotError(f"snapshot {storage.url} was not committed after writing")
-    yield from _read(open_reader(storage, manifest, options), run_id, spec, options.lease_ttl)
+    yield from _read(open_reader(storage, manifest, options), run_id, spec,
+                     options.coordination.lease_ttl)
 
 
 def _replay(storage: Storage, record: StreamRecord, options, count: int,
@@ -113,18 +116,14 @@ def _replay(storage: Storage, record: StreamRecord, options, count: int,
     if the others have finished meanwhile."""
     fields = commit_fields()
     partial = _partial_manifest(record, fields["fingerprint"])
-    yield from SnapshotReader(storage, partial, verify=options.verify).examples()
+    yield from SnapshotReader(storage, partial, verify=options.read.verify).examples()
     try_commit(storage, count, **fields)
 
 
 def splittable(op: ops.Op | None) -> bool:
     """True if running the pipeline up to ``op`` as N streams yields the same examples as one
-    run: a source followed only by element-wise ops."""
-    node = op
-    while isinstance(node, (ops.MapOp, ops.FilterOp, ops.PrefetchOp, ops.CacheOp,
-                            ops.SnapshotOp)):
-        node = node.parent
-    return node is None or node.parent is None
+    run: a source followed only by element-wise ops (derived from the ops' traits)."""
+    return ops.splittable(op)
 
 
 _caches: dict[tuple[str, int], ShardCache] = {}
@@ -211,15 +210,9 @@ def _discard(storage: Storage, resume: StreamRecord, spec: streams.StreamSpec) -
 
 def resumable(op: ops.Op | None) -> bool:
     """True if the pipeline up to ``op`` can start at any example: an indexable source and
-    only one-to-one ops after it."""
-    node = op
-    while isinstance(node, (ops.MapOp, ops.PrefetchOp)):
-        node = node.parent
-    if isinstance(node, (ops.RangeSource, ops.FilesSource, ops.ParquetSource, ops.TorchSource)):
-        return True
-    if isinstance(node, ops.IterableSource):
-        return hasattr(node.items, "__getitem__") and hasattr(node.items, "__len__")
-    return False
+    only one-to-one, order-preserving ops after it (derived from the ops' traits; after a
+    ``map(deterministic=False)`` a resume restarts the stream instead of skipping by count)."""
+    return ops.resumable(op)
 
 
 def _touch_last_used(reader: SnapshotReader) -> None:
@@ -236,13 +229,7 @@ def _warn_randomness(op: ops.SnapshotOp, labelled) -> None:
         return
     _warned.add(op)
     for label, node in labelled:
-        problems = []
-        if isinstance(node, ops.ShuffleOp) and node.seed is None:
-            problems.append("is an unseeded shuffle")
-        if isinstance(node, (ops.MapOp, ops.FilterOp)):
-            fn = getattr(node, "fn", None) or getattr(node, "predicate", None)
-            problems.extend(detect_randomness(fn))
-        for problem in problems:
+        for problem in node.randomness_problems():
             warnings.warn(
                 f"{label} {problem}: its random draws are frozen into the snapshot at "
                 f"{op.path} and replayed every epoch. Move it after .snapshot(), or seed it.",

@@ -1,8 +1,7 @@
 """AUTOTUNE: parallelism and buffer sizes chosen from the machine and from what the run observes.
 
-- The machine: :func:`available_cpus` counts the CPUs this process may use (affinity mask and
-  cgroup quota, not just ``os.cpu_count()``); :func:`memory_budget` sizes byte-bounded buffers
-  from the machine's memory.
+- The machine: :mod:`snapcache.machine` counts the CPUs this process may use (affinity mask and
+  cgroup quota, not just ``os.cpu_count()``) and sizes byte-bounded buffers from its memory.
 - What it observes: :class:`ThreadTuner` measures, for a map on threads, how much of each call's
   wall time is CPU time on the calling thread. A function that mostly waits (I/O, sleeps, GIL-free
   native code) gets more threads than cores, in proportion to its waiting; a function that burns
@@ -12,7 +11,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -20,35 +18,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from snapcache.machine import available_cpus, memory_budget
+
 MAX_THREADS_PER_CPU = 8
-
-
-def available_cpus() -> int:
-    """CPUs this process can actually use: affinity mask, capped by a cgroup v2 CPU quota."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            count = min(count, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, count)
-
-
-def total_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 8 << 30
-
-
-def memory_budget(fraction: float = 1 / 64, low: int = 32 << 20, high: int = 256 << 20) -> int:
-    """Bytes one prefetch buffer may hold by default: a small share of RAM, within bounds."""
-    return int(min(high, max(low, total_memory() * fraction)))
 
 
 def nbytes_of(value: Any) -> int:

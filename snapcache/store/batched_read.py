@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from snapcache.machine import available_cpus, memory_budget
 from snapcache.store.codec import Decoder, Schema
 from snapcache.store.manifest import ShardInfo
 
@@ -32,8 +33,6 @@ Columns = dict  # field name -> numpy array, all of one length
 
 def read_budget(threads: int | None, budget: int | None) -> tuple[int, int]:
     """Resolve a reader's thread count and prefetch bytes; None means "from the machine"."""
-    from snapcache.runtime.autotune import available_cpus, memory_budget
-
     return threads or available_cpus(), budget or memory_budget()
 
 

@@ -59,11 +59,19 @@ class SnapshotReader:
     """
 
     def __init__(self, storage: Storage, manifest: Manifest, *, verify: bool = True,
-                 read_ahead: int = 2):
+                 read_ahead: int = 2, prefetch_bytes: int | None = None,
+                 read_threads: int | None = None, cache: ShardCache | None = None):
+        """``prefetch_bytes``: bytes held ahead of the consumer while reading (None: sized from
+        the machine's memory); ``read_threads``: threads loading, verifying and decompressing
+        shards (None: the usable CPUs); ``cache``: a local copy of remote shards
+        (``snapshot(..., local_cache=DIR)``), unused on local disk."""
         self.storage = storage
         self.manifest = manifest
         self.verify = verify
         self.read_ahead = max(0, read_ahead)
+        self.prefetch_bytes = prefetch_bytes
+        self.read_threads = read_threads
+        self.cache = cache
         self.schema = Schema.from_json(manifest.schema) if manifest.schema is not None else None
         self._decoder = Decoder(self.schema) if self.schema is not None else None
         self._arrow_schema = self.schema.arrow_schema() if self.schema is not None else None
@@ -114,11 +122,6 @@ class SnapshotReader:
             if position >= stop:
                 return
 
-    prefetch_bytes: int | None = None
-    """Bytes held ahead of the consumer while reading (None: sized from the machine's memory)."""
-    read_threads: int | None = None
-    """Threads loading, verifying and decompressing shards (None: the usable CPUs)."""
-
     def record_batches(self, shards: Sequence[ShardInfo] | None = None
                        ) -> Iterator[pa.RecordBatch]:
         """Record batches of ``shards`` (default: all, in manifest order), each shard verified
@@ -167,9 +170,6 @@ class SnapshotReader:
         if self._arrow_schema is not None and not reader.schema.equals(self._arrow_schema):
             raise CorruptSnapshotError(f"{where} does not have the manifest's schema")
         return reader
-
-    cache: ShardCache | None = None
-    """A local copy of remote shards (``snapshot(..., local_cache=DIR)``); unused on local disk."""
 
     def _cache_key(self, shard: ShardInfo) -> str:
         return f"{self.manifest.fingerprint}/{shard.path}"

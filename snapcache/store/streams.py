@@ -18,7 +18,7 @@ from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.lease import live_leases
-from snapcache.options import SnapshotOptions
+from snapcache.store.options import WriteOptions
 from snapcache.store.manifest import Manifest, ShardInfo, now_iso, writer_identity
 from snapcache.store.schema import Schema, merge_schemas
 
@@ -140,14 +140,15 @@ def stream_shards(manifest: Manifest, stream: int, streams: int) -> list[ShardIn
     return list(manifest.shards[start:start + counts[stream]])
 
 
-def commit_fields(options: SnapshotOptions, *, fingerprint: str, fingerprint_tree: dict | None,
-                  pipeline: str, run_id: str, created_at: str | None = None) -> dict:
+def commit_fields(write: WriteOptions, *, key: str | None, name: str | None, fingerprint: str,
+                  fingerprint_tree: dict | None, pipeline: str, run_id: str,
+                  created_at: str | None = None) -> dict:
     """The manifest fields, besides shards and schema, that whoever commits records: pass
     them to :func:`try_commit`."""
-    return dict(fingerprint=fingerprint, compression=options.compression,
+    return dict(fingerprint=fingerprint, compression=write.compression,
                 created_at=created_at or now_iso(), committed_at=now_iso(),
                 writer=writer_identity(run_id), fingerprint_tree=fingerprint_tree,
-                pipeline=pipeline, key=options.key, name=options.name)
+                pipeline=pipeline, key=key, name=name)
 
 
 def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: Any

@@ -17,7 +17,7 @@ import pyarrow as pa
 import xxhash
 
 from snapcache.errors import StoreError
-from snapcache.options import SnapshotOptions
+from snapcache.store.options import WriteOptions
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
@@ -75,7 +75,7 @@ class _HashingSink:
 class _ShardFile:
     """One shard being written: a temporary file that becomes final on :meth:`finish`."""
 
-    def __init__(self, storage: Storage, name: str, schema: pa.Schema, options: SnapshotOptions):
+    def __init__(self, storage: Storage, name: str, schema: pa.Schema, options: WriteOptions):
         self.storage, self.name = storage, name
         self.tmp = layout.tmp_name(name) if storage.local else name
         self.sink = _HashingSink(storage.open_output(self.tmp))
@@ -125,15 +125,17 @@ class SnapshotWriter:
     """
 
     def __init__(self, storage: Storage, *, fingerprint: str,
-                 options: SnapshotOptions | None = None, fingerprint_tree: dict | None = None,
+                 options: WriteOptions | None = None, fingerprint_tree: dict | None = None,
                  pipeline: str = "", stream: int = 0, streams: int = 1,
                  run_id: str | None = None, resume: StreamRecord | None = None,
-                 lease: WriteLease | None = None, max_pending_batches: int = 4):
+                 lease: WriteLease | None = None, max_pending_batches: int = 4,
+                 key: str | None = None, name: str | None = None):
         if not 0 <= stream < streams:
             raise ValueError(f"stream must be in [0, {streams}); got {stream}")
         self.storage = storage
         self.fingerprint = fingerprint
-        self.options = options or SnapshotOptions()
+        self.options = options or WriteOptions()
+        self._key, self._name = key, name  # recorded in the manifest
         self._tree, self._pipeline = fingerprint_tree, pipeline
         self._stream, self._streams, self._lease = stream, streams, lease
         self._run_id = run_id or layout.new_run_id()
@@ -196,7 +198,8 @@ class SnapshotWriter:
                 self._lease.check()
             write_marker(self.storage, record)
             manifest = try_commit(self.storage, self._streams, **commit_fields(
-                self.options, fingerprint=self.fingerprint, fingerprint_tree=self._tree,
+                self.options, key=self._key, name=self._name, fingerprint=self.fingerprint,
+                fingerprint_tree=self._tree,
                 pipeline=self._pipeline, run_id=self._run_id, created_at=self._created_at))
         except BaseException as e:
             self.abort()

@@ -130,11 +130,11 @@ READER = textwrap.dedent('''
     import snapcache as sc
     from admin_fixtures import expected_example
     from snapcache.errors import CorruptSnapshotError
-    from snapcache.store.reader import SnapshotReader
 
-    SnapshotReader.prefetch_bytes = {shard_size}  # read ahead little, so purge wins the race
+    # prefetch_bytes: read ahead little, so purge wins the race
     ds = sc.Dataset.range({n}).map(lambda i: expected_example(i, {width})).snapshot(
-        {root!r}, key="race", name="race", shard_size={shard_size})
+        {root!r}, key="race", name="race", shard_size={shard_size},
+        prefetch_bytes={shard_size})
     seen = 0
     try:
         for k, example in enumerate(ds):

@@ -7,8 +7,8 @@ import time
 import numpy as np
 
 import snapcache as sc
-from snapcache.runtime import autotune
-from snapcache.runtime.autotune import BufferTuner, ThreadTuner, available_cpus
+from snapcache.machine import available_cpus, memory_budget
+from snapcache.runtime.autotune import BufferTuner, ThreadTuner
 
 
 def test_available_cpus_is_positive_and_bounded():
@@ -72,7 +72,7 @@ def test_autotuned_prefetch_keeps_everything():
 
 
 def test_memory_budget_within_bounds():
-    assert 32 << 20 <= autotune.memory_budget() <= 256 << 20
+    assert 32 << 20 <= memory_budget() <= 256 << 20
 
 
 def test_stats_count_every_stage_and_the_consumer_wait():

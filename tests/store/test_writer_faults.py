@@ -13,7 +13,7 @@ from snapcache.store.fs import Storage
 from snapcache.store.reader import load_manifest
 from snapcache.store.writer import SnapshotWriter
 from snapcache.errors import StoreError
-from snapcache.options import SnapshotOptions
+from snapcache.store.options import WriteOptions
 
 FP = "0123456789abcdef0123456789abcdef"
 
@@ -42,7 +42,7 @@ def test_full_disk_raises_and_leaves_nothing(tmp_path, monkeypatch, budget):
     monkeypatch.setattr(Storage, "open_output",
                         lambda self, rel: FullDisk(real_open(self, rel), free))
     writer = SnapshotWriter(storage, fingerprint=FP,
-                            options=SnapshotOptions(shard_size=100_000, record_batch_size=20_000))
+                            options=WriteOptions(shard_size=100_000, record_batch_size=20_000))
     with pytest.raises(StoreError, match="No space left.*Nothing was committed"):
         for i in range(2000):
             writer.write({"x": np.random.default_rng(i).random(100)})

@@ -1,0 +1,213 @@
+"""What every op is: an immutable spec with declared traits, declared fingerprint fields, and a
+registered runner.
+
+An op never says what kind of op another one is: the rest of snapcache asks an op for its
+:class:`Traits` (is it element-wise, one-in-one-out, order-preserving, how it changes the
+length, ...) and derives every decision from them (stream splitting, resume, progress totals,
+TF element specs, Ray's per-stream check). A new op declares its traits next to its spec and
+every decision follows.
+
+Fingerprints follow the same rule, like HF datasets' ``fingerprint_transform(use_kwargs=...)``:
+each op class lists the fields that decide what it computes (``fingerprint_functions``,
+``fingerprint_args``) and the fields that only decide how (``not_fingerprinted``:
+``executor``, ``num_parallel_calls``, ...). ``tests/pipeline/test_ops_traits.py`` checks that
+every field of every op is declared one way or the other.
+
+Runners: ``RUNNERS`` maps an op type to ``run(op, epoch) -> Iterator``; each op module fills
+it with :func:`runs`. :func:`run` dispatches through it, :func:`upstream` runs an op's parent.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator
+
+from snapcache.fingerprint import FingerprintNode, hash_function, hash_value
+from snapcache.pipeline import streams
+from snapcache.runtime import stats
+
+LENGTH_RULES = ("keep", "rule", "unknown")
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What an op is, as far as the rest of snapcache needs to know.
+
+    - ``source``: it starts a pipeline (no parent).
+    - ``element_wise``: each output depends on one input alone, so running the pipeline as N
+      streams, each on its share of the source, yields the same examples as one run.
+    - ``one_to_one``: exactly one output per input.
+    - ``order_preserving``: outputs come in the order of their inputs (a
+      ``map(deterministic=False)`` is not).
+    - ``keeps_copy``: it stores what passes through (cache, snapshot); a pass over part of the
+      input would store a partial copy, so a resume cannot skip through it.
+    - ``seekable`` (sources): the source can start at any example (resume skips by count).
+    - ``length``: how the number of items changes: ``"keep"`` (same as upstream), ``"rule"``
+      (the op's :meth:`Op.length` computes it) or ``"unknown"``.
+    - ``structure_preserving``: the example structure (keys, dtypes, trailing shapes) is kept;
+      ``batch_dims`` leading dimensions are added (1 for batch).
+    - ``per_stream``: applied to each stream's share separately it produces something else
+      than applied once to everything (take keeps k per stream, batch and shard group the
+      shares).
+    - ``content``: it changes the examples, so it counts towards fingerprints (prefetch, cache
+      and snapshot do not).
+    """
+
+    source: bool = False
+    element_wise: bool = False
+    one_to_one: bool = False
+    order_preserving: bool = True
+    keeps_copy: bool = False
+    seekable: bool = False
+    length: str = "unknown"
+    structure_preserving: bool = False
+    batch_dims: int = 0
+    per_stream: bool = False
+    content: bool = True
+
+    def __post_init__(self) -> None:
+        if self.length not in LENGTH_RULES:
+            raise ValueError(f"Traits.length must be one of {LENGTH_RULES}; got {self.length!r}")
+
+
+def callable_name(fn: Any) -> str:
+    if isinstance(fn, functools.partial):
+        return f"partial({callable_name(fn.func)})"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else type(fn).__qualname__
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    parent: "Op | None"
+    kind: ClassVar[str] = "op"
+    TRAITS: ClassVar[Traits] = Traits()
+    fingerprint_functions: ClassVar[tuple[str, ...]] = ()
+    """Fields holding code that decides the output (hashed by :func:`hash_function`)."""
+    fingerprint_args: ClassVar[tuple[str, ...]] = ()
+    """Fields holding values that decide the output (hashed by :func:`hash_value`)."""
+    fingerprint_source: ClassVar[tuple[str, ...]] = ()
+    """Fields of a source hashed by its own rule (:meth:`fingerprint_children`)."""
+    not_fingerprinted: ClassVar[tuple[str, ...]] = ()
+    """Fields that decide how, not what (parallelism, executor, buffers, options)."""
+
+    @property
+    def traits(self) -> Traits:
+        """This op's traits; an op whose traits depend on its arguments overrides this."""
+        return self.TRAITS
+
+    @property
+    def content(self) -> bool:
+        return self.traits.content
+
+    @property
+    def function(self) -> Any:
+        """The user function this op applies, if any (for labels and randomness checks)."""
+        return None
+
+    def describe(self) -> str:
+        return self.kind
+
+    def length(self, upstream: int | None) -> int | None:
+        """Items one epoch yields given ``upstream`` items (None: not knowable without
+        running it). Sources receive None."""
+        if self.traits.length == "keep":
+            return upstream
+        return None
+
+    def randomness_problems(self) -> list[str]:
+        """Why this op's output may differ from run to run (frozen into a snapshot)."""
+        return []
+
+    def fingerprint_children(self, where: str) -> list[FingerprintNode]:
+        children = [hash_function(getattr(self, name), f"function `{callable_name(getattr(self, name))}`",
+                                  where=where) for name in self.fingerprint_functions]
+        children += [hash_value(getattr(self, name), f"argument `{name}`", where=where)
+                     for name in self.fingerprint_args]
+        return children
+
+    def memo(self, name: str, compute: Callable[[], Any]) -> Any:
+        """``compute()`` the first time, the same value afterwards (per op object): what a
+        pipeline object's fingerprint is taken with, once, at its first iteration."""
+        memos = self.__dict__.get("_memos")
+        if memos is None:
+            object.__setattr__(self, "_memos", {})
+            object.__setattr__(self, "_memo_lock", threading.Lock())
+            memos = self.__dict__["_memos"]
+        with self.__dict__["_memo_lock"]:
+            if name not in memos:
+                memos[name] = compute()
+            return memos[name]
+
+    def __getstate__(self) -> dict:
+        # Memos stay in this process: another process (a DataLoader worker, a Ray task on
+        # another node) takes its own fingerprint, so a difference there is seen, not hidden.
+        return {k: v for k, v in self.__dict__.items() if k not in ("_memos", "_memo_lock")}
+
+
+def lineage(op: Op) -> list[Op]:
+    """The ops from the source down to ``op``, in pipeline order."""
+    chain = []
+    node: Op | None = op
+    while node is not None:
+        chain.append(node)
+        node = node.parent
+    return chain[::-1]
+
+
+# -- runners -----------------------------------------------------------------------------------
+Runner = Callable[[Any, int], Iterator[Any]]
+RUNNERS: dict[type, Runner] = {}
+
+
+def runs(op_type: type) -> Callable[[Runner], Runner]:
+    """Register the decorated function as the runner of ``op_type``."""
+
+    def register(fn: Runner) -> Runner:
+        RUNNERS[op_type] = fn
+        return fn
+
+    return register
+
+
+def run(op: Op, epoch: int, stream: streams.StreamSpec | None = None) -> Iterator[Any]:
+    """A fresh iterator over one epoch of the pipeline ending at ``op``; with ``stream``,
+    only that stream's share of the examples (see :mod:`snapcache.pipeline.streams`)."""
+    runner = RUNNERS.get(type(op))
+    if runner is None:
+        raise TypeError(f"no runner is registered for {type(op).__name__}; its module must "
+                        "register one with @runs")
+    if stream is None:
+        return _instrument(op, runner(op, epoch))
+    token = streams.set_current(stream)
+    try:
+        return _instrument(op, runner(op, epoch))
+    finally:
+        streams.reset(token)
+
+
+def _instrument(op: Op, iterator: Iterator[Any]) -> Iterator[Any]:
+    """Count what passes through this stage when ``Dataset.stats()`` is collecting."""
+    recorder = stats.current.get()
+    if recorder is None:
+        return iterator
+    return recorder.wrap(len(lineage(op)) - 1, op.describe(), iterator)
+
+
+def upstream(op: Op, epoch: int) -> Iterator[Any]:
+    """A fresh iterator over ``op``'s parent for ``epoch``."""
+    if op.parent is None:
+        raise TypeError(f"{op.describe()} has no upstream")
+    return run(op.parent, epoch)
+
+
+def closing(source: Iterator[Any], body: Iterator[Any]) -> Iterator[Any]:
+    """Yield from ``body``; close ``source`` however this generator ends."""
+    try:
+        yield from body
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()

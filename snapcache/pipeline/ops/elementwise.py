@@ -1,0 +1,93 @@
+"""Element-wise transformations: ``map`` and ``filter``, with their runners."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Iterator
+
+from snapcache.fingerprint import detect_randomness
+from snapcache.machine import available_cpus
+from snapcache.options import AUTOTUNE, resolve_parallelism
+from snapcache.pipeline.ops.base import Op, Traits, callable_name, closing, runs, upstream
+from snapcache.runtime.autotune import ThreadTuner
+from snapcache.runtime.errors import annotate
+from snapcache.runtime.parallel import parallel_map
+from snapcache.runtime.process import process_map
+
+MAP_IN_ORDER = Traits(element_wise=True, one_to_one=True, length="keep")
+MAP_AS_COMPLETED = Traits(element_wise=True, one_to_one=True, order_preserving=False,
+                          length="keep")
+
+
+@dataclass(frozen=True, eq=False)
+class MapOp(Op):
+    fn: Callable[[Any], Any] = None  # type: ignore[assignment]
+    num_parallel_calls: int | None = None
+    deterministic: bool = True
+    executor: str = "thread"
+    kind: ClassVar[str] = "map"
+    fingerprint_functions: ClassVar = ("fn",)
+    not_fingerprinted: ClassVar = ("num_parallel_calls", "deterministic", "executor")
+
+    @property
+    def traits(self) -> Traits:
+        # deterministic=False yields results as they complete: the same examples, another order.
+        return MAP_IN_ORDER if self.deterministic else MAP_AS_COMPLETED
+
+    @property
+    def function(self) -> Any:
+        return self.fn
+
+    def describe(self) -> str:
+        return f"map `{callable_name(self.fn)}`"
+
+    def randomness_problems(self) -> list[str]:
+        return list(detect_randomness(self.fn))
+
+
+@runs(MapOp)
+def run_map(op: MapOp, epoch: int) -> Iterator[Any]:
+    source = upstream(op, epoch)
+    if op.executor == "process":
+        workers = available_cpus() if op.num_parallel_calls == AUTOTUNE else \
+            resolve_parallelism(op.num_parallel_calls, what="num_parallel_calls")
+        return closing(source, process_map(op.fn, source, workers=workers,
+                                           deterministic=op.deterministic, label=op.describe()))
+    tuner = ThreadTuner() if op.num_parallel_calls == AUTOTUNE else None
+    workers = resolve_parallelism(op.num_parallel_calls, what="num_parallel_calls")
+    return closing(source, parallel_map(op.fn, source, workers=workers, tuner=tuner,
+                                        deterministic=op.deterministic, label=op.describe()))
+
+
+@dataclass(frozen=True, eq=False)
+class FilterOp(Op):
+    predicate: Callable[[Any], bool] = None  # type: ignore[assignment]
+    kind: ClassVar[str] = "filter"
+    TRAITS: ClassVar = Traits(element_wise=True, structure_preserving=True)
+    fingerprint_functions: ClassVar = ("predicate",)
+
+    @property
+    def function(self) -> Any:
+        return self.predicate
+
+    def describe(self) -> str:
+        return f"filter `{callable_name(self.predicate)}`"
+
+    def randomness_problems(self) -> list[str]:
+        return list(detect_randomness(self.predicate))
+
+
+@runs(FilterOp)
+def run_filter(op: FilterOp, epoch: int) -> Iterator[Any]:
+    source = upstream(op, epoch)
+
+    def body() -> Iterator[Any]:
+        for index, item in enumerate(source):
+            try:
+                keep = op.predicate(item)
+            except Exception as e:
+                raise annotate(e, op.describe(), index)
+            if keep:
+                yield item
+
+    return closing(source, body())
