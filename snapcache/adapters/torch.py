@@ -84,13 +84,9 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
             yield to_tensors(example)
 
     def __getstate__(self) -> dict:
-        # DataLoader workers started with "spawn" pickle the dataset: send the op graph only
-        # (its functions must then be picklable, i.e. defined at module level).
-        from snapcache.pipeline.dataset import Dataset
-
-        state = dict(self.__dict__)
-        state["dataset"] = Dataset(self.dataset._op)
-        return state
+        # DataLoader workers started with "spawn" pickle the dataset: a Dataset pickles as its
+        # op graph only (its functions must then be picklable, i.e. defined at module level).
+        return dict(self.__dict__)
 
 
 def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = None
