@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from snapcache.fingerprint import register
 from snapcache.options import AUTOTUNE, SnapshotOptions, check_parallelism, default_root
-from snapcache.pipeline import ops, plan
+from snapcache.pipeline import ops, ordered, plan
 
 EXECUTORS = ("thread", "process")
 from snapcache.pipeline.explain import Explanation
@@ -276,8 +276,8 @@ class Dataset:
     def __iter__(self) -> Iterator[Any]:
         return self.iterate()
 
-    def iterate(self, epoch: int | None = None, *, stream: tuple[int, int] | None = None
-                ) -> Iterator[Any]:
+    def iterate(self, epoch: int | None = None, *, stream: tuple[int, int] | None = None,
+                state: dict | None = None) -> Iterator[Any]:
         """An iterator over one epoch. ``epoch`` picks the shuffle order of seeded shuffles;
         by default each call (and each ``for`` loop) is the next epoch.
 
@@ -285,9 +285,25 @@ class Dataset:
         consumers (data-loader workers, ranks): the ``count`` streams together see every
         example once, and while a snapshot is being written each stream writes its own
         shards; the last to finish commits it.
+
+        ``state`` (from ``iterator.state_dict()``) continues that iterator's epoch at its next
+        example, reading and computing nothing before it; with another ``stream`` than the
+        one that saved it, the rest of the epoch is shared out again (every remaining example
+        once, if all streams had consumed as much: lockstep training). Pipelines of the shape
+        ``snapshot -> map / filter / shuffle / batch / prefetch`` can be resumed.
         """
+        shape = ordered.match(self._op)
+        if state is not None:
+            ordered.check_state(state)
+            if shape is None:
+                raise ValueError(
+                    f"cannot resume {plan.describe_pipeline(self._op)}: only pipelines "
+                    "snapshot -> map / filter / shuffle / batch / prefetch can be resumed")
+            epoch = state["epoch"]
         if epoch is None:
             epoch = next(self._epochs)
+        elif state is not None:
+            self._epochs = itertools.count(epoch + 1)
         spec = None
         if stream is not None:
             index, count = stream
@@ -295,7 +311,10 @@ class Dataset:
         recorder = stats.Recorder(top=len(ops.lineage(self._op)) - 1)
         token = stats.current.set(recorder)
         try:
-            iterator = plan.iterate(self._op, epoch, spec)
+            iterator = ordered.iterate(shape, epoch, spec, state=state) \
+                if shape is not None else None
+            if iterator is None:
+                iterator = plan.iterate(self._op, epoch, spec)
         finally:
             stats.current.reset(token)
         self._recorder = recorder

@@ -1,51 +1,55 @@
 """The fast ways of reading a committed snapshot, and the progress of a writing epoch.
 
 Each op module registers its runner (see :mod:`snapcache.pipeline.ops`); this module registers,
-in place of the example-by-example ``batch`` and ``shuffle`` runners, ones that read a
-committed snapshot directly below them as whole Arrow columns (see
-:mod:`snapcache.store.batched_read`) and fall back to the generic runners otherwise.
+in place of the example-by-example ``batch`` and ``shuffle`` runners, ones that read this
+stream's share of a committed snapshot directly below them in the epoch's global order
+(:mod:`snapcache.store.order`) as whole Arrow columns (see :mod:`snapcache.store.batched_read`)
+and fall back to the generic runners otherwise.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Callable, Iterator
 
-from snapcache.pipeline import ops, plan, snapshot_exec, streams
+from snapcache.pipeline import ops, ordered, plan, snapshot_exec, streams
 from snapcache.pipeline.ops import batch as batch_op, shuffle as shuffle_op
 from snapcache.runtime.progress import DefaultDisplay, track
 from snapcache.runtime.shuffle import epoch_rng
 from snapcache.store import batched_read, layout
-from snapcache.store.fs import Storage
-from snapcache.store.reader import SnapshotReader, load_manifest
+from snapcache.store.order import EpochOrder
+from snapcache.store.ordered_read import layout_of, ordered_pieces
 
 
-def _open_committed(op: ops.SnapshotOp) -> SnapshotReader | None:
-    """A reader of ``op``'s snapshot if it is committed and this iterator reads all of it."""
-    if not streams.current().trivial:
-        return None  # a stream's share of a snapshot: the example-by-example path handles it
-    storage = Storage(op.path, op.options.storage_options).child(plan.snapshot_tree(op).digest)
-    manifest = load_manifest(storage)
-    if manifest is None:
-        return None
-    return snapshot_exec.open_reader(storage, manifest, op.options)
-
-
-def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch: int
-                  ) -> tuple[Iterator[dict], Any] | None:
-    """Column chunks of ``snapshot``, shuffled if asked, when it is committed and fixed-shape."""
-    reader = _open_committed(snapshot)
+def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch: int,
+                  unit: int = 1) -> tuple[Iterator[dict], Any] | None:
+    """This stream's share of ``snapshot`` in the epoch's global order, as column chunks, when
+    it is committed and fixed-shape (see :mod:`snapcache.pipeline.ordered`)."""
+    reader = ordered.committed_reader(snapshot)
     if reader is None or not batched_read.supports_batched(reader.schema):
         return None
-    rng = epoch_rng(shuffle.seed, epoch) if shuffle is not None else None
-    shards = batched_read.shard_order(reader.manifest.shards, rng)
+    spec = streams.current()
+    window = shuffle.buffer_size if shuffle is not None else 1
+    seed = shuffle.seed if shuffle is not None else None
+    local = shuffle is not None and seed is None and spec.count > 1
+    if shuffle is not None and seed is None and not local:
+        seed = secrets.randbits(63)
+    order = EpochOrder(layout_of(reader.manifest), None if local else seed, epoch, window)
+    share = ordered.read_share(reader.manifest, spec, shuffled=seed is not None, window=window,
+                               unit=unit)
 
     def chunks() -> Iterator[dict]:
-        with snapshot_exec.read_session(reader, layout.new_run_id(), snapshot.options.coordination.lease_ttl):
-            columns = batched_read.column_chunks(reader.record_batches(shards),
-                                                 reader._decoder)  # type: ignore[arg-type]
-            if shuffle is not None and shuffle.buffer_size > 1:
-                columns = batched_read.window_shuffle(columns, shuffle.buffer_size, rng)
-            yield from columns
+        with snapshot_exec.read_session(reader, layout.new_run_id(),
+                                        snapshot.options.coordination.lease_ttl):
+            pieces = ordered_pieces(reader, order, share.pieces(), mode="columns",
+                                    piece=max(1024, unit))
+            try:
+                columns = (c for _, _, c in pieces)
+                if local:  # unseeded, several streams: each shuffles its own share
+                    columns = batched_read.window_shuffle(columns, window, epoch_rng(None, epoch))
+                yield from columns
+            finally:
+                pieces.close()
 
     return chunks(), reader.schema
 
@@ -54,7 +58,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
 def run_batch(op: ops.BatchOp, epoch: int) -> Iterator[Any]:
     """``snapshot -> [shuffle] -> batch``: batches cut from whole columns; else the generic way."""
     below = ops.snapshot_below(op)
-    fast = _fast_columns(*below, epoch) if below is not None else None
+    fast = _fast_columns(*below, epoch, unit=op.batch_size) if below is not None else None
     if fast is None:
         return batch_op.run_batch(op, epoch)
     chunks, schema = fast
@@ -71,7 +75,7 @@ def run_batch(op: ops.BatchOp, epoch: int) -> Iterator[Any]:
 
 @ops.runs(ops.ShuffleOp)
 def run_shuffle(op: ops.ShuffleOp, epoch: int) -> Iterator[Any]:
-    """``snapshot -> shuffle``: shard order and window shuffled per epoch; else the generic way."""
+    """``snapshot -> shuffle``: the snapshot in the epoch's global order; else the generic way."""
     below = ops.snapshot_below(op)
     fast = _fast_columns(below[0], op, epoch) if below is not None and below[1] is None \
         else None

@@ -19,7 +19,9 @@ from snapcache.store.fs import Storage
 from snapcache.store.lease import ReadLease
 from snapcache.store.manifest import Manifest, now_iso
 from snapcache.store.reader import SnapshotReader, load_manifest
-from snapcache.store.streams import StreamRecord, commit_fields, stream_shards, try_commit
+from snapcache.store.order import EpochOrder
+from snapcache.store.ordered_read import layout_of, ordered_pieces
+from snapcache.store.streams import StreamRecord, commit_fields, try_commit
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -137,14 +139,15 @@ def _shard_cache(directory: str, limit: int) -> ShardCache:
 
 def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
           ) -> Iterator[Any]:
-    """This stream's share of a committed snapshot: the shards it wrote, if the snapshot was
-    written by as many streams, else a contiguous 1/count of the rows."""
+    """This stream's share of a committed snapshot: the rows it wrote, if the snapshot was
+    written by as many streams, else chunks of its rows round-robin across the streams."""
+    from snapcache.pipeline.ordered import read_share
+
     with read_session(reader, run_id, ttl):
-        own = stream_shards(reader.manifest, spec.index, spec.count) if spec.count > 1 else None
-        if own is not None:
-            yield from reader.examples(own)
-        else:
-            yield from reader.examples_range(*spec.row_range(reader.manifest.num_examples))
+        order = EpochOrder(layout_of(reader.manifest), None, 0)
+        share = read_share(reader.manifest, spec, shuffled=False)
+        for _, _, rows in ordered_pieces(reader, order, share.pieces(), mode="rows"):
+            yield from rows
 
 
 @contextlib.contextmanager

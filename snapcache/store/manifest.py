@@ -38,6 +38,13 @@ class ShardInfo:
     bytes: int         # size of the file
     checksum: str      # "xxh3_64:<16 hex>" over the whole file
     raw_bytes: int = 0 # uncompressed payload, for the compression ratio
+    batch_rows: tuple[int, ...] | None = None
+    """Rows of each record batch in the file, in order (None in snapshots written before it was
+    recorded): what lets a reader find a row's record batch without opening the shard."""
+
+    def __post_init__(self) -> None:
+        if self.batch_rows is not None and not isinstance(self.batch_rows, tuple):
+            object.__setattr__(self, "batch_rows", tuple(self.batch_rows))
 
 
 @dataclass(frozen=True)
@@ -161,5 +168,12 @@ def _shard(doc: Any, index: int, bad) -> ShardInfo:
     if algo != CHECKSUM_ALGORITHM or len(digest) != 16:
         raise bad(f"shard {path!r}: checksum {checksum!r} is not '{CHECKSUM_ALGORITHM}:<16 hex>'")
     raw = doc.get("raw_bytes", 0)
+    batch_rows = doc.get("batch_rows")
+    if batch_rows is not None and not (isinstance(batch_rows, list) and all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in batch_rows)):
+        raise bad(f"shard {path!r}: batch_rows must be a list of row counts")
+    if batch_rows is not None and sum(batch_rows) != doc["rows"]:
+        batch_rows = None  # the shard's own row count is checked when it is opened
     return ShardInfo(path=path, rows=doc["rows"], bytes=doc["bytes"], checksum=checksum,
-                     raw_bytes=raw if isinstance(raw, int) and raw >= 0 else 0)
+                     raw_bytes=raw if isinstance(raw, int) and raw >= 0 else 0,
+                     batch_rows=tuple(batch_rows) if batch_rows is not None else None)

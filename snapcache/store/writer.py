@@ -87,11 +87,13 @@ class _ShardFile:
             options=pa.ipc.IpcWriteOptions(compression=compression))
         self.rows = 0
         self.raw_bytes = 0
+        self.batch_rows: list[int] = []
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
         self.writer.write_batch(batch)
         self.rows += batch.num_rows
         self.raw_bytes += raw_bytes
+        self.batch_rows.append(batch.num_rows)
 
     def finish(self) -> ShardInfo:
         self.writer.close()
@@ -100,7 +102,7 @@ class _ShardFile:
             self.storage.rename(self.tmp, self.name)
         return ShardInfo(path=self.name, rows=self.rows, bytes=self.sink.size,
                          checksum=f"{CHECKSUM_ALGORITHM}:{self.sink.hash.hexdigest()}",
-                         raw_bytes=self.raw_bytes)
+                         raw_bytes=self.raw_bytes, batch_rows=tuple(self.batch_rows))
 
     def discard(self) -> None:
         try:

@@ -3,6 +3,7 @@ the first epoch writes one snapshot as cooperating streams; from_torch reads map
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import threading
@@ -94,11 +95,15 @@ def test_two_ranks_times_two_workers_partition_the_examples(root, with_snapshot)
     ds = ds.shuffle(8, seed=0)
     per_rank = []
     for epoch in range(2):  # with a snapshot: epoch 0 writes 4 streams, epoch 1 reads
-        per_rank = []
-        for rank in range(2):
+        def run_rank(rank, epoch=epoch):
             torch_ds = ds.to_torch(rank=rank, world_size=2)
             torch_ds.set_epoch(epoch)
-            per_rank.append(ids_of(DataLoader(torch_ds, batch_size=None, num_workers=2)))
+            return ids_of(DataLoader(torch_ds, batch_size=None, num_workers=2))
+
+        # The ranks run at once, as they do in a job: a seeded shuffle's writing epoch
+        # completes the snapshot (every stream's share) before yielding.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            per_rank = list(pool.map(run_rank, range(2)))
         assert not set(per_rank[0]) & set(per_rank[1])
         assert sorted(per_rank[0] + per_rank[1]) == list(range(N))
     if with_snapshot:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import snapcache as sc
-from snapcache.store import batched_read
+from snapcache.store import batched_read, ordered_read
 
 
 def image(i):
@@ -142,15 +142,15 @@ def test_prefetch_is_bounded_in_bytes(root, monkeypatch):
                                                       prefetch_bytes=16 << 10,
                                                       progress=False)
     list(snap)
-    reader_shards = []
-    original = batched_read.record_batches
+    budgets = []
+    original = ordered_read.read_budget
 
-    def spy(reader, shards, *, threads, budget):
-        reader_shards.append(budget)
-        return original(reader, shards, threads=threads, budget=budget)
-    monkeypatch.setattr(batched_read, "record_batches", spy)
+    def spy(threads, budget):
+        budgets.append(budget)
+        return original(threads, budget)
+    monkeypatch.setattr(ordered_read, "read_budget", spy)
     assert sum(len(b[1]) for b in snap.batch(100)) == 2000
-    assert reader_shards == [16 << 10]
+    assert budgets == [16 << 10]
 
 
 def test_record_batches_hold_at_most_the_budget_ahead(root):

@@ -1,0 +1,435 @@
+"""Epochs over a committed snapshot in the snapshot's global order, with a state to resume.
+
+A pipeline of the shape ``snapshot -> [map | filter | prefetch]* -> [shuffle] ->
+[map | filter | batch | prefetch]*`` is run here instead of op by op: the snapshot is read in
+epoch ``e``'s global order (:mod:`snapcache.store.order`; a seeded shuffle's ``(seed, e)``
+and ``buffer_size`` define it, the rows in order without a shuffle), each stream reads its
+share, and the element-wise ops below the shuffle run after the read (the same examples; the
+order is the defined one). Every example carries its position in the stream's share through
+the ops, so the iterator knows exactly how much of its share was consumed:
+:meth:`OrderedIterator.state_dict` is a few numbers, and ``Dataset.iterate(state=...)``
+starts at the next position without reading or computing anything before it.
+
+With a seeded shuffle the writing epoch first completes the snapshot (every stream writes its
+share without yielding, then waits for the commit) and then reads it like any later epoch, so
+the order is the same whether the run wrote the snapshot or read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import secrets
+import time
+from typing import Any, Callable, Iterator
+
+from snapcache.errors import LeaseTimeoutError
+from snapcache.pipeline import ops, streams
+from snapcache.runtime.batch import stack
+from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
+from snapcache.store import batched_read, layout
+from snapcache.store.fs import Storage
+from snapcache.store.order import EpochOrder, Share, ranges_length
+from snapcache.store.ordered_read import layout_of, ordered_pieces
+from snapcache.store.manifest import Manifest
+from snapcache.store.reader import SnapshotReader, load_manifest
+from snapcache.store.streams import stream_shards
+
+STATE_FORMAT = "snapcache-iterator"
+STATE_VERSION = 1
+
+
+
+def _element_wise(node: ops.Op) -> bool:
+    """Runs the same after the read as before it: element-wise and keeps no copy."""
+    t = node.traits
+    return t.element_wise and not t.keeps_copy and not t.source
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A pipeline this module runs: its snapshot, the element-wise ops before the shuffle,
+    the shuffle (if any) and the ops after it, each list from the bottom up."""
+
+    snapshot: ops.SnapshotOp
+    below: tuple[ops.Op, ...]
+    shuffle: ops.ShuffleOp | None
+    above: tuple[ops.Op, ...]
+
+    @property
+    def columnar(self) -> bool:
+        """No user function runs: batches can be cut from whole columns."""
+        return all(o.function is None for o in self.below + self.above)
+
+    @property
+    def unit(self) -> int:
+        """Positions per item of the first batch, when no filter comes before it."""
+        for node in self.below + self.above:
+            if isinstance(node, ops.BatchOp):
+                return node.batch_size
+            if not node.traits.one_to_one:  # a filter: items no longer map to positions
+                return 1
+        return 1
+
+    @property
+    def window(self) -> int:
+        return self.shuffle.buffer_size if self.shuffle is not None else 1
+
+
+def match(op: ops.Op) -> Shape | None:
+    """The shape of ``op``'s pipeline if this module can run it, else None."""
+    chain = []
+    node: ops.Op | None = op
+    while node is not None and not isinstance(node, ops.SnapshotOp):
+        chain.append(node)
+        node = node.parent
+    if node is None:
+        return None
+    chain.reverse()
+    shuffles = [i for i, n in enumerate(chain) if isinstance(n, ops.ShuffleOp)]
+    if len(shuffles) > 1:
+        return None
+    cut = shuffles[0] if shuffles else len(chain)
+    below, above = chain[:cut], chain[cut + 1:] if shuffles else []
+    if not shuffles:  # no shuffle: everything counts as "above"
+        below, above = [], chain
+    if not all(_element_wise(n) for n in below) or \
+            not all(_element_wise(n) or isinstance(n, ops.BatchOp) for n in above):
+        return None
+    return Shape(node, tuple(below), chain[cut] if shuffles else None, tuple(above))
+
+
+# -- the snapshot ----------------------------------------------------------------------------
+def _storage(snapshot: ops.SnapshotOp) -> Storage:
+    from snapcache.pipeline import plan  # plan imports this module's runner table user
+
+    return Storage(snapshot.path, snapshot.options.storage_options).child(
+        plan.snapshot_tree(snapshot).digest)
+
+
+def committed_reader(snapshot: ops.SnapshotOp) -> SnapshotReader | None:
+    """A reader of ``snapshot`` if it is committed."""
+    from snapcache.pipeline.snapshot_exec import open_reader
+
+    storage = _storage(snapshot)
+    manifest = load_manifest(storage)
+    if manifest is None:
+        return None
+    return open_reader(storage, manifest, snapshot.options)
+
+
+def build_then_open(snapshot: ops.SnapshotOp, epoch: int, spec: streams.StreamSpec
+                    ) -> SnapshotReader:
+    """Complete the snapshot: write this stream's share (yielding nothing), then wait for the
+    commit of every stream's share."""
+    from snapcache.pipeline import plan
+
+    source = plan.iterate(snapshot, epoch, spec)
+    try:
+        for _ in source:
+            pass
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+    timeout = snapshot.options.coordination.wait_timeout
+    start, delay = time.monotonic(), 0.02
+    while True:
+        reader = committed_reader(snapshot)
+        if reader is not None:
+            return reader
+        if timeout is not None and time.monotonic() - start > timeout:
+            raise LeaseTimeoutError(
+                f"snapshot {_storage(snapshot).url}: this stream wrote its share but the other "
+                f"streams did not commit within wait_timeout={timeout}s; are all workers and "
+                "ranks iterating the same epoch?")
+        time.sleep(delay)
+        delay = min(0.5, delay * 2)
+
+
+# -- the iterator ----------------------------------------------------------------------------
+class OrderedIterator:
+    """One stream's share of one epoch, in the global order; :meth:`state_dict` says where it
+    is. Made by ``Dataset.iterate`` for pipelines of the shape :func:`match` accepts."""
+
+    def __init__(self, items: Iterator[tuple[int, Any]], state: dict, resumable: str | None,
+                 on_close: Callable[[], None]):
+        self._items = items
+        self._state = state
+        self._consumed = state["consumed"]
+        self._why_not = resumable
+        self._on_close = on_close
+
+    def __iter__(self) -> "OrderedIterator":
+        return self
+
+    def __next__(self) -> Any:
+        position, value = next(self._items)
+        self._consumed = max(self._consumed, position)
+        return value
+
+    def state_dict(self) -> dict:
+        """Where this iterator is: JSON-serialisable, a few numbers; pass it to
+        ``Dataset.iterate(state=...)`` to continue at the next example."""
+        if self._why_not is not None:
+            raise ValueError(f"this iteration cannot be resumed exactly: {self._why_not}")
+        return {**self._state, "consumed": self._consumed}
+
+    def close(self) -> None:
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+        self._on_close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def check_state(state: Any) -> dict:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"not an iterator state (a dict from state_dict() with format "
+                         f"{STATE_FORMAT!r}); got {type(state).__name__}")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"iterator state version {state.get('version')!r} is not readable by "
+                         f"this snapcache (reads {STATE_VERSION})")
+    return state
+
+
+def resume_ranges(state: dict) -> list[list[int]]:
+    """What remains of the state's epoch for the whole job, assuming every stream consumed
+    as much as the state's (lockstep), or ``state["consumed_by_stream"]`` when given."""
+    share = _share_of_state(state)
+    consumed = state.get("consumed_by_stream") or [state["consumed"]] * share.streams
+    return [list(r) for r in share.remaining([min(c, share.count(k))
+                                              for k, c in enumerate(consumed)])]
+
+
+def _share_of_state(state: dict) -> Share:
+    bounds = state.get("bounds")
+    return Share(tuple(tuple(r) for r in state["ranges"]), state["streams"], state["stream"],
+                 state["chunk"], state["unit"], state.get("balance"),
+                 tuple(bounds) if bounds is not None else None)
+
+
+def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, window: int = 1,
+               unit: int = 1, balance: str | None = None) -> Share:
+    """Stream ``spec``'s share of a fresh epoch. Shuffled: chunks of the epoch's order,
+    round-robin. In order: one contiguous part per stream (whole units but the last's),
+    and when the snapshot was written by as many streams, the rows each wrote: in one epoch
+    some streams may still replay their own shards while others read the committed one."""
+    total = manifest.num_examples
+    if shuffled or spec.count == 1 or balance is not None:
+        return Share.of([(0, total)], spec.count, spec.index, window=window, unit=unit,
+                        balance=balance)
+    own = [stream_shards(manifest, k, spec.count) for k in range(spec.count)]
+    if all(o is not None for o in own):
+        bounds = [0]
+        for shards in own:
+            bounds.append(bounds[-1] + sum(s.rows for s in shards))  # type: ignore[union-attr]
+    else:
+        units = total // unit
+        bounds = [unit * (units * k // spec.count) for k in range(spec.count)] + [total]
+    return Share(((0, total),), spec.count, spec.index, unit=unit,
+                 chunk=max(unit, total // unit * unit), bounds=tuple(bounds))
+
+
+def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
+            state: dict | None = None, balance: str | None = None) -> OrderedIterator | None:
+    """Run ``shape`` for one epoch (or the rest of ``state``'s); None when the snapshot is
+    not committed and nothing requires the global order (the writing epoch then streams)."""
+    spec = spec or streams.StreamSpec()
+    snapshot, shuffle = shape.snapshot, shape.shuffle
+    seed = shuffle.seed if shuffle is not None else None
+    if state is not None:
+        check_state(state)
+        epoch, seed = state["epoch"], state["seed"]
+    reader = committed_reader(snapshot)
+    if reader is None:
+        if state is None and (shuffle is None or shuffle.seed is None):
+            return None
+        reader = build_then_open(snapshot, epoch, spec)
+    fingerprint = reader.manifest.fingerprint
+    why_not = None
+    local_shuffle = False
+    if shuffle is not None and seed is None:
+        if spec.count == 1:
+            seed = secrets.randbits(63)  # drawn once; recorded in the state
+        else:
+            local_shuffle = True
+            why_not = ("an unseeded shuffle read by several streams is shuffled by each "
+                       "stream on its own; give the shuffle a seed")
+    for node in shape.below + shape.above:
+        if not node.traits.order_preserving:
+            why_not = (f"{node.describe()} does not keep the order (deterministic=False): no "
+                       "prefix of its outputs is known to be consumed")
+    order = EpochOrder(layout_of(reader.manifest), None if local_shuffle else seed, epoch,
+                       shape.window)
+    total = len(order)
+    if state is not None:
+        if state["snapshot"] != fingerprint:
+            raise ValueError(
+                f"the iterator state belongs to snapshot {state['snapshot'][:12]}, but this "
+                f"pipeline reads snapshot {fingerprint[:12]} (a different upstream or data); "
+                "resume with the pipeline that saved the state, or start a fresh epoch")
+        if state["num_examples"] != total or state["window"] != shape.window or \
+                state["unit"] != shape.unit:
+            raise ValueError(
+                "the iterator state was saved by a pipeline with another shuffle buffer or "
+                "batch size (or for another snapshot size); resume with the same pipeline")
+        same = state["streams"] == spec.count and state.get("balance") == balance
+        if same:  # each stream continues its own share (lockstep: as far as the state's)
+            share = dataclasses.replace(_share_of_state(state), index=spec.index)
+            by_stream = state.get("consumed_by_stream")
+            skip = by_stream[spec.index] if by_stream else state["consumed"]
+        else:
+            share = Share.of(resume_ranges(state), spec.count, spec.index,
+                             window=shape.window, unit=shape.unit, balance=balance)
+            skip = 0
+    else:
+        share = read_share(reader.manifest, spec, shuffled=seed is not None and not local_shuffle,
+                           window=shape.window, unit=shape.unit, balance=balance)
+        skip = 0
+    record = {"format": STATE_FORMAT, "version": STATE_VERSION, "snapshot": fingerprint,
+              "num_examples": total, "epoch": epoch, "seed": seed, "window": shape.window,
+              "ranges": [list(r) for r in share.ranges], "streams": share.streams,
+              "stream": share.index, "chunk": share.chunk, "unit": share.unit,
+              "balance": share.balance, "consumed": skip,
+              "bounds": list(share.bounds) if share.bounds is not None else None}
+    session = _session(reader, snapshot.options.coordination.lease_ttl)
+    session.__enter__()
+    items = _items(shape, reader, order, share, skip, epoch, local_shuffle, seed)
+    closed = []
+
+    def on_close() -> None:
+        if not closed:
+            closed.append(True)
+            session.__exit__(None, None, None)
+
+    return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close)
+
+
+def _session(reader: SnapshotReader, ttl: float):
+    from snapcache.pipeline.snapshot_exec import read_session
+
+    return read_session(reader, layout.new_run_id(), ttl)
+
+
+def _closing_items(items: Iterator[tuple[int, Any]], on_close: Callable[[], None]
+                   ) -> Iterator[tuple[int, Any]]:
+    try:
+        yield from items
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+        on_close()
+
+
+def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share, skip: int,
+           epoch: int, local_shuffle: bool, seed: int | None) -> Iterator[tuple[int, Any]]:
+    """(position after the item in the share, item) pairs."""
+    from snapcache.pipeline import plan
+
+    columnar = shape.columnar and batched_read.supports_batched(reader.schema)
+    pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
+                            else "rows", piece=max(1024, shape.unit))
+    if columnar:
+        return _columnar(shape, reader, pieces, skip, local_shuffle)
+    tagged = _tag(pieces, skip)
+    if local_shuffle:
+        tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
+    source = ops.IterableSource(parent=None, items=_Once(tagged))
+    top: ops.Op = source
+    for node in shape.below + shape.above:
+        top = _tagged_op(node, top)
+    return plan.iterate(top, epoch, streams.StreamSpec())
+
+
+def _tag(pieces: Iterator[tuple[int, int, list]], skip: int) -> Iterator[tuple[int, Any]]:
+    position = skip
+    for a, b, rows in pieces:
+        for row in rows:
+            position += 1
+            yield position, row
+
+
+def _columnar(shape: Shape, reader: SnapshotReader, pieces, skip: int, local_shuffle: bool
+              ) -> Iterator[tuple[int, Any]]:
+    schema = reader.schema
+    chunks = (columns for _, _, columns in pieces)
+    if local_shuffle:
+        chunks = batched_read.window_shuffle(chunks, shape.window, epoch_rng(None, 0))
+    batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
+    position = skip
+    try:
+        if batch is None:
+            for columns in chunks:
+                for row in batched_read.rows_of(columns, schema):
+                    position += 1
+                    yield position, row
+            return
+        for columns in batched_read.cut_batches(chunks, batch.batch_size, batch.drop_remainder):
+            position += len(next(iter(columns.values())))
+            yield position, batched_read.as_structure(columns, schema)
+    finally:
+        pieces.close()
+
+
+class _Once:
+    """An iterator that a one-off source op can iterate (once)."""
+
+    def __init__(self, iterator: Iterator[Any]):
+        self._iterator = iterator
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iterator
+
+
+def _map_value(fn: Callable[[Any], Any], item: tuple[int, Any]) -> tuple[int, Any]:
+    return item[0], fn(item[1])
+
+
+def _keep_value(predicate: Callable[[Any], bool], item: tuple[int, Any]) -> bool:
+    return predicate(item[1])
+
+
+def _tagged_op(node: ops.Op, parent: ops.Op) -> ops.Op:
+    """``node`` rebuilt over ``parent`` so that it passes (position, value) pairs."""
+    if isinstance(node, ops.MapOp):
+        return dataclasses.replace(node, parent=parent, fn=functools.partial(_map_value, node.fn))
+    if isinstance(node, ops.FilterOp):
+        return dataclasses.replace(node, parent=parent,
+                                   predicate=functools.partial(_keep_value, node.predicate))
+    if isinstance(node, ops.BatchOp):
+        return TaggedBatch(parent=parent, batch_size=node.batch_size,
+                           drop_remainder=node.drop_remainder)
+    return dataclasses.replace(node, parent=parent)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggedBatch(ops.BatchOp):
+    """``batch`` over (position, value) pairs: each batch carries its last position."""
+
+
+@ops.runs(TaggedBatch)
+def run_tagged_batch(op: TaggedBatch, epoch: int) -> Iterator[Any]:
+    source = ops.upstream(op, epoch)
+
+    def body() -> Iterator[tuple[int, Any]]:
+        chunk: list[tuple[int, Any]] = []
+        for item in source:
+            chunk.append(item)
+            if len(chunk) == op.batch_size:
+                yield chunk[-1][0], stack([v for _, v in chunk])
+                chunk = []
+        if chunk and not op.drop_remainder:
+            yield chunk[-1][0], stack([v for _, v in chunk])
+
+    return ops.closing(source, body())
+
+
+def total_positions(state: dict) -> int:
+    return ranges_length(state["ranges"])

@@ -1,0 +1,286 @@
+"""Reading a committed snapshot in a given order (:mod:`snapcache.store.order`), and reading
+single rows of it (random access).
+
+A reader decodes *blocks* (a record batch of a shard, see :class:`~snapcache.store.order.Layout`)
+on background threads, ahead of the consumer, and gathers the rows of each piece of positions
+from them: as whole numpy columns (``mode="columns"``, for snapshots whose tensors have one
+shape, see :func:`~snapcache.store.batched_read.supports_batched`) or as examples
+(``mode="rows"``). Each shard is verified (size, checksum, rows, schema) before any of its rows
+is used, as every read path does.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from snapcache.errors import CorruptSnapshotError
+from snapcache.store.batched_read import read_budget
+from snapcache.store.manifest import Manifest
+from snapcache.store.order import EpochOrder, Layout
+
+if TYPE_CHECKING:
+    from snapcache.store.reader import SnapshotReader
+
+
+def layout_of(manifest: Manifest) -> Layout:
+    """The blocks of a committed snapshot (its record batches when the manifest lists them)."""
+    return Layout.from_shards([s.rows for s in manifest.shards],
+                              [s.batch_rows for s in manifest.shards])
+
+
+class _Shards:
+    """Opened (verified) shards of one reader, shared by decoding threads; the least recently
+    used are closed when more than ``budget`` bytes are open."""
+
+    def __init__(self, reader: "SnapshotReader", budget: int):
+        self.reader, self.budget = reader, budget
+        self._open: collections.OrderedDict[int, tuple[Any, list[int]]] = \
+            collections.OrderedDict()
+        self._locks: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
+        self._lock = threading.Lock()
+
+    def get(self, index: int) -> tuple[Any, list[int]]:
+        """(file reader, first row of each record batch) of shard ``index``."""
+        with self._lock:
+            lock = self._locks[index]
+        with lock:
+            with self._lock:
+                if index in self._open:
+                    self._open.move_to_end(index)
+                    return self._open[index]
+            shard = self.reader.manifest.shards[index]
+            file_reader = self.reader.open_shard(shard)
+            where = f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r}"
+            count = file_reader.num_record_batches
+            if shard.batch_rows is not None:
+                if count != len(shard.batch_rows):
+                    raise CorruptSnapshotError(
+                        f"{where} has {count} record batches, the manifest lists "
+                        f"{len(shard.batch_rows)}. Delete the snapshot folder "
+                        f"({self.reader.storage.url}) to rebuild it")
+                sizes = list(shard.batch_rows)
+            else:  # older snapshots: learn the record batches' sizes by decoding them once
+                sizes = [file_reader.get_batch(i).num_rows for i in range(count)]
+            starts = [0]
+            for size in sizes:
+                starts.append(starts[-1] + size)
+            with self._lock:
+                self._open[index] = (file_reader, starts)
+                self._trim(keep=index)
+            return file_reader, starts
+
+    def _trim(self, keep: int) -> None:
+        shards = self.reader.manifest.shards
+        total = sum(shards[i].bytes for i in self._open)
+        for i in list(self._open):
+            if total <= self.budget:
+                break
+            if i != keep:
+                del self._open[i]
+                self.reader.forget(shards[i])
+                total -= shards[i].bytes
+
+
+class BlockDecoder:
+    """Decodes one block of a snapshot at a time into columns or examples."""
+
+    def __init__(self, reader: "SnapshotReader", layout: Layout, mode: str, shard_budget: int):
+        if mode not in ("columns", "rows"):
+            raise ValueError(f"mode must be 'columns' or 'rows'; got {mode!r}")
+        self.reader, self.layout, self.mode = reader, layout, mode
+        self.shards = _Shards(reader, shard_budget)
+
+    def estimate(self, block: int) -> int:
+        """Decoded bytes of ``block`` (from the manifest's raw sizes)."""
+        shard = self.reader.manifest.shards[int(self.layout.shard[block])]
+        return max(1, (shard.raw_bytes or shard.bytes) * int(self.layout.rows[block])
+                   // max(1, shard.rows))
+
+    def decode(self, block: int) -> Any:
+        layout = self.layout
+        index = int(layout.shard[block])
+        file_reader, starts = self.shards.get(index)
+        batch_index, rows = int(layout.batch[block]), int(layout.rows[block])
+        if batch_index >= 0:
+            first = starts[batch_index] + int(layout.offset[block])
+        else:
+            first = int(layout.offset[block])
+        pieces = []
+        j = max(0, np.searchsorted(starts, first, side="right") - 1)
+        while rows > sum(p.num_rows for p in pieces):
+            batch = file_reader.get_batch(j)
+            if batch.num_rows != starts[j + 1] - starts[j]:
+                shard = self.reader.manifest.shards[index]
+                raise CorruptSnapshotError(
+                    f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r} "
+                    f"record batch {j} has {batch.num_rows} rows, the manifest says "
+                    f"{starts[j + 1] - starts[j]}. Delete the snapshot folder "
+                    f"({self.reader.storage.url}) to rebuild it")
+            lo = max(0, first - starts[j])
+            hi = min(batch.num_rows, first + rows - starts[j])
+            pieces.append(batch.slice(lo, hi - lo) if (lo, hi) != (0, batch.num_rows)
+                          else batch)
+            j += 1
+        batch = pieces[0] if len(pieces) == 1 else pa.Table.from_batches(
+            pieces).combine_chunks().to_batches()[0]
+        decoder = self.reader._decoder
+        assert decoder is not None
+        if self.mode == "rows":
+            return list(decoder.rows(batch))
+        columns = decoder.columns(batch)
+        for name, column in columns.items():
+            if isinstance(column, list):
+                array = np.empty(len(column), dtype=object)
+                array[:] = column
+                columns[name] = array
+        return columns
+
+
+def gather(decoded: dict[int, Any], blocks: np.ndarray, offsets: np.ndarray, mode: str) -> Any:
+    """The rows (``blocks[i]``, ``offsets[i]``) from decoded blocks: columns or a list."""
+    if mode == "rows":
+        return [decoded[b][o] for b, o in zip(blocks.tolist(), offsets.tolist())]
+    first = decoded[int(blocks[0])]
+    if len(decoded) == 1 or (blocks == blocks[0]).all():
+        start = int(offsets[0])
+        if np.array_equal(offsets, np.arange(start, start + len(offsets))):  # a view
+            return {name: column[start:start + len(offsets)] for name, column in first.items()}
+        return {name: column.take(offsets, axis=0) for name, column in first.items()}
+    out = {name: np.empty((len(blocks), *column.shape[1:]), dtype=column.dtype)
+           for name, column in first.items()}
+    sort = np.argsort(blocks, kind="stable")
+    sorted_blocks = blocks[sort]
+    cuts = np.flatnonzero(np.diff(sorted_blocks)) + 1
+    for where in np.split(sort, cuts):
+        block = decoded[int(blocks[where[0]])]
+        rows = offsets[where]
+        for name, column in block.items():
+            out[name][where] = column[rows]
+    return out
+
+
+def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
+                   ranges: Iterable[tuple[int, int]], *, mode: str, piece: int = 1024,
+                   threads: int | None = None, budget: int | None = None
+                   ) -> Iterator[tuple[int, int, Any]]:
+    """``(start, stop, rows)`` for the positions of ``ranges`` in order, at most ``piece``
+    positions (and never more than one shuffle window) at a time; ``rows`` are columns or a
+    list of examples. Blocks load, verify and decode on ``threads`` threads ahead of the
+    consumer, holding at most about ``budget`` bytes (half open shards, half decoded blocks).
+    """
+    threads, budget = read_budget(threads or reader.read_threads,
+                                  budget or reader.prefetch_bytes)
+    decoder = BlockDecoder(reader, order.layout, mode, shard_budget=max(1, budget // 2))
+    def split() -> Iterator[tuple[int, int]]:
+        for a, b in ranges:
+            while a < b:
+                # without a window, a piece is (part of) one block: sliced, not copied
+                stop = min(b, order.boundary(a), a + piece if order.window > 1 else b)
+                yield a, stop
+                a = stop
+
+    todo = split()
+    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="snapcache-read")
+    planned: collections.deque[tuple[int, int, np.ndarray, np.ndarray, list[int]]] = \
+        collections.deque()
+    futures: dict[int, Future] = {}
+    last_use: dict[int, int] = {}
+    held = 0
+    serial = 0
+    try:
+        while True:
+            while not planned or (held < budget // 2 and len(planned) < 4 * max(1, threads)):
+                nxt = next(todo, None)
+                if nxt is None:
+                    break
+                a, b = nxt
+                blocks, offsets = order.locate(a, b)
+                unique = np.unique(blocks).tolist()
+                for block in unique:
+                    if block not in futures:
+                        futures[block] = pool.submit(decoder.decode, block)
+                        held += decoder.estimate(block)
+                    last_use[block] = serial
+                planned.append((a, b, blocks, offsets, unique))
+                serial += 1
+            if not planned:
+                return
+            a, b, blocks, offsets, unique = planned.popleft()
+            done = serial - len(planned) - 1
+            decoded = {block: futures[block].result() for block in unique}
+            for block in unique:
+                if last_use[block] == done:
+                    del futures[block], last_use[block]
+                    held -= decoder.estimate(block)
+            yield a, b, gather(decoded, blocks, offsets, mode)
+    finally:
+        for future in futures.values():
+            future.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+class RowAccess:
+    """Random access to the rows of a committed snapshot: a row costs one record batch's
+    decode (the first row of a shard also loads and verifies that shard, which is then kept
+    open, least recently used first out, within ``budget`` bytes).
+
+    Example::
+
+        rows = RowAccess(SnapshotReader.open(storage))
+        rows[17], rows.take([3, 1, 4])
+    """
+
+    def __init__(self, reader: "SnapshotReader", *, budget: int | None = None,
+                 cached_blocks: int = 8):
+        _, budget = read_budget(1, budget or reader.prefetch_bytes)
+        self.reader = reader
+        self.layout = layout_of(reader.manifest)
+        self._decoder = BlockDecoder(reader, self.layout, "rows", shard_budget=budget // 2)
+        self._blocks: collections.OrderedDict[int, list] = collections.OrderedDict()
+        self._cached = max(1, cached_blocks)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self.layout.num_rows
+
+    def _index(self, i: Any) -> int:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"a snapshot is indexed by int; got {type(i).__name__}")
+        n = len(self)
+        j = int(i) + n if i < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"index {i} out of range for a snapshot of {n} examples")
+        return j
+
+    def _block(self, block: int) -> list:
+        with self._lock:
+            if block in self._blocks:
+                self._blocks.move_to_end(block)
+                return self._blocks[block]
+        rows = self._decoder.decode(block)
+        with self._lock:
+            self._blocks[block] = rows
+            while len(self._blocks) > self._cached:
+                self._blocks.popitem(last=False)
+        return rows
+
+    def __getitem__(self, i: Any) -> Any:
+        row = self._index(i)
+        block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
+        return self._block(block)[row - int(self.layout.start[block])]
+
+    def take(self, indices: Sequence[int]) -> list:
+        """The examples at ``indices``, in that order; each block read once."""
+        rows = np.asarray([self._index(i) for i in indices], dtype=np.int64)
+        if not len(rows):
+            return []
+        blocks = np.searchsorted(self.layout.start, rows, side="right") - 1
+        offsets = rows - self.layout.start[blocks]
+        decoded = {b: self._block(b) for b in np.unique(blocks).tolist()}
+        return [decoded[b][o] for b, o in zip(blocks.tolist(), offsets.tolist())]

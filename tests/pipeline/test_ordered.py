@@ -1,0 +1,193 @@
+"""Epochs over a snapshot in its global order: the run that writes the snapshot and the runs
+that read it give the same order for the same (seed, epoch, streams); an iterator's state
+resumes its epoch at exactly the next example, computing nothing before it; a state saved by
+one stream of a lockstep job resumes the whole job with any number of streams, every
+remaining example once."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import snapcache as sc
+
+
+def example(i):
+    return {"id": i, "x": np.full((2,), i, np.float32)}
+
+
+def ids(items):
+    out = []
+    for item in items:
+        value = item["id"] if isinstance(item, dict) else item
+        out.extend(np.asarray(value).reshape(-1).tolist())
+    return out
+
+
+def pipeline(root, n=300, **kw):
+    return sc.Dataset.range(n).map(example).snapshot(root, shard_size=kw.pop("shard_size", 2048),
+                                                     progress=False, **kw)
+
+
+def run_streams(ds, epoch, count, **kw):
+    """Every stream of ``count`` at once (threads), as workers and ranks run."""
+    results = [None] * count
+    errors = []
+
+    def run(k):
+        try:
+            results[k] = ids(ds.iterate(epoch, stream=(k, count), **kw))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("streams", [1, 2, 3])
+@pytest.mark.parametrize("tail", ["shuffle", "shuffle-batch", "map-shuffle-batch"])
+def test_the_writing_run_and_reading_runs_give_the_same_order(tmp_path, streams, tail):
+    def build(root):
+        ds = pipeline(root)
+        if tail == "map-shuffle-batch":
+            ds = ds.map(lambda e: {"id": e["id"], "y": e["x"] * 2})
+        ds = ds.shuffle(64, seed=5)
+        return ds.batch(16) if "batch" in tail else ds
+
+    written = run_streams(build(str(tmp_path / "a")), 3, streams)   # writes the snapshot
+    read = run_streams(build(str(tmp_path / "a")), 3, streams)      # reads it
+    assert written == read
+    assert sorted(sum(read, [])) == list(range(300))
+    other = run_streams(build(str(tmp_path / "b")), 3, streams)     # another writer, same order
+    assert other == read
+    if streams == 1:
+        assert read[0] != list(range(300))
+
+
+def test_streams_are_not_correlated_and_rotate_between_epochs(root):
+    ds = pipeline(root, n=2000).shuffle(100, seed=1)
+    list(ds.iterate(0))
+    e0 = run_streams(ds, 0, 2)
+    e1 = run_streams(ds, 1, 2)
+    diff = np.array(e0[1][:500]) - np.array(e0[0][:500])
+    assert len(set(diff.tolist())) > 100
+    assert set(e0[0]) != set(e1[0])
+
+
+def test_unshuffled_reads_share_the_rows_in_order(root):
+    ds = pipeline(root)
+    list(ds)
+    shares = run_streams(ds, 0, 3)
+    assert sorted(sum(shares, [])) == list(range(300))
+    for share in shares:
+        assert share == sorted(share)
+
+
+SHAPES = {
+    "shuffle": lambda ds: ds.shuffle(50, seed=3),
+    "shuffle-batch": lambda ds: ds.shuffle(50, seed=3).batch(8),
+    "map-filter-shuffle-batch-prefetch": lambda ds: ds.map(
+        lambda e: {"id": e["id"], "y": e["x"] + 1}, num_parallel_calls=2).filter(
+        lambda e: e["id"] % 3 != 0).shuffle(40, seed=2).batch(7).prefetch(2),
+    "batch": lambda ds: ds.batch(10),
+    "map": lambda ds: ds.map(lambda e: e["id"] * 2),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("stop", [0, 1, 5, 17])
+def test_state_resumes_at_exactly_the_next_example(root, shape, stop):
+    ds = SHAPES[shape](pipeline(root))
+    list(ds.iterate(0))  # the snapshot exists
+    full = list(ds.iterate(4))
+    it = ds.iterate(4)
+    head = [next(it) for _ in range(min(stop, len(full)))]
+    state = it.state_dict()
+    json.dumps(state)
+    assert len(json.dumps(state)) < 600
+    rest = list(ds.iterate(state=json.loads(json.dumps(state))))
+    assert ids(head + rest) == ids(full)
+
+
+def test_resume_computes_nothing_before_the_state(root):
+    seen = []
+    base = pipeline(root)
+    list(base)
+
+    def spy(e):
+        seen.append(e["id"])
+        return e
+
+    ds = base.map(spy).shuffle(30, seed=1)
+    it = ds.iterate(0)
+    first = [next(it)["id"] for _ in range(100)]
+    state = it.state_dict()
+    it.close()
+    seen.clear()
+    rest = [e["id"] for e in ds.iterate(state=state)]
+    assert sorted(seen) == sorted(rest) and not set(seen) & set(first)
+    assert sorted(first + rest) == list(range(300))
+
+
+@pytest.mark.parametrize("streams,new_streams", [(2, 3), (4, 1), (3, 2), (1, 4), (2, 2)])
+@pytest.mark.parametrize("stop", [0, 3, 11])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_lockstep_state_resumes_the_whole_job_elastically(root, streams, new_streams, stop,
+                                                            batch):
+    ds = pipeline(root, n=250).shuffle(20, seed=9)
+    if batch > 1:
+        ds = ds.batch(batch)
+    list(ds.iterate(0))
+    seen = []
+    states = []
+    for k in range(streams):  # lockstep: every stream consumes `stop` items
+        it = ds.iterate(2, stream=(k, streams))
+        for _ in range(stop):
+            try:
+                seen.extend(ids([next(it)]))
+            except StopIteration:
+                break
+        states.append(it.state_dict())
+    state = states[0]  # rank 0's state resumes everyone
+    rest = run_streams(ds, None, new_streams, state=state)
+    flat = sum(rest, [])
+    assert len(flat) == len(set(flat))
+    assert sorted(flat + seen) == list(range(250))
+
+
+def test_a_state_names_its_snapshot(tmp_path):
+    a = pipeline(str(tmp_path / "a")).shuffle(10, seed=1)
+    b = sc.Dataset.range(300).map(lambda i: {"id": i + 1, "x": np.zeros(2, np.float32)}
+                                  ).snapshot(str(tmp_path / "b"), progress=False
+                                             ).shuffle(10, seed=1)
+    list(a)
+    list(b)
+    it = a.iterate(0)
+    next(it)
+    state = it.state_dict()
+    with pytest.raises(ValueError, match="belongs to snapshot"):
+        list(b.iterate(state=state))
+    with pytest.raises(ValueError, match="not an iterator state"):
+        list(a.iterate(state={"consumed": 3}))
+    with pytest.raises(ValueError, match="cannot resume"):
+        a.take(3).iterate(state=state)
+
+
+def test_unseeded_shuffles_resume_with_the_drawn_seed(root):
+    ds = pipeline(root).shuffle(30)
+    list(ds)
+    it = ds.iterate(1)
+    head = [next(it)["id"] for _ in range(40)]
+    state = it.state_dict()
+    rest = [e["id"] for e in ds.iterate(state=state)]
+    assert sorted(head + rest) == list(range(300))
+    assert head + rest != list(range(300))

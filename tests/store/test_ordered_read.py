@@ -1,0 +1,111 @@
+"""Ordered reads and random access of a committed snapshot give exactly the rows the order
+names, as columns or examples, from every record batch layout; a manifest whose record
+batches disagree with the shard is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import snapcache as sc
+from snapcache.store.fs import Storage
+from snapcache.store.order import EpochOrder, Layout, Share
+from snapcache.store.ordered_read import RowAccess, layout_of, ordered_pieces
+from snapcache.store.reader import SnapshotReader
+from tests.equality import assert_same_example
+
+
+def example(i):
+    return {"x": np.full((3,), i, np.int32), "i": i, "s": f"s{i}"}
+
+
+def ragged(i):
+    return {"x": np.arange(i % 5, dtype=np.int16), "i": i}
+
+
+def build(root, make, n=500, compression="zstd", **kw):
+    ds = sc.Dataset.range(n).map(make).snapshot(root, compression=compression,
+                                                  shard_size=kw.get("shard_size", 6000),
+                                                  progress=False)
+    list(ds)
+    (fp,) = [d for d in os.listdir(root) if len(d) == 32]
+    return SnapshotReader.open(Storage(root).child(fp)), ds
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("seed,window", [(None, 1), (0, 1), (3, 64), (5, 1000)])
+def test_ordered_pieces_give_the_rows_of_the_order(root, compression, seed, window):
+    reader, _ = build(root, example, compression=compression)
+    layout = layout_of(reader.manifest)
+    assert len(layout.rows) > 3 and (layout.batch >= 0).all()
+    order = EpochOrder(layout, seed, 2, window)
+    for streams in (1, 3):
+        seen = []
+        for k in range(streams):
+            share = Share.of([(0, len(order))], streams, k, window=window)
+            for mode in ("columns", "rows"):
+                got = []
+                for a, b, rows in ordered_pieces(reader, order, share.pieces(), mode=mode,
+                                                 piece=37, threads=2, budget=1 << 20):
+                    ids = rows["i"].tolist() if mode == "columns" else [r["i"] for r in rows]
+                    assert len(ids) == b - a
+                    assert ids == order.rows(a, b).tolist()
+                    if mode == "rows":
+                        assert_same_example(example(ids[0]), rows[0])
+                    got.extend(ids)
+            seen.extend(got)
+        assert sorted(seen) == list(range(500))
+
+
+def test_ragged_snapshots_read_as_examples(root):
+    reader, _ = build(root, ragged)
+    order = EpochOrder(layout_of(reader.manifest), 1, 0, 50)
+    out = [r for _, _, rows in ordered_pieces(reader, order, [(0, 500)], mode="rows")
+           for r in rows]
+    assert [r["i"] for r in out] == order.rows(0, 500).tolist()
+    for r in out[:20]:
+        assert_same_example(ragged(r["i"]), r)
+
+
+def test_older_manifests_without_record_batches_still_read(root):
+    reader, _ = build(root, example)
+    doc = json.loads(reader.storage.read_bytes("manifest.json"))
+    for s in doc["shards"]:
+        del s["batch_rows"]
+    reader.storage.write_atomic("manifest.json", json.dumps(doc).encode())
+    old = SnapshotReader.open(reader.storage)
+    layout = layout_of(old.manifest)
+    assert (layout.batch == -1).all()
+    order = EpochOrder(layout, 4, 1, 30)
+    ids = [i for _, _, rows in ordered_pieces(old, order, [(0, 500)], mode="columns")
+           for i in rows["i"].tolist()]
+    assert ids == order.rows(0, 500).tolist()
+    access = RowAccess(old)
+    assert [access[i]["i"] for i in (0, 499, 250)] == [0, 499, 250]
+
+
+def test_random_access(root):
+    reader, _ = build(root, example)
+    access = RowAccess(reader, cached_blocks=2)
+    assert len(access) == 500
+    for i in [0, 1, 499, 137, -1, 250]:
+        assert_same_example(example(i % 500), access[i])
+    assert [e["i"] for e in access.take([5, 400, 5, 3])] == [5, 400, 5, 3]
+    with pytest.raises(IndexError, match="out of range"):
+        access[500]
+    with pytest.raises(TypeError):
+        access["a"]
+
+
+def test_record_batches_that_disagree_with_the_manifest_are_refused(root):
+    reader, _ = build(root, example)
+    doc = json.loads(reader.storage.read_bytes("manifest.json"))
+    rows = doc["shards"][0]["batch_rows"]
+    assert len(rows) >= 2
+    doc["shards"][0]["batch_rows"] = [rows[0] + rows[1]] + rows[2:]
+    reader.storage.write_atomic("manifest.json", json.dumps(doc).encode())
+    with pytest.raises(sc.CorruptSnapshotError, match="record batches"):
+        RowAccess(SnapshotReader.open(reader.storage))[0]
