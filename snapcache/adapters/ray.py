@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from snapcache.errors import FingerprintMismatchError, StoreError
-from snapcache.pipeline import ops, plan
+from snapcache.pipeline import ops, plan, queries
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
@@ -86,7 +86,7 @@ class BuildResult:
 
 
 def _snapshot_op(ds: "Dataset") -> ops.SnapshotOp:
-    snap = plan.last_snapshot(ds._op)
+    snap = queries.last_snapshot(ds)
     if snap is None:
         raise ValueError("snapcache.ray.build needs a pipeline with a .snapshot(path); add "
                          "one after the expensive steps, e.g. ds.map(f).snapshot('s3://b/snaps')")
@@ -252,7 +252,7 @@ def __getattr__(name: str) -> Any:
 def _snapshot_folder(source: "str | Dataset", storage_options: dict | None) -> tuple[str, dict]:
     if isinstance(source, str) or hasattr(source, "__fspath__"):
         return os.fspath(source), dict(storage_options or {})
-    snap = plan.last_snapshot(source._op)
+    snap = queries.last_snapshot(source)
     if snap is None:
         raise ValueError("snapcache.ray.read needs a snapshot folder or a Dataset with a "
                          ".snapshot(path)")

@@ -23,10 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from snapcache.adapters._imports import require
-from snapcache.pipeline import ops, plan
-from snapcache.pipeline.runners import known_length
-from snapcache.store.fs import Storage
-from snapcache.store.reader import load_manifest
+from snapcache.pipeline import queries
 from snapcache.store.schema import Schema
 
 def to_tf(dataset: Any, *, element_spec: Any = None) -> Any:
@@ -37,7 +34,7 @@ def to_tf(dataset: Any, *, element_spec: Any = None) -> Any:
         yield from dataset.iterate()
 
     tf_dataset = tf.data.Dataset.from_generator(generate, output_signature=spec)
-    length = known_length(dataset._op)
+    length = queries.known_length(dataset)
     if length is not None:  # lets Keras show progress and know where an epoch ends
         tf_dataset = tf_dataset.apply(tf.data.experimental.assert_cardinality(length))
     return tf_dataset
@@ -46,37 +43,18 @@ def to_tf(dataset: Any, *, element_spec: Any = None) -> Any:
 def infer_element_spec(dataset: Any) -> Any:
     """The ``tf.TypeSpec`` structure of the pipeline's elements (see the module docstring)."""
     tf = require("tensorflow", "ds.to_tf()")
-    op = dataset._op
-    snap = plan.last_snapshot(op)
-    if snap is not None:
-        tail = ops.lineage(op)[len(ops.lineage(snap)):]
-        if all(node.traits.structure_preserving for node in tail):
-            schema = _committed_schema(dataset, snap)
-            if schema is not None:
-                batch_dims = sum(node.traits.batch_dims for node in tail)
-                return spec_from_schema(tf, schema, batch_dims)
+    structure = queries.snapshot_structure(dataset)
+    if structure is not None:
+        schema, batch_dims = structure
+        return spec_from_schema(tf, schema, batch_dims)
     first = next(iter(dataset.iterate(epoch=0)), _EMPTY)
     if first is _EMPTY:
         raise ValueError("ds.to_tf(): the dataset is empty, so its element_spec cannot be "
                          "inferred; pass to_tf(element_spec=...)")
-    batched = any(node.traits.batch_dims for node in ops.lineage(op))
-    return spec_from_value(tf, first, batched)
+    return spec_from_value(tf, first, queries.batch_dims(dataset) > 0)
 
 
 _EMPTY = object()
-
-
-def _committed_schema(dataset: Any, snap: ops.SnapshotOp) -> Schema | None:
-    storage = Storage(snap.path, snap.options.storage_options).child(
-        plan.snapshot_tree(snap).digest)
-    manifest = load_manifest(storage)
-    if manifest is None:  # build it: the work of the first epoch, done once
-        for _ in type(dataset)(snap).iterate(epoch=0):
-            pass
-        manifest = load_manifest(storage)
-    if manifest is None or manifest.schema is None:  # computed without writing, or empty
-        return None
-    return Schema.from_json(manifest.schema)
 
 
 def spec_from_schema(tf: Any, schema: Schema, batch_dims: int = 0) -> Any:

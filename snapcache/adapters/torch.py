@@ -133,12 +133,9 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         self._loaded = state if state.get("iterator") is not None else None
 
     def __getstate__(self) -> dict:
-        # DataLoader workers started with "spawn" pickle the dataset: send the op graph only
-        # (its functions must then be picklable, i.e. defined at module level).
-        from snapcache.pipeline.dataset import Dataset
-
+        # DataLoader workers started with "spawn" pickle the dataset: a Dataset pickles as its
+        # op graph only (its functions must then be picklable, i.e. defined at module level).
         state = dict(self.__dict__)
-        state["dataset"] = Dataset(self.dataset._op)
         state["_iterator"] = None  # a running iteration stays in its process
         return state
 

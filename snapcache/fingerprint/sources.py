@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import operator
-import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import xxhash
@@ -80,18 +79,12 @@ def file_node(url: str, identity: Mapping[str, Any]) -> FingerprintNode:
     return leaf(f"file `{url}`", "file", h.digest(), _file_summary(identity))
 
 
-def hash_files_source(urls: Sequence[str | os.PathLike], *, strict: bool = False,
-                      storage_options: dict | None = None) -> FingerprintNode:
-    """Files by identity: path as given, size and mtime (ETag on object stores), in order.
-
-    ``strict=True`` adds a hash of each file's content.
-    """
-    from snapcache.store.fs import file_identity  # I/O lives in store/
-
-    files = []
-    for url in urls:
-        url = os.fspath(url)
-        files.append(file_node(url, file_identity(url, strict, storage_options)))
+def hash_files_source(identities: Sequence[Mapping[str, Any]], *, strict: bool = False
+                      ) -> FingerprintNode:
+    """Files by identity, in order: each a mapping with the path as given, size and mtime
+    (ETag on object stores), and with ``strict=True`` a hash of the content, as
+    :func:`snapcache.store.fs.file_identity` returns them. Pure: the caller does the I/O."""
+    files = [file_node(str(identity["path"]), identity) for identity in identities]
     noun = "file" if len(files) == 1 else "files"
     return node("source", "source:files", b"strict" if strict else b"", files,
                 f"{len(files)} {noun}")

@@ -63,6 +63,11 @@ class Dataset:
     def _then(self, op_type: type, **params: Any) -> "Dataset":
         return Dataset(op_type(parent=self._op, **params))
 
+    def __reduce__(self) -> tuple:
+        # Pickled (to DataLoader workers, Ray tasks) as its op graph only: no epoch counter,
+        # no statistics; the receiving process takes its own fingerprint.
+        return (Dataset, (self._op,))
+
     def __repr__(self) -> str:
         return f"<snapcache.Dataset {plan.describe_pipeline(self._op)}>"
 

@@ -104,13 +104,18 @@ def test_sources_wrapped_in_a_source_op_like_the_pipeline_does(tmp_path):
     from snapcache.fingerprint.sources import (hash_files_source, hash_generator_source,
                                                hash_iterable_source)
 
+    from snapcache.store.fs import file_identity
+
+    def files_node(paths):
+        return hash_files_source([file_identity(p) for p in paths])
+
     def wrapped(node):
         return pipeline_root([combine("source", [node], kind="op:source", summary="source")])
     paths = []
     for name in "abcd":
         (tmp_path / name).write_bytes(b"x")
         paths.append(str(tmp_path / name))
-    assert diff_trees(wrapped(hash_files_source(paths[:2])), wrapped(hash_files_source(paths))) \
+    assert diff_trees(wrapped(files_node(paths[:2])), wrapped(files_node(paths))) \
         == ["source: 2 files added"]
     assert diff_trees(wrapped(hash_iterable_source([1, 2], label="items")),
                       wrapped(hash_iterable_source([1, 2, 3], label="items"))) == [

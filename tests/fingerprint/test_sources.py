@@ -12,6 +12,13 @@ from snapcache.errors import FingerprintError
 from snapcache.fingerprint.explain import diff_trees
 from snapcache.fingerprint.sources import (hash_files_source, hash_generator_source,
                                            hash_iterable_source, hash_range_source)
+from snapcache.store.fs import file_identity
+
+
+def files_node(paths, strict=False):
+    """Fingerprinting is pure: the identities are read first (as the pipeline does)."""
+    return hash_files_source([file_identity(os.fspath(p), strict) for p in paths],
+                             strict=strict)
 
 
 def test_iterable_source_by_content_and_order():
@@ -82,41 +89,41 @@ def files(tmp_path):
 
 
 def test_files_source_by_identity(files):
-    node = hash_files_source(files)
+    node = files_node(files)
     assert node.label == "source" and node.summary == "3 files"
     assert [c.label for c in node.children] == [f"file `{p}`" for p in files]
     assert node.children[0].summary.startswith("3 bytes, modified ")
-    assert hash_files_source(files).digest == node.digest
-    assert hash_files_source(list(reversed(files))).digest != node.digest
-    assert hash_files_source(files[:2]).digest != node.digest
+    assert files_node(files).digest == node.digest
+    assert files_node(list(reversed(files))).digest != node.digest
+    assert files_node(files[:2]).digest != node.digest
 
 
 def test_files_source_explains_changes(files, tmp_path):
-    old = hash_files_source(files)
+    old = files_node(files)
     extra = []
     for name in ("d.jpg", "e.jpg", "f.jpg"):
         (tmp_path / name).write_bytes(b"x")
         extra.append(str(tmp_path / name))
-    assert diff_trees(old, hash_files_source(files + extra)) == ["source: 3 files added"]
-    assert diff_trees(old, hash_files_source(files[:2])) == ["source: 1 file removed"]
+    assert diff_trees(old, files_node(files + extra)) == ["source: 3 files added"]
+    assert diff_trees(old, files_node(files[:2])) == ["source: 1 file removed"]
     with open(files[0], "ab") as f:
         f.write(b"more")
-    [line] = diff_trees(old, hash_files_source(files))
+    [line] = diff_trees(old, files_node(files))
     assert line.startswith(f"source: file `{files[0]}` changed (3 bytes, modified ")
     assert " -> 7 bytes, modified " in line
 
 
 def test_strict_mode_sees_content_behind_same_size_and_mtime(files):
     st = os.stat(files[1])
-    loose, strict = hash_files_source(files), hash_files_source(files, strict=True)
+    loose, strict = files_node(files), files_node(files, strict=True)
     with open(files[1], "r+b") as f:
         f.write(b"XXXX")
     os.utime(files[1], ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert hash_files_source(files).digest == loose.digest
-    assert hash_files_source(files, strict=True).digest != strict.digest
+    assert files_node(files).digest == loose.digest
+    assert files_node(files, strict=True).digest != strict.digest
 
 
 def test_files_source_accepts_path_objects(files):
     import pathlib
-    assert hash_files_source([pathlib.Path(p) for p in files]).digest == \
-        hash_files_source(files).digest
+    assert files_node([pathlib.Path(p) for p in files]).digest == \
+        files_node(files).digest

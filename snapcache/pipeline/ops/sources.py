@@ -17,6 +17,13 @@ from snapcache.fingerprint import sources as source_fp
 from snapcache.pipeline import streams
 from snapcache.pipeline.ops.base import Op, Traits, callable_name, runs
 from snapcache.store import parquet
+from snapcache.store.fs import file_identity
+
+def file_identities(urls: Any, strict: bool, storage_options: dict) -> list[dict]:
+    """What fingerprints a list of files (path, size, mtime or ETag; content if ``strict``):
+    read here, in the pipeline, so that fingerprinting stays pure."""
+    return [file_identity(str(url), strict, storage_options) for url in urls]
+
 
 SEEKABLE = Traits(source=True, seekable=True, length="rule")
 """A source that can start at any example and whose length is known up front."""
@@ -118,8 +125,8 @@ class FilesSource(Op):
         return len(self.urls)
 
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
-        return [source_fp.hash_files_source(self.urls, strict=self.strict,
-                                            storage_options=self.storage_options)]
+        return [source_fp.hash_files_source(
+            file_identities(self.urls, self.strict, self.storage_options), strict=self.strict)]
 
 
 @runs(FilesSource)
@@ -142,7 +149,8 @@ class ParquetSource(Op):
         return f"from_parquet({len(self.urls)} files)"
 
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
-        return [source_fp.hash_files_source(self.urls, storage_options=self.storage_options),
+        return [source_fp.hash_files_source(
+                    file_identities(self.urls, False, self.storage_options)),
                 hash_value(self.columns, "argument `columns`", where=where)]
 
 

@@ -1,0 +1,61 @@
+"""What the faces (adapters, CLI) may ask about a pipeline without reading its ops
+(``Dataset._op`` stays inside ``pipeline/``): how many items an epoch yields, its last
+snapshot, and the structure of its elements as recorded by that snapshot.
+
+Derived from the ops' traits (``length``, ``structure_preserving``, ``batch_dims``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from snapcache.pipeline import ops, plan
+from snapcache.store.fs import Storage
+from snapcache.store.reader import load_manifest
+from snapcache.store.schema import Schema
+
+
+def known_length(dataset: Any) -> int | None:
+    """Items one epoch of ``dataset`` yields, when knowable without running it."""
+    return ops.known_length(dataset._op)
+
+
+def last_snapshot(dataset: Any) -> ops.SnapshotOp | None:
+    """The last ``.snapshot()`` of the pipeline, if any."""
+    return plan.last_snapshot(dataset._op)
+
+
+def batch_dims(dataset: Any) -> int:
+    """Leading batch dimensions the pipeline adds to its examples (one per ``batch``)."""
+    return sum(node.traits.batch_dims for node in ops.lineage(dataset._op))
+
+
+def snapshot_structure(dataset: Any) -> tuple[Schema, int] | None:
+    """The schema of the pipeline's last snapshot and the batch dimensions added after it,
+    when only structure-preserving ops follow the snapshot; building the snapshot first if it
+    is not committed yet (the first epoch's work, done once). None when the pipeline has no
+    snapshot, when ops after it change the structure, or when nothing was written."""
+    op = dataset._op
+    snap = plan.last_snapshot(op)
+    if snap is None:
+        return None
+    tail = ops.lineage(op)[len(ops.lineage(snap)):]
+    if not all(node.traits.structure_preserving for node in tail):
+        return None
+    schema = _committed_schema(type(dataset), snap)
+    if schema is None:
+        return None
+    return schema, sum(node.traits.batch_dims for node in tail)
+
+
+def _committed_schema(dataset_type: type, snap: ops.SnapshotOp) -> Schema | None:
+    storage = Storage(snap.path, snap.options.storage_options).child(
+        plan.snapshot_tree(snap).digest)
+    manifest = load_manifest(storage)
+    if manifest is None:  # build it: the work of the first epoch, done once
+        for _ in dataset_type(snap).iterate(epoch=0):
+            pass
+        manifest = load_manifest(storage)
+    if manifest is None or manifest.schema is None:  # computed without writing, or empty
+        return None
+    return Schema.from_json(manifest.schema)
