@@ -22,6 +22,7 @@ import numpy as np
 
 from snapcache.adapters._imports import require
 from snapcache.options import distributed_env
+from snapcache.pipeline import queries
 
 try:
     import torch
@@ -92,6 +93,7 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
 def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = None
              ) -> TorchDataset:
     require("torch", "ds.to_torch()")
+    queries.take_fingerprints(dataset)  # once, here: workers forked each epoch inherit it
     return TorchDataset(dataset, rank=rank, world_size=world_size)
 
 
