@@ -42,10 +42,17 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
             loader.dataset.set_epoch(epoch)
             for batch in loader:
                 ...
+
+    It is *stateful* in the sense of ``torchdata.stateful_dataloader``: a
+    ``StatefulDataLoader``'s ``state_dict()`` / ``load_state_dict()`` resume the epoch at
+    exactly the next example, in every worker, for pipelines of the shape
+    ``snapshot -> map / filter / shuffle / batch / prefetch``. To resume with another number
+    of workers or ranks, pass ``state=job_state(loader.state_dict())`` to ``to_torch``.
     """
 
     def __init__(self, dataset: Any, *, rank: int | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, drop_remainder: bool = False,
+                 pad: bool = False, state: dict | None = None) -> None:
         if (rank is None) != (world_size is None):
             raise ValueError("pass both rank and world_size, or neither (then they come from "
                              "torch.distributed or the RANK/WORLD_SIZE environment variables)")
@@ -53,10 +60,17 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
                                            isinstance(rank, int) and 0 <= rank < world_size):
             raise ValueError(f"rank must be in [0, world_size) with world_size >= 1; got "
                              f"rank={rank!r}, world_size={world_size!r}")
+        if drop_remainder and pad:
+            raise ValueError("pass drop_remainder=True or pad=True, not both")
         self.dataset = dataset
         self.rank = rank
         self.world_size = world_size
-        self.epoch = 0
+        self.epoch = state["epoch"] if state is not None else 0
+        self.balance = "drop" if drop_remainder else "pad" if pad else None
+        self._resume = state        # where the whole job resumes (job_state), once
+        self._loaded: dict | None = None   # this worker's state from load_state_dict
+        self._iterator: Any = None
+        self._yielded = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s shuffle order from the next iteration on (call it before each epoch,
@@ -81,20 +95,92 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         return distributed_env()
 
     def __iter__(self) -> Iterator[Any]:
-        for example in self.dataset.iterate(epoch=self.epoch, stream=self.stream()):
-            yield to_tensors(example)
+        loaded, self._loaded = self._loaded, None
+        state = loaded["iterator"] if loaded is not None else self._resume
+        self._resume = None
+        iterator = self.dataset.iterate(epoch=self.epoch, stream=self.stream(), state=state,
+                                        balance=self.balance)
+        self._iterator, self._yielded = iterator, 0
+        try:
+            for example in iterator:
+                self._yielded += 1
+                yield to_tensors(example)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+
+    def state_dict(self) -> dict:
+        """This worker's place in the epoch (``StatefulDataLoader`` calls it in each worker)."""
+        state = None
+        get = getattr(self._iterator, "state_dict", None)
+        if get is not None:
+            try:
+                state = get()
+            except ValueError:  # not resumable: load_state_dict says why if it is used
+                state = None
+        return {"epoch": self.epoch, "iterator": state, "yielded": self._yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at ``state`` (from :meth:`state_dict`) on the next iteration."""
+        if not isinstance(state, dict) or "epoch" not in state:
+            raise ValueError(f"not a to_torch() worker state: {state!r}")
+        if state.get("iterator") is None and state.get("yielded"):
+            raise ValueError(
+                "this loader's state cannot be resumed exactly: the pipeline is not of the "
+                "shape snapshot -> map / filter / shuffle(seed=...) / batch / prefetch, or the "
+                "snapshot was being written")
+        self.epoch = state["epoch"]
+        self._loaded = state if state.get("iterator") is not None else None
 
     def __getstate__(self) -> dict:
         # DataLoader workers started with "spawn" pickle the dataset: a Dataset pickles as its
         # op graph only (its functions must then be picklable, i.e. defined at module level).
-        return dict(self.__dict__)
+        state = dict(self.__dict__)
+        state["_iterator"] = None  # a running iteration stays in its process
+        return state
 
 
-def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = None
+def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = None,
+             drop_remainder: bool = False, pad: bool = False, state: dict | None = None
              ) -> TorchDataset:
     require("torch", "ds.to_torch()")
     queries.take_fingerprints(dataset)  # once, here: workers forked each epoch inherit it
-    return TorchDataset(dataset, rank=rank, world_size=world_size)
+    return TorchDataset(dataset, rank=rank, world_size=world_size,
+                        drop_remainder=drop_remainder, pad=pad, state=state)
+
+
+def job_state(loader_state: dict) -> dict | None:
+    """The rest of the epoch, for the whole job, from rank 0's ``StatefulDataLoader``
+    ``state_dict()``: assuming every rank consumed as much as rank 0 (lockstep training, as
+    with DDP), a job with any number of ranks and workers resumed with
+    ``ds.to_torch(state=job_state(saved))`` sees each remaining example once. None if the
+    epoch had not started.
+    """
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is None:  # num_workers=0: the dataset's own state
+        workers = [loader_state.get("dataset_state")]
+    else:
+        by_key = snapshot["_worker_snapshots"]
+        workers = [by_key[k].get("dataset_state") for k in sorted(
+            by_key, key=lambda k: int(k.rsplit("_", 1)[-1]))]
+    states = [w.get("iterator") if isinstance(w, dict) else None for w in workers]
+    known = [s for s in states if s is not None]
+    if not known:
+        if any(isinstance(w, dict) and w.get("yielded") for w in workers):
+            raise ValueError("this loader's state cannot be resumed: its pipeline is not "
+                             "resumable (see TorchDataset.load_state_dict)")
+        return None
+    per_rank = len(workers)
+    streams = known[0]["streams"]
+    if streams % per_rank:
+        raise ValueError(f"the loader has {per_rank} workers but its epoch is shared by "
+                         f"{streams} streams: not a to_torch() loader state")
+    consumed = [s["consumed"] if s is not None else 0 for s in states]
+    job = dict(known[0])
+    job["consumed_by_stream"] = consumed * (streams // per_rank)  # lockstep: every rank alike
+    job["consumed"] = 0
+    return job
 
 
 def to_tensors(value: Any) -> Any:

@@ -277,7 +277,7 @@ class Dataset:
         return self.iterate()
 
     def iterate(self, epoch: int | None = None, *, stream: tuple[int, int] | None = None,
-                state: dict | None = None) -> Iterator[Any]:
+                state: dict | None = None, balance: str | None = None) -> Iterator[Any]:
         """An iterator over one epoch. ``epoch`` picks the shuffle order of seeded shuffles;
         by default each call (and each ``for`` loop) is the next epoch.
 
@@ -291,8 +291,16 @@ class Dataset:
         one that saved it, the rest of the epoch is shared out again (every remaining example
         once, if all streams had consumed as much: lockstep training). Pipelines of the shape
         ``snapshot -> map / filter / shuffle / batch / prefetch`` can be resumed.
+
+        ``balance="drop"`` or ``"pad"`` (same pipelines) gives every stream the same number of
+        examples, as DDP needs: the remainder is dropped, or filled with the epoch's first
+        examples again.
         """
         shape = ordered.match(self._op)
+        if balance is not None and shape is None:
+            raise ValueError(
+                f"balance={balance!r} needs a pipeline snapshot -> map / filter / shuffle / "
+                f"batch / prefetch; got {plan.describe_pipeline(self._op)}")
         if state is not None:
             ordered.check_state(state)
             if shape is None:
@@ -311,7 +319,7 @@ class Dataset:
         recorder = stats.Recorder(top=len(ops.lineage(self._op)) - 1)
         token = stats.current.set(recorder)
         try:
-            iterator = ordered.iterate(shape, epoch, spec, state=state) \
+            iterator = ordered.iterate(shape, epoch, spec, state=state, balance=balance) \
                 if shape is not None else None
             if iterator is None:
                 iterator = plan.iterate(self._op, epoch, spec)
@@ -321,16 +329,24 @@ class Dataset:
         return iterator
 
     # -- frameworks ----------------------------------------------------------------------------
-    def to_torch(self, *, rank: int | None = None, world_size: int | None = None) -> Any:
+    def to_torch(self, *, rank: int | None = None, world_size: int | None = None,
+                 drop_remainder: bool = False, pad: bool = False,
+                 state: dict | None = None) -> Any:
         """A ``torch.utils.data.IterableDataset`` for a ``DataLoader`` with any number of
         workers and ranks: each example of an epoch is delivered once across all of them.
         Call ``set_epoch(n)`` on it before each epoch to reshuffle. See docs/guide.md::
 
             loader = DataLoader(ds.batch(64).to_torch(), batch_size=None, num_workers=4)
+
+        With ``torchdata``'s ``StatefulDataLoader`` its ``state_dict()`` resumes exactly.
+        ``drop_remainder=True`` / ``pad=True`` give every rank the same number of examples
+        (DDP); ``state=snapcache.adapters.torch.job_state(saved)`` resumes a saved epoch with
+        another number of ranks or workers.
         """
         from snapcache.adapters.torch import to_torch
 
-        return to_torch(self, rank=rank, world_size=world_size)
+        return to_torch(self, rank=rank, world_size=world_size, drop_remainder=drop_remainder,
+                        pad=pad, state=state)
 
     def to_tf(self, *, element_spec: Any = None) -> Any:
         """A ``tf.data.Dataset`` of the examples; its ``element_spec`` comes from the

@@ -239,7 +239,8 @@ def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, 
 def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
             state: dict | None = None, balance: str | None = None) -> OrderedIterator | None:
     """Run ``shape`` for one epoch (or the rest of ``state``'s); None when the snapshot is
-    not committed and nothing requires the global order (the writing epoch then streams)."""
+    not committed and nothing requires the global order or balanced shares (the writing
+    epoch then streams)."""
     spec = spec or streams.StreamSpec()
     snapshot, shuffle = shape.snapshot, shape.shuffle
     seed = shuffle.seed if shuffle is not None else None
@@ -248,8 +249,8 @@ def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
         epoch, seed = state["epoch"], state["seed"]
     reader = committed_reader(snapshot)
     if reader is None:
-        if state is None and (shuffle is None or shuffle.seed is None):
-            return None
+        if state is None and balance is None and (shuffle is None or shuffle.seed is None):
+            return None  # the writing epoch streams the examples as they are computed
         reader = build_then_open(snapshot, epoch, spec)
     fingerprint = reader.manifest.fingerprint
     why_not = None

@@ -3,9 +3,10 @@ the first epoch writes one snapshot as cooperating streams; from_torch reads map
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
+import subprocess
+import sys
 import threading
 import warnings
 
@@ -87,6 +88,26 @@ def test_set_epoch_reshuffles_the_order_but_not_the_set(root):
     assert orders[1] == orders[2]                         # same epoch, same order
 
 
+RANK_CHILD = """
+import json
+import numpy as np
+import snapcache as sc
+from torch.utils.data import DataLoader
+ds = sc.Dataset.range({n})
+if {root!r} is not None:
+    ds = ds.snapshot({root!r}, progress=False)
+torch_ds = ds.shuffle(8, seed=0).to_torch(rank={rank}, world_size=2)
+torch_ds.set_epoch({epoch})
+print(json.dumps([int(np.asarray(x)) for x in DataLoader(torch_ds, batch_size=None,
+                                                           num_workers=2)]))
+"""
+
+
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    [os.path.dirname(os.path.dirname(sc.__file__))] + os.environ.get("PYTHONPATH", "").split(
+        os.pathsep))}
+
+
 @pytest.mark.parametrize("with_snapshot", [True, False])
 def test_two_ranks_times_two_workers_partition_the_examples(root, with_snapshot):
     ds = sc.Dataset.range(N)
@@ -95,15 +116,17 @@ def test_two_ranks_times_two_workers_partition_the_examples(root, with_snapshot)
     ds = ds.shuffle(8, seed=0)
     per_rank = []
     for epoch in range(2):  # with a snapshot: epoch 0 writes 4 streams, epoch 1 reads
-        def run_rank(rank, epoch=epoch):
-            torch_ds = ds.to_torch(rank=rank, world_size=2)
-            torch_ds.set_epoch(epoch)
-            return ids_of(DataLoader(torch_ds, batch_size=None, num_workers=2))
-
-        # The ranks run at once, as they do in a job: a seeded shuffle's writing epoch
-        # completes the snapshot (every stream's share) before yielding.
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            per_rank = list(pool.map(run_rank, range(2)))
+        # The ranks are processes running at once, as in a job: a seeded shuffle's writing
+        # epoch completes the snapshot (every stream's share) before yielding.
+        ranks = [subprocess.Popen([sys.executable, "-c", RANK_CHILD.format(
+            n=N, root=root if with_snapshot else None, rank=rank, epoch=epoch)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=CHILD_ENV)
+            for rank in range(2)]
+        per_rank = []
+        for proc in ranks:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err
+            per_rank.append(json.loads(out.strip().splitlines()[-1]))
         assert not set(per_rank[0]) & set(per_rank[1])
         assert sorted(per_rank[0] + per_rank[1]) == list(range(N))
     if with_snapshot:

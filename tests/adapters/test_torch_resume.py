@@ -1,0 +1,168 @@
+"""torch resume: a StatefulDataLoader checkpointed mid-epoch resumes at exactly the next
+example, with any number of workers, in a fresh process too; rank 0's loader state resumes a
+whole lockstep job with another world size and worker count; DDP-ready shares give every rank
+the same count; batching across workers leaves one partial batch per epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+StatefulDataLoader = stateful.StatefulDataLoader
+
+import snapcache as sc  # noqa: E402
+from snapcache.adapters.torch import job_state  # noqa: E402
+
+N = 97
+
+
+def make(i):
+    return {"id": i, "x": np.full((3,), i, np.float32)}
+
+
+def build(root, n=N):
+    ds = sc.Dataset.range(n).map(make).snapshot(root, shard_size=1024, progress=False)
+    list(ds)  # written once: the tests below read
+    return ds
+
+
+def ids_of(batches):
+    return [int(i) for b in batches for i in np.asarray(b["id"]).reshape(-1)]
+
+
+def take(it, k):
+    return [next(it) for _ in range(k)]
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+@pytest.mark.parametrize("batch_in", ["pipeline", "loader"])
+def test_stateful_dataloader_resumes_exactly(root, workers, batch_in):
+    ds = build(root).map(lambda e: e).shuffle(16, seed=4)
+    if batch_in == "pipeline":
+        ds, kwargs = ds.batch(5), {"batch_size": None}
+    else:
+        kwargs = {"batch_size": 5}
+
+    def loader():
+        torch_ds = ds.to_torch()
+        torch_ds.set_epoch(2)
+        return StatefulDataLoader(torch_ds, num_workers=workers, **kwargs)
+
+    full = ids_of(loader())
+    assert sorted(full) == list(range(N))
+    first = loader()
+    it = iter(first)
+    head = ids_of(take(it, 7))
+    state = json.loads(json.dumps(first.state_dict()))
+    del it
+    again = loader()
+    again.load_state_dict(state)
+    rest = ids_of(again)
+    assert head + rest == full
+
+
+RESUME_CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import snapcache as sc
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    sys.path.insert(0, {tests!r})
+    from test_torch_resume import make
+    ds = sc.Dataset.range({n}).map(make).snapshot({root!r}, shard_size=1024, progress=False)
+    loader = StatefulDataLoader(ds.shuffle(16, seed=4).batch(4).to_torch(), batch_size=None,
+                                num_workers=2)
+    loader.load_state_dict(json.load(open({state!r})))
+    print(json.dumps([int(i) for b in loader for i in np.asarray(b["id"]).reshape(-1)]))
+""")
+
+
+def test_a_fresh_process_resumes_a_two_worker_loader(root, tmp_path):
+    ds = build(root).shuffle(16, seed=4).batch(4)
+    full = ids_of(StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2))
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    it = iter(loader)
+    head = ids_of(take(it, 9))
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(loader.state_dict()))
+    del it
+    code = RESUME_CHILD.format(tests=os.path.dirname(__file__), n=N, root=root,
+                               state=str(state_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [os.path.dirname(os.path.dirname(sc.__file__))] +
+                             os.environ.get("PYTHONPATH", "").split(os.pathsep))})
+    assert out.returncode == 0, out.stderr
+    rest = json.loads(out.stdout.strip().splitlines()[-1])
+    assert head + rest == full
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_two_ranks_of_two_workers_resume_as_one_rank_of_three(root, batch):
+    ds = build(root).shuffle(10, seed=1)
+    if batch > 1:
+        ds = ds.batch(batch)
+    steps = 5
+    loaders = [StatefulDataLoader(ds.to_torch(rank=r, world_size=2), batch_size=None,
+                                  num_workers=2) for r in range(2)]
+
+    def run(r):  # lockstep: every rank takes `steps` batches
+        it = iter(loaders[r])
+        got = ids_of(take(it, steps))
+        return got, loaders[r].state_dict()
+
+    (seen0, state0), (seen1, _) = run(0), run(1)  # the snapshot is committed: one by one
+    job = job_state(json.loads(json.dumps(state0)))
+    resumed = StatefulDataLoader(ds.to_torch(rank=0, world_size=1, state=job),
+                                 batch_size=None, num_workers=3)
+    rest = ids_of(resumed)
+    assert len(rest) == len(set(rest))
+    assert sorted(seen0 + seen1 + rest) == list(range(N))
+
+
+@pytest.mark.parametrize("mode", ["drop", "pad"])
+@pytest.mark.parametrize("world,workers", [(2, 1), (3, 2), (4, 3)])
+def test_ddp_shares_are_equal(root, mode, world, workers):
+    ds = build(root).shuffle(8, seed=0)
+
+    def run(r):
+        torch_ds = ds.to_torch(rank=r, world_size=world, drop_remainder=mode == "drop",
+                               pad=mode == "pad")
+        return ids_of(StatefulDataLoader(torch_ds, batch_size=None, num_workers=workers))
+
+    per_rank = [run(r) for r in range(world)]
+    counts = [len(r) for r in per_rank]
+    assert len(set(counts)) == 1
+    flat = sum(per_rank, [])
+    if mode == "drop":
+        assert len(flat) == len(set(flat)) and N - len(flat) < world * workers
+    else:
+        assert set(flat) == set(range(N)) and len(flat) - N < world * workers
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_batching_across_workers_gives_one_partial_batch_per_epoch(root, workers):
+    ds = build(root).shuffle(10, seed=2).batch(8)
+    sizes = [len(b["id"]) for b in StatefulDataLoader(ds.to_torch(), batch_size=None,
+                                                      num_workers=workers)]
+    assert sum(sizes) == N
+    assert sum(s != 8 for s in sizes) == 1
+
+
+def test_a_loader_over_a_pipeline_that_cannot_resume_says_so(root):
+    ds = build(root).take(50)
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=0)
+    it = iter(loader)
+    take(it, 3)
+    state = loader.state_dict()
+    again = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=0)
+    with pytest.raises(ValueError, match="cannot be resumed exactly"):
+        again.load_state_dict(state)
+        next(iter(again))
