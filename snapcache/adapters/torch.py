@@ -22,6 +22,7 @@ import numpy as np
 
 from snapcache.adapters._imports import require
 from snapcache.options import distributed_env
+from snapcache.pipeline import queries
 
 try:
     import torch
@@ -144,6 +145,7 @@ def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = 
              drop_remainder: bool = False, pad: bool = False, state: dict | None = None
              ) -> TorchDataset:
     require("torch", "ds.to_torch()")
+    queries.take_fingerprints(dataset)  # once, here: workers forked each epoch inherit it
     return TorchDataset(dataset, rank=rank, world_size=world_size,
                         drop_remainder=drop_remainder, pad=pad, state=state)
 

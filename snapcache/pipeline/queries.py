@@ -25,6 +25,16 @@ def last_snapshot(dataset: Any) -> ops.SnapshotOp | None:
     return plan.last_snapshot(dataset._op)
 
 
+def take_fingerprints(dataset: Any) -> None:
+    """Fingerprint the pipeline's snapshots now, in this process, and keep the result on the
+    pipeline object: processes forked from here later (DataLoader workers, started afresh each
+    epoch) inherit it instead of each hashing the sources again, and a function whose memo cache
+    fills while they run cannot change it."""
+    for node in ops.lineage(dataset._op):
+        if isinstance(node, ops.SnapshotOp):
+            plan.snapshot_tree(node)
+
+
 def batch_dims(dataset: Any) -> int:
     """Leading batch dimensions the pipeline adds to its examples (one per ``batch``)."""
     return sum(node.traits.batch_dims for node in ops.lineage(dataset._op))

@@ -103,3 +103,31 @@ def test_pipelines_sharing_an_upstream_each_take_their_own(tmp_path):
     b = base.snapshot(str(tmp_path), progress=False)
     assert b.fingerprint() != a.fingerprint()
     assert list(b) == [10, 20, 30, 40]
+
+
+def test_dataloader_workers_started_each_epoch_reuse_the_parents_fingerprint(tmp_path,
+                                                                              monkeypatch):
+    """Non-persistent DataLoader workers are forked afresh every epoch: the fingerprint taken
+    in the parent at to_torch() is inherited, not retaken by each worker each epoch."""
+    torch = __import__("pytest").importorskip("torch")
+    log = tmp_path / "hashed"
+    real = source_fp.hash_iterable_source
+
+    def counted(*args, **kwargs):
+        with open(log, "a") as f:  # appended from whichever process hashes
+            f.write("x")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(source_fp, "hash_iterable_source", counted)
+    tok = Tokenizer()
+    ds = sc.Dataset.from_iterable(WORDS * 4).map(tok).snapshot(str(tmp_path / "snaps"),
+                                                               progress=False)
+    torch_ds = ds.to_torch()
+    loader = torch.utils.data.DataLoader(torch_ds, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    for epoch in range(2):
+        torch_ds.set_epoch(epoch)
+        assert len(list(loader)) == len(WORDS) * 4
+    assert log.read_text() == "x"
+    folders = [p for p in (tmp_path / "snaps").iterdir() if (p / "manifest.json").exists()]
+    assert len(folders) == 1
