@@ -26,10 +26,10 @@ from snapcache.pipeline import queries
 
 try:
     import torch
-    from torch.utils.data import IterableDataset as _Base
+    from torch.utils.data import Dataset as _MapBase, IterableDataset as _Base
 except ImportError:  # to_torch() says what to install
     torch = None  # type: ignore[assignment]
-    _Base = object  # type: ignore[assignment,misc]
+    _Base = _MapBase = object  # type: ignore[assignment,misc]
 
 
 class TorchDataset(_Base):  # type: ignore[misc,valid-type]
@@ -139,6 +139,38 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         state = dict(self.__dict__)
         state["_iterator"] = None  # a running iteration stays in its process
         return state
+
+
+class MapStyleDataset(_MapBase):  # type: ignore[misc,valid-type]
+    """A map-style ``torch.utils.data.Dataset`` over the rows of a committed snapshot (anything
+    with ``len`` and ``[i]``), examples as torch tensors: bring your own sampler.
+
+    Example::
+
+        train = snap.to_torch_map_style()
+        loader = DataLoader(train, batch_size=64, sampler=DistributedSampler(train))
+    """
+
+    def __init__(self, rows: Any) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Any:
+        return to_tensors(self.rows[index])
+
+    def __getitems__(self, indices: list[int]) -> list:
+        """A batch of rows at once (DataLoader's batched fetch): each record batch read once."""
+        take = getattr(self.rows, "take", None)
+        if take is None:
+            return [self[i] for i in indices]
+        return [to_tensors(example) for example in take(indices)]
+
+
+def to_torch_map_style(rows: Any) -> MapStyleDataset:
+    require("torch", "to_torch_map_style()")
+    return MapStyleDataset(rows)
 
 
 def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = None,

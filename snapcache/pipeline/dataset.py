@@ -272,6 +272,22 @@ class Dataset:
         root = os.fspath(path) if path is not None else default_root()
         return self._then(ops.SnapshotOp, path=root, options=options)
 
+    def __len__(self) -> int:
+        """Items one epoch yields, when known without running it: from the source and the ops'
+        length rules, or from a committed snapshot's example count (TypeError otherwise)."""
+        n = ops.known_length(self._op)
+        if n is None:
+            n = ordered.known_length(self._op)
+        if n is None:
+            raise TypeError(
+                f"the length of {plan.describe_pipeline(self._op)} is not known without "
+                "running it (a filter, a source of unknown length, or a snapshot not yet "
+                "committed)")
+        return n
+
+    def __bool__(self) -> bool:
+        return True  # a pipeline is a pipeline, whether or not its length is known
+
     # -- running -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         return self.iterate()

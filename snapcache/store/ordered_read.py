@@ -238,13 +238,24 @@ class RowAccess:
 
     def __init__(self, reader: "SnapshotReader", *, budget: int | None = None,
                  cached_blocks: int = 8):
-        _, budget = read_budget(1, budget or reader.prefetch_bytes)
-        self.reader = reader
-        self.layout = layout_of(reader.manifest)
-        self._decoder = BlockDecoder(reader, self.layout, "rows", shard_budget=budget // 2)
+        self.reader, self._budget, self._cached = reader, budget, max(1, cached_blocks)
+        self._setup()
+
+    def _setup(self) -> None:
+        _, budget = read_budget(1, self._budget or self.reader.prefetch_bytes)
+        self.layout = layout_of(self.reader.manifest)
+        self._decoder = BlockDecoder(self.reader, self.layout, "rows", shard_budget=budget // 2)
         self._blocks: collections.OrderedDict[int, list] = collections.OrderedDict()
-        self._cached = max(1, cached_blocks)
         self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        # A copy in another process (a DataLoader worker started with spawn) opens its own
+        # shards: open files, decoded blocks and locks stay here.
+        return {"reader": self.reader, "_budget": self._budget, "_cached": self._cached}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._setup()
 
     def __len__(self) -> int:
         return self.layout.num_rows

@@ -166,3 +166,24 @@ def test_a_loader_over_a_pipeline_that_cannot_resume_says_so(root):
     with pytest.raises(ValueError, match="cannot be resumed exactly"):
         again.load_state_dict(state)
         next(iter(again))
+
+
+def test_map_style_dataset_over_a_snapshot_with_a_sampler(root):
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from snapcache.adapters.torch import to_torch_map_style
+    from snapcache.store.fs import Storage
+    from snapcache.store.ordered_read import RowAccess
+    from snapcache.store.reader import SnapshotReader
+
+    build(root)
+    (fp,) = [d for d in os.listdir(root) if len(d) == 32]
+    train = to_torch_map_style(RowAccess(SnapshotReader.open(Storage(root).child(fp))))
+    assert len(train) == N and int(train[5]["id"]) == 5
+    seen = []
+    for rank in range(2):
+        sampler = DistributedSampler(train, num_replicas=2, rank=rank, shuffle=True, seed=1)
+        for batch in DataLoader(train, batch_size=8, sampler=sampler, num_workers=2):
+            assert torch.equal(batch["x"][:, 0], batch["id"].float())
+            seen.extend(batch["id"].tolist())
+    assert set(seen) == set(range(N))

@@ -225,3 +225,15 @@ def committed_snapshots(root):
     import os
 
     return [d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "manifest.json"))]
+
+
+def test_len_where_known(root):
+    assert len(sc.Dataset.range(10).map(str).batch(3)) == 4
+    gen = sc.Dataset.from_generator(lambda: iter(range(25))).snapshot(root, progress=False)
+    with pytest.raises(TypeError, match="not known"):
+        len(gen)
+    assert gen  # truthy whatever its length
+    list(gen)
+    assert len(gen) == 25 and len(gen.shuffle(5, seed=0).batch(10)) == 3
+    with pytest.raises(TypeError, match="not known"):
+        len(gen.filter(bool))
