@@ -251,7 +251,7 @@ def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, 
 
 
 def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
-            state: dict | None = None, balance: str | None = None) -> OrderedIterator | None:
+            state: dict | None = None, balance: str | None = None) -> "_Deferred | None":
     """Run ``shape`` for one epoch (or the rest of ``state``'s); None when the snapshot is
     not committed and nothing requires the global order or balanced shares (the writing
     epoch then streams)."""
@@ -261,10 +261,47 @@ def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
     if state is not None:
         check_state(state)
         epoch, seed = state["epoch"], state["seed"]
-    reader = committed_reader(snapshot)
+    committed = committed_reader(snapshot)
+    if committed is None and state is None and balance is None and \
+            (shuffle is None or shuffle.seed is None):
+        return None  # the writing epoch streams the examples as they are computed
+    # Nothing is built, leased or read before the first example is asked for.
+    return _Deferred(lambda: _start(shape, epoch, spec, state, balance, seed, committed))
+
+
+class _Deferred:
+    """An :class:`OrderedIterator` started at the first ``next`` (or ``state_dict``)."""
+
+    def __init__(self, start: Callable[[], OrderedIterator]):
+        self._start, self._iterator, self._closed = start, None, False
+
+    def _get(self) -> OrderedIterator:
+        if self._iterator is None:
+            self._iterator = self._start()
+        return self._iterator
+
+    def __iter__(self) -> "_Deferred":
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        return next(self._get())
+
+    def state_dict(self) -> dict:
+        return self._get().state_dict()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._iterator is not None:
+            self._iterator.close()
+
+
+def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | None,
+           balance: str | None, seed: int | None, reader: SnapshotReader | None
+           ) -> OrderedIterator:
+    snapshot, shuffle = shape.snapshot, shape.shuffle
     if reader is None:
-        if state is None and balance is None and (shuffle is None or shuffle.seed is None):
-            return None  # the writing epoch streams the examples as they are computed
         reader = build_then_open(snapshot, epoch, spec)
     fingerprint = reader.manifest.fingerprint
     if state is not None and state.get("writing"):

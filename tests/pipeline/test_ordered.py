@@ -237,3 +237,24 @@ def test_len_where_known(root):
     assert len(gen) == 25 and len(gen.shuffle(5, seed=0).batch(10)) == 3
     with pytest.raises(TypeError, match="not known"):
         len(gen.filter(bool))
+
+
+def test_nothing_is_built_or_leased_before_the_first_example(root, counter):
+    import os
+
+    def make(i):
+        counter.hit()
+        return example(i)
+
+    ds = sc.Dataset.range(50).map(make).snapshot(root, progress=False).shuffle(10, seed=0)
+    it = ds.iterate(0)
+    assert counter.count == 0 and not os.path.exists(root)
+    assert next(it)["id"] in range(50) and counter.count == 50
+    it.close()
+    it = ds.iterate(1)
+    (fp,) = os.listdir(root)
+    assert not [n for n in os.listdir(os.path.join(root, fp)) if n.startswith("reader-")]
+    next(it)
+    assert [n for n in os.listdir(os.path.join(root, fp)) if n.startswith("reader-")]
+    it.close()
+    assert not [n for n in os.listdir(os.path.join(root, fp)) if n.startswith("reader-")]
