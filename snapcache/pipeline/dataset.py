@@ -323,6 +323,8 @@ class Dataset:
                 if shape is not None else None
             if iterator is None:
                 iterator = plan.iterate(self._op, epoch, spec)
+                if shape is not None:  # the writing epoch, with a state
+                    iterator = ordered.writing(shape, epoch, spec, iterator)
         finally:
             stats.current.reset(token)
         self._recorder = recorder

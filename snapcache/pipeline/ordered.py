@@ -253,6 +253,8 @@ def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
             return None  # the writing epoch streams the examples as they are computed
         reader = build_then_open(snapshot, epoch, spec)
     fingerprint = reader.manifest.fingerprint
+    if state is not None and state.get("writing"):
+        return _resume_writing(shape, reader, spec, state)
     why_not = None
     local_shuffle = False
     if shuffle is not None and seed is None:
@@ -310,6 +312,78 @@ def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
             session.__exit__(None, None, None)
 
     return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close)
+
+
+def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
+            iterator: Iterator[Any]) -> OrderedIterator:
+    """The writing epoch's iterator (the snapshot streams its examples as they are computed)
+    with a state: stream ``k`` yields its rows in the order it writes them, which is the order
+    it reads them back in from the committed snapshot (see :func:`read_share`)."""
+    from snapcache.pipeline import plan
+
+    spec = spec or streams.StreamSpec()
+    why_not = None
+    for node in shape.below + shape.above:
+        if not (node.traits.one_to_one or isinstance(node, ops.BatchOp)) or \
+                not node.traits.order_preserving:
+            why_not = (f"{node.describe()} runs during the writing epoch: items do not map to "
+                       "positions of the snapshot")
+    if shape.shuffle is not None:
+        why_not = "an unseeded shuffle's writing epoch is not resumable; give it a seed"
+    record = {"format": STATE_FORMAT, "version": STATE_VERSION, "writing": True,
+              "snapshot": plan.snapshot_tree(shape.snapshot).digest, "epoch": epoch,
+              "seed": None, "window": shape.window, "streams": spec.count,
+              "stream": spec.index, "unit": shape.unit, "consumed": 0}
+    unit = shape.unit
+    items = ((k * unit, item) for k, item in enumerate(iterator, 1))
+
+    def on_close() -> None:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
+
+    return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close)
+
+
+def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSpec,
+                    state: dict) -> OrderedIterator:
+    """The rest of a writing epoch, now that the snapshot is complete: the stream's rows in
+    the order it wrote them, after the first ``consumed``."""
+    if state["snapshot"] != reader.manifest.fingerprint:
+        raise ValueError(
+            f"the iterator state belongs to snapshot {state['snapshot'][:12]}, but this "
+            f"pipeline reads snapshot {reader.manifest.fingerprint[:12]}; resume with the "
+            "pipeline that saved the state, or start a fresh epoch")
+    if state["streams"] != spec.count or state["unit"] != shape.unit:
+        raise ValueError(
+            f"a state saved while the snapshot was being written resumes only with the same "
+            f"streams ({state['streams']}) and batch size; got {spec.count} streams")
+    share = read_share(reader.manifest, spec, shuffled=False, unit=shape.unit)
+    if spec.count > 1 and share.bounds is None:
+        raise ValueError(
+            f"snapshot {reader.manifest.fingerprint[:12]} was committed by another job with "
+            f"another number of streams: the positions of a state saved while it was being "
+            "written do not apply; start the epoch again")
+    order = EpochOrder(layout_of(reader.manifest), None, state["epoch"], 1)
+    skip = state["consumed"]
+    record = {"format": STATE_FORMAT, "version": STATE_VERSION,
+              "snapshot": reader.manifest.fingerprint, "num_examples": len(order),
+              "epoch": state["epoch"], "seed": None, "window": 1,
+              "ranges": [list(r) for r in share.ranges], "streams": share.streams,
+              "stream": share.index, "chunk": share.chunk, "unit": share.unit,
+              "balance": None, "consumed": skip,
+              "bounds": list(share.bounds) if share.bounds is not None else None}
+    session = _session(reader, shape.snapshot.options.coordination.lease_ttl)
+    session.__enter__()
+    items = _items(shape, reader, order, share, skip, state["epoch"], False, None)
+    closed = []
+
+    def on_close() -> None:
+        if not closed:
+            closed.append(True)
+            session.__exit__(None, None, None)
+
+    return OrderedIterator(_closing_items(items, on_close), record, None, on_close)
 
 
 def _session(reader: SnapshotReader, ttl: float):

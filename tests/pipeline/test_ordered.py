@@ -191,3 +191,37 @@ def test_unseeded_shuffles_resume_with_the_drawn_seed(root):
     rest = [e["id"] for e in ds.iterate(state=state)]
     assert sorted(head + rest) == list(range(300))
     assert head + rest != list(range(300))
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_state_saved_while_writing_resumes_the_write_then_the_position(root, counter, batch):
+    def make(i):
+        counter.hit()
+        return example(i)
+
+    ds = sc.Dataset.range(300).map(make).snapshot(root, shard_size=1024, progress=False)
+    ds = ds.map(lambda e: e).batch(batch) if batch > 1 else ds
+    it = ds.iterate(0)
+    head = ids([next(it) for _ in range(150 // batch)])
+    state = json.loads(json.dumps(it.state_dict()))
+    it.close()  # the process stops mid-write: finished shards stay
+    computed = counter.count
+    assert not committed_snapshots(root)
+    rest = ids(ds.iterate(state=state))
+    assert head + rest == list(range(300))
+    assert counter.count - computed < 300  # finished shards were reused, not recomputed
+    assert committed_snapshots(root)
+
+
+def test_writing_states_are_refused_where_positions_do_not_apply(root):
+    ds = pipeline(root).filter(lambda e: e["id"] % 2)
+    it = ds.iterate(0)
+    next(it)
+    with pytest.raises(ValueError, match="writing epoch"):
+        it.state_dict()
+
+
+def committed_snapshots(root):
+    import os
+
+    return [d for d in os.listdir(root) if os.path.exists(os.path.join(root, d, "manifest.json"))]
