@@ -131,3 +131,23 @@ def test_dataloader_workers_started_each_epoch_reuse_the_parents_fingerprint(tmp
     assert log.read_text() == "x"
     folders = [p for p in (tmp_path / "snaps").iterdir() if (p / "manifest.json").exists()]
     assert len(folders) == 1
+
+
+def test_threads_racing_to_the_first_fingerprint_all_get_the_stored_one():
+    import threading
+
+    ds = sc.Dataset.from_iterable([np.arange(1000) + i for i in range(200)]).map(
+        lambda x: x * 2)
+    barrier = threading.Barrier(4)
+    got = []
+
+    def first():
+        barrier.wait()
+        got.append(ds.fingerprint())
+
+    threads = [threading.Thread(target=first) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 1 and got[0] == ds.fingerprint()

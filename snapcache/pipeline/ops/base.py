@@ -20,7 +20,6 @@ it with :func:`runs`. :func:`run` dispatches through it, :func:`upstream` runs a
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -130,21 +129,20 @@ class Op:
 
     def memo(self, name: str, compute: Callable[[], Any]) -> Any:
         """``compute()`` the first time, the same value afterwards (per op object): what a
-        pipeline object's fingerprint is taken with, once, at its first iteration."""
-        memos = self.__dict__.get("_memos")
-        if memos is None:
-            object.__setattr__(self, "_memos", {})
-            object.__setattr__(self, "_memo_lock", threading.Lock())
-            memos = self.__dict__["_memos"]
-        with self.__dict__["_memo_lock"]:
-            if name not in memos:
-                memos[name] = compute()
+        pipeline object's fingerprint is taken with, once, at its first iteration.
+
+        No lock is held while computing (a fork meanwhile must not leave a child waiting on
+        it): two threads arriving first may both compute, and the first value stored is the
+        one every caller gets."""
+        memos = self.__dict__.setdefault("_memos", {})  # atomic: frozen fields are untouched
+        if name in memos:
             return memos[name]
+        return memos.setdefault(name, compute())
 
     def __getstate__(self) -> dict:
         # Memos stay in this process: another process (a DataLoader worker, a Ray task on
         # another node) takes its own fingerprint, so a difference there is seen, not hidden.
-        return {k: v for k, v in self.__dict__.items() if k not in ("_memos", "_memo_lock")}
+        return {k: v for k, v in self.__dict__.items() if k != "_memos"}
 
 
 def lineage(op: Op) -> list[Op]:
