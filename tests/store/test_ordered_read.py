@@ -109,3 +109,18 @@ def test_record_batches_that_disagree_with_the_manifest_are_refused(root):
     reader.storage.write_atomic("manifest.json", json.dumps(doc).encode())
     with pytest.raises(sc.CorruptSnapshotError, match="record batches"):
         RowAccess(SnapshotReader.open(reader.storage))[0]
+
+
+def test_ordered_reads_and_random_access_on_s3(s3_root):
+    ds = sc.Dataset.range(300).map(example).snapshot(s3_root, shard_size=4000, progress=False)
+    list(ds)
+    storage = Storage(s3_root)
+    (fp,) = [d for d in storage.listdir() if len(d) == 32]
+    reader = SnapshotReader.open(storage.child(fp))
+    order = EpochOrder(layout_of(reader.manifest), 2, 1, 40)
+    ids = [i for _, _, rows in ordered_pieces(reader, order, [(0, 300)], mode="columns")
+           for i in rows["i"].tolist()]
+    assert ids == order.rows(0, 300).tolist()
+    access = RowAccess(reader)
+    assert [e["i"] for e in access.take([299, 0, 150])] == [299, 0, 150]
+    assert [e["i"] for e in ds.shuffle(40, seed=2).iterate(1)] == ids
