@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -180,16 +179,9 @@ def main(argv=None) -> None:
     print(text)
     if args.no_write:
         return
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
-                        "benchmarks.md")
-    doc = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
-    if START in doc and END in doc:
-        doc = doc[:doc.index(START)] + text + doc[doc.index(END) + len(END):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text + "\n"
-    with open(path, "w") as f:
-        f.write(doc)
+    from benchmarks.run_all import write_doc
 
+    write_doc(text, START, END)
 
 if __name__ == "__main__":
     main()

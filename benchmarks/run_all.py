@@ -240,10 +240,12 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
     return "\n".join(L)
 
 
-def write_doc(section):
+def write_doc(section, start=START, end=END):
+    """Put ``section`` (which begins with ``start`` and ends with ``end``) in docs/benchmarks.md,
+    replacing the one there."""
     text = open(DOC).read() if os.path.exists(DOC) else "# Benchmarks\n"
-    if START in text and END in text:
-        text = text[:text.index(START)] + section + text[text.index(END) + len(END):]
+    if start in text and end in text:
+        text = text[:text.index(start)] + section + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     with open(DOC, "w") as f:

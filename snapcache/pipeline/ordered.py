@@ -352,17 +352,7 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
               "stream": share.index, "chunk": share.chunk, "unit": share.unit,
               "balance": share.balance, "consumed": skip,
               "bounds": list(share.bounds) if share.bounds is not None else None}
-    session = _session(reader, snapshot.options.coordination.lease_ttl)
-    session.__enter__()
-    items = _items(shape, reader, order, share, skip, epoch, local_shuffle, seed)
-    closed = []
-
-    def on_close() -> None:
-        if not closed:
-            closed.append(True)
-            session.__exit__(None, None, None)
-
-    return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close)
+    return _reading(shape, reader, order, share, skip, epoch, local_shuffle, record, why_not)
 
 
 def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
@@ -424,9 +414,19 @@ def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSp
               "stream": share.index, "chunk": share.chunk, "unit": share.unit,
               "balance": None, "consumed": skip,
               "bounds": list(share.bounds) if share.bounds is not None else None}
-    session = _session(reader, shape.snapshot.options.coordination.lease_ttl)
+    return _reading(shape, reader, order, share, skip, state["epoch"], False, record, None)
+
+
+def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share, skip: int,
+             epoch: int, local_shuffle: bool, record: dict, why_not: str | None
+             ) -> OrderedIterator:
+    """The iterator over ``share`` after ``skip``, holding a read lease until it is closed."""
+    from snapcache.pipeline.snapshot_exec import read_session
+
+    session = read_session(reader, layout.new_run_id(),
+                           shape.snapshot.options.coordination.lease_ttl)
     session.__enter__()
-    items = _items(shape, reader, order, share, skip, state["epoch"], False, None)
+    items = _items(shape, reader, order, share, skip, epoch, local_shuffle)
     closed = []
 
     def on_close() -> None:
@@ -434,28 +434,19 @@ def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSp
             closed.append(True)
             session.__exit__(None, None, None)
 
-    return OrderedIterator(_closing_items(items, on_close), record, None, on_close)
-
-
-def _session(reader: SnapshotReader, ttl: float):
-    from snapcache.pipeline.snapshot_exec import read_session
-
-    return read_session(reader, layout.new_run_id(), ttl)
+    return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close)
 
 
 def _closing_items(items: Iterator[tuple[int, Any]], on_close: Callable[[], None]
                    ) -> Iterator[tuple[int, Any]]:
     try:
-        yield from items
+        yield from ops.closing(items, items)
     finally:
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()
         on_close()
 
 
 def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share, skip: int,
-           epoch: int, local_shuffle: bool, seed: int | None) -> Iterator[tuple[int, Any]]:
+           epoch: int, local_shuffle: bool) -> Iterator[tuple[int, Any]]:
     """(position after the item in the share, item) pairs."""
     from snapcache.pipeline import plan
 

@@ -141,13 +141,18 @@ def column_chunks(batches: Iterator[pa.RecordBatch], decoder: Decoder) -> Iterat
     for batch in batches:
         if batch.num_rows == 0:
             continue
-        columns = decoder.columns(batch)
-        for name, column in columns.items():
-            if isinstance(column, list):
-                array = np.empty(len(column), dtype=object)
-                array[:] = column
-                columns[name] = array
-        yield columns
+        yield as_columns(batch, decoder)
+
+
+def as_columns(batch: pa.RecordBatch, decoder: Decoder) -> Columns:
+    """One record batch as whole numpy columns; str/bytes fields as object arrays."""
+    columns = decoder.columns(batch)
+    for name, column in columns.items():
+        if isinstance(column, list):
+            array = np.empty(len(column), dtype=object)
+            array[:] = column
+            columns[name] = array
+    return columns
 
 
 def _rows(columns: Columns) -> int:

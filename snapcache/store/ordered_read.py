@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from snapcache.errors import CorruptSnapshotError
-from snapcache.store.batched_read import read_budget
+from snapcache.store.batched_read import as_columns, read_budget
 from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Layout
 
@@ -133,13 +133,7 @@ class BlockDecoder:
         assert decoder is not None
         if self.mode == "rows":
             return list(decoder.rows(batch))
-        columns = decoder.columns(batch)
-        for name, column in columns.items():
-            if isinstance(column, list):
-                array = np.empty(len(column), dtype=object)
-                array[:] = column
-                columns[name] = array
-        return columns
+        return as_columns(batch, decoder)
 
 
 def gather(decoded: dict[int, Any], blocks: np.ndarray, offsets: np.ndarray, mode: str) -> Any:
