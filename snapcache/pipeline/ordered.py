@@ -17,6 +17,7 @@ the order is the same whether the run wrote the snapshot or read it.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import secrets
@@ -274,10 +275,11 @@ class _Deferred:
 
     def __init__(self, start: Callable[[], OrderedIterator]):
         self._start, self._iterator, self._closed = start, None, False
+        self._context = contextvars.copy_context()  # the stats recorder, as when built
 
     def _get(self) -> OrderedIterator:
         if self._iterator is None:
-            self._iterator = self._start()
+            self._iterator = self._context.run(self._start)
         return self._iterator
 
     def __iter__(self) -> "_Deferred":
