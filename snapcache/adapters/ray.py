@@ -29,6 +29,7 @@ from snapcache.errors import FingerprintMismatchError, StoreError
 from snapcache.pipeline import ops, plan, queries
 from snapcache.store import layout
 from snapcache.store.fs import Storage
+from snapcache.store.handle import Snapshot, open_snapshot
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
 from snapcache.store.streams import best_progress, commit_fields, load_markers, try_commit
@@ -249,29 +250,36 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _snapshot_folder(source: "str | Dataset", storage_options: dict | None) -> tuple[str, dict]:
-    if isinstance(source, str) or hasattr(source, "__fspath__"):
-        return os.fspath(source), dict(storage_options or {})
-    snap = queries.last_snapshot(source)
-    if snap is None:
-        raise ValueError("snapcache.ray.read needs a snapshot folder or a Dataset with a "
-                         ".snapshot(path)")
-    options = snap.options.storage_options if storage_options is None else storage_options
-    return Storage(snap.path, options).url_of(plan.snapshot_tree(snap).digest), dict(options)
+def _snapshot(source: "str | os.PathLike | Snapshot | Dataset", id: str | None,
+              storage_options: dict | None) -> Snapshot:
+    if isinstance(source, Snapshot):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return open_snapshot(source, id, storage_options=storage_options)
+    if id is not None:
+        raise ValueError("id= is for a root path; a Dataset names its own snapshot")
+    if storage_options is not None:  # reach the pipeline's snapshot with other credentials
+        snap = source.open_snapshot()
+        return open_snapshot(snap.url, storage_options=storage_options, read=snap.read_options)
+    return source.open_snapshot()
 
 
-def read(source: "str | Dataset", *, shards_per_task: int | None = None,
-         storage_options: dict | None = None, verify: bool = True, **read_args: Any):
+def read(source: "str | os.PathLike | Snapshot | Dataset", id: str | None = None, *,
+         shards_per_task: int | None = None, storage_options: dict | None = None,
+         verify: bool = True, **read_args: Any):
     """A committed snapshot as a ``ray.data.Dataset``.
 
-    ``source`` is a snapshot folder (``"s3://b/snaps/<fingerprint>"``) or a Dataset whose last
-    ``.snapshot()`` is committed. Each read task reads ``shards_per_task`` consecutive shards
-    (default: as many tasks as Ray Data asks for), verifying every checksum. ``read_args`` go
-    to ``ray.data.read_datasource`` (``override_num_blocks``, ``ray_remote_args``, ...).
+    ``source`` is a root with ``id`` (an id prefix or a name, as ``snapcache ls`` shows; left
+    out when the root holds one snapshot), a snapshot folder, a :class:`snapcache.Snapshot`,
+    or a Dataset whose last ``.snapshot()`` is committed. Each read task reads
+    ``shards_per_task`` consecutive shards (default: as many tasks as Ray Data asks for),
+    verifying every checksum. ``read_args`` go to ``ray.data.read_datasource``
+    (``override_num_blocks``, ``ray_remote_args``, ...).
 
     Example::
 
         train_ds = snapcache.ray.read(ds)          # then ray.train's datasets={"train": ...}
+        train_ds = snapcache.ray.read("s3://bucket/snaps", "train-224px")
         for batch in train_ds.iter_batches(batch_size=256): ...
     """
     _ray()
@@ -282,7 +290,6 @@ def read(source: "str | Dataset", *, shards_per_task: int | None = None,
                           ) from e
     from snapcache.adapters.ray_read import SnapshotDatasource
 
-    path, options = _snapshot_folder(source, storage_options)
-    datasource = SnapshotDatasource(path, shards_per_task=shards_per_task,
-                                    storage_options=options, verify=verify)
+    datasource = SnapshotDatasource(_snapshot(source, id, storage_options),
+                                    shards_per_task=shards_per_task, verify=verify)
     return ray.data.read_datasource(datasource, **read_args)

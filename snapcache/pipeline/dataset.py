@@ -21,6 +21,7 @@ from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
 from snapcache.pipeline.explain import explain as explain_tree
 from snapcache.store.fs import Storage, expand_files
+from snapcache.store.handle import Snapshot
 
 
 def _positive_int(value: Any, what: str, *, allow_zero: bool = False,
@@ -392,8 +393,22 @@ class Dataset:
 
     # -- introspection -------------------------------------------------------------------------
     def fingerprint(self) -> str:
-        """The hex fingerprint of the pipeline up to here (what ``snapshot`` keys on)."""
+        """The hex fingerprint of the whole pipeline up to here, its snapshots and the ops
+        after them included (what a ``.snapshot()`` appended here would key on). The id of the
+        pipeline's snapshot, as ``snapcache ls`` shows it, is ``ds.open_snapshot().id``."""
         return plan.pipeline_fingerprint(self._op).digest
+
+    def open_snapshot(self) -> Snapshot:
+        """The handle of the pipeline's last ``.snapshot()`` (committed or not: see its
+        ``state``); ``snap[i]``, ``snap.take(...)`` and ``snap.to_torch_map_style()`` read a
+        committed one by row. ValueError if the pipeline has no snapshot."""
+        snap = plan.last_snapshot(self._op)
+        if snap is None:
+            raise ValueError(f"{plan.describe_pipeline(self._op)} has no .snapshot(): add one "
+                             "to get a snapshot handle")
+        folder = Storage(snap.path, snap.options.storage_options).child(
+            plan.snapshot_tree(snap).digest)
+        return Snapshot(folder, read=snap.options.read)
 
     def explain(self, path: str | os.PathLike | None = None, *,
                 storage_options: dict | None = None) -> Explanation:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 import warnings
 import weakref
@@ -12,8 +11,7 @@ from typing import Any, Callable, Iterator
 
 from snapcache.errors import CorruptSnapshotError, RandomnessWarning
 from snapcache.pipeline import ops, streams
-from snapcache.store import layout
-from snapcache.store.cache import ShardCache
+from snapcache.store import handle, layout
 from snapcache.store.coordinator import negotiate
 from snapcache.store.fs import Storage
 from snapcache.store.lease import ReadLease
@@ -90,11 +88,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
     """A reader of a committed snapshot configured by the snapshot's read options."""
-    read = options.read
-    cache = _shard_cache(read.local_cache, read.local_cache_limit) \
-        if read.local_cache is not None and not storage.local else None
-    return SnapshotReader(storage, manifest, verify=read.verify,
-                          prefetch_bytes=read.prefetch_bytes, cache=cache)
+    return handle.open_reader(storage, manifest, options.read)
 
 
 def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
@@ -124,17 +118,6 @@ def splittable(op: ops.Op | None) -> bool:
     """True if running the pipeline up to ``op`` as N streams yields the same examples as one
     run: a source followed only by element-wise ops (derived from the ops' traits)."""
     return ops.splittable(op)
-
-
-_caches: dict[tuple[str, int], ShardCache] = {}
-
-
-def _shard_cache(directory: str, limit: int) -> ShardCache:
-    """One cache object per folder and limit in a process (it holds the per-key locks)."""
-    key = (os.path.abspath(directory), limit)
-    if key not in _caches:
-        _caches[key] = ShardCache(directory, limit)
-    return _caches[key]
 
 
 def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
