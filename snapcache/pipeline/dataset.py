@@ -16,6 +16,7 @@ from snapcache.pipeline import ops, ordered, plan
 
 EXECUTORS = ("thread", "process")
 from snapcache.pipeline.explain import Explanation
+from snapcache.pipeline.iterator import DatasetIterator, Deferred
 from snapcache.pipeline.streams import StreamSpec
 from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
@@ -290,11 +291,11 @@ class Dataset:
         return True  # a pipeline is a pipeline, whether or not its length is known
 
     # -- running -------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> DatasetIterator:
         return self.iterate()
 
     def iterate(self, epoch: int | None = None, *, stream: tuple[int, int] | None = None,
-                state: dict | None = None, balance: str | None = None) -> Iterator[Any]:
+                state: dict | None = None, balance: str | None = None) -> DatasetIterator:
         """An iterator over one epoch. ``epoch`` picks the shuffle order of seeded shuffles;
         by default each call (and each ``for`` loop) is the next epoch.
 
@@ -334,18 +335,27 @@ class Dataset:
             index, count = stream
             spec = StreamSpec(index, count)
         recorder = stats.Recorder(top=len(ops.lineage(self._op)) - 1)
+        op = self._op
+
+        def start() -> Iterator[Any]:  # at the first next(): nothing is held before it
+            token = stats.current.set(recorder)
+            try:
+                return plan.iterate(op, epoch, spec)
+            finally:
+                stats.current.reset(token)
+
         token = stats.current.set(recorder)
         try:
             iterator = ordered.iterate(shape, epoch, spec, state=state, balance=balance) \
                 if shape is not None else None
             if iterator is None:
-                iterator = plan.iterate(self._op, epoch, spec)
+                iterator = Deferred(start)
                 if shape is not None:  # the writing epoch, with a state
                     iterator = ordered.writing(shape, epoch, spec, iterator)
         finally:
             stats.current.reset(token)
         self._recorder = recorder
-        return iterator
+        return DatasetIterator(iterator)
 
     # -- frameworks ----------------------------------------------------------------------------
     def to_torch(self, *, rank: int | None = None, world_size: int | None = None,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from snapcache.errors import LeaseTimeoutError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease, live_leases
+from snapcache.store.lease import WriteLease, held_by_this_process, live_leases
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
 from snapcache.store.streams import StreamRecord, best_progress, load_markers
@@ -67,6 +67,12 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
                                 resume=best_progress(storage, stream, streams))
         if on_busy == "compute":
             return Decision("compute")
+        if not mine_done and _held_by_this_process(storage, stream, streams):
+            # Another iteration in this very process is writing it (an iterator not finished
+            # yet): waiting for it would wait forever, since only we can advance it.
+            log.info("snapshot %s is being written by another iteration in this process: "
+                     "computing without writing", storage.url)
+            return Decision("compute")
         now = time.monotonic()
         if mine_done:
             # Our stream is complete; the others must finish before anyone can read.
@@ -89,6 +95,12 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
                 "on_busy='compute' to compute without writing")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
+
+
+def _held_by_this_process(storage: Storage, stream: int, streams: int) -> bool:
+    return any(lease.kind == "write" and held_by_this_process(lease) and
+               ((lease.streams, lease.stream) == (streams, stream) or lease.streams != streams)
+               for lease in live_leases(storage))
 
 
 def _pending_without_writer(storage: Storage, streams: int) -> bool:

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 
+from snapcache import lifecycle
 from snapcache.errors import LeaseLostError
 from snapcache.store.fs import Storage
 
@@ -119,6 +120,7 @@ class _Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._forget = lifecycle.at_exit(self.stop)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -131,9 +133,18 @@ class _Heartbeat:
                 log.warning("lease heartbeat failed: %s", e)
 
     def stop(self) -> None:
+        self._forget()
         self._stop.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+
+
+_held_here: set[tuple[int, str]] = set()  # (pid, run id) of the write leases this process holds
+
+
+def held_by_this_process(lease: LeaseInfo) -> bool:
+    """True if ``lease`` is one this very process holds (not a parent's, after a fork)."""
+    return (os.getpid(), lease.owner) in _held_here
 
 
 class WriteLease:
@@ -153,6 +164,7 @@ class WriteLease:
     def __init__(self, storage: Storage, info: LeaseInfo):
         self.storage, self.info = storage, info
         self.lost = False
+        _held_here.add((os.getpid(), info.owner))
         self._heartbeat = _Heartbeat(self.renew, max(0.05, info.ttl / 4), "snapcache-lease")
 
     @classmethod
@@ -197,6 +209,7 @@ class WriteLease:
 
     def release(self) -> None:
         self._heartbeat.stop()
+        _held_here.discard((os.getpid(), self.info.owner))
         if not self.lost:
             self.storage.remove(self.info.name)
 
