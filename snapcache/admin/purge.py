@@ -163,7 +163,8 @@ def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
 def describe_leases(leases: Iterable[LeaseInfo]) -> str:
     """``"read lease of pid 123 on host-a"``, joined with commas."""
     now = time.time()
-    return ", ".join(f"{lease.kind} lease of pid {lease.pid} on {lease.host} "
+    return ", ".join(lease.problem if lease.corrupt else
+                     f"{lease.kind} lease of pid {lease.pid} on {lease.host} "
                      f"(heartbeat {max(0, now - lease.heartbeat_at):.0f} s ago)"
                      for lease in leases)
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterator
 
-from snapcache.errors import CorruptSnapshotError, RandomnessWarning
+from snapcache.errors import CorruptSnapshotError, LeaseLostError, RandomnessWarning
 from snapcache.pipeline import ops, streams
 from snapcache.store import handle, layout
 from snapcache.store.coordinator import negotiate
@@ -78,9 +79,20 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                             stream=writing.index, streams=writing.count, run_id=run_id,
                             resume=resume, lease=decision.lease)
     source = iterate(op.parent, epoch, streams.StreamSpec(writing.index, writing.count, skip))
+
+    def committed_by_another(done: int) -> Iterator[Any] | None:
+        """After this writer lost its lease: the rest of its share from the snapshot another
+        writer committed, when skipping ``done`` examples is exact (else None)."""
+        manifest = load_manifest(storage)
+        if manifest is None or (done and not resumable(op.parent)):
+            return None
+        share = _read(open_reader(storage, manifest, options), run_id, writing,
+                      options.coordination.lease_ttl)
+        return itertools.islice(share, done, None)
+
     written = _write(source, writer, decision.lease,
                      SnapshotReader(storage, _partial_manifest(resume, tree.digest))
-                     if resume is not None else None)
+                     if resume is not None else None, committed_by_another)
     if alone:
         return _write_then_read(written, storage, options, run_id, spec)
     return written
@@ -155,15 +167,29 @@ def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[No
             lease.release()
 
 
-def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None
-           ) -> Iterator[Any]:
+def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None,
+           committed_by_another: Callable[[int], Iterator[Any] | None]) -> Iterator[Any]:
+    done = 0
     try:
         if resumed is not None:  # the examples of finished shards: read back, not recomputed
-            yield from resumed.examples()
-        for item in source:
-            writer.write(item)
-            yield item
-        writer.commit()
+            for item in resumed.examples():
+                done += 1
+                yield item
+        try:
+            for item in source:
+                writer.write(item)
+                done += 1
+                yield item
+            writer.commit()
+        except LeaseLostError as lost:
+            # Fenced out: this writer commits nothing. If the one that took over has committed
+            # meanwhile, the epoch goes on with its snapshot instead of failing.
+            rest = committed_by_another(done)
+            if rest is None:
+                raise
+            log.warning("%s; the snapshot was committed by the other writer: this epoch goes "
+                        "on reading it", lost)
+            yield from rest
     finally:
         writer.abort()  # no-op after a commit; otherwise keeps finished shards for a resume
         close = getattr(source, "close", None)

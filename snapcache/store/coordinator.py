@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from snapcache.errors import LeaseTimeoutError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease, held_by_this_process, live_leases
+from snapcache.store.lease import WriteLease, live_leases, stalled_here
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
 from snapcache.store.streams import StreamRecord, best_progress, load_markers
@@ -67,11 +67,11 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
                                 resume=best_progress(storage, stream, streams))
         if on_busy == "compute":
             return Decision("compute")
-        if not mine_done and _held_by_this_process(storage, stream, streams):
-            # Another iteration in this very process is writing it (an iterator not finished
-            # yet): waiting for it would wait forever, since only we can advance it.
-            log.info("snapshot %s is being written by another iteration in this process: "
-                     "computing without writing", storage.url)
+        if not mine_done and _stalled_here(storage, stream, streams, lease_ttl):
+            # An unfinished iteration of this very process holds it (of this thread, or not
+            # advanced for the ttl): waiting for it could wait forever.
+            log.info("snapshot %s is being written by an unfinished iteration of this "
+                     "process: computing without writing", storage.url)
             return Decision("compute")
         now = time.monotonic()
         if mine_done:
@@ -97,8 +97,8 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
         delay = min(delay * 1.5, 1.0)
 
 
-def _held_by_this_process(storage: Storage, stream: int, streams: int) -> bool:
-    return any(lease.kind == "write" and held_by_this_process(lease) and
+def _stalled_here(storage: Storage, stream: int, streams: int, ttl: float) -> bool:
+    return any(lease.kind == "write" and stalled_here(lease, ttl) and
                ((lease.streams, lease.stream) == (streams, stream) or lease.streams != streams)
                for lease in live_leases(storage))
 

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-from snapcache.errors import StoreError
+from snapcache.errors import LeaseLostError, StoreError
 from snapcache.store.options import WriteOptions
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
@@ -162,8 +162,14 @@ class SnapshotWriter:
 
     # -- consumer side -------------------------------------------------------------------------
     def write(self, example: Any) -> None:
-        """Add one example. Raises if the example cannot be stored or the writer failed."""
+        """Add one example. Raises if the example cannot be stored or the writer failed, and
+        LeaseLostError once its lease's heartbeat found the stream taken over."""
         self._check_open()
+        if self._lease is not None:
+            if self._lease.lost is not None:
+                self.abort()
+                raise LeaseLostError(self._lease.lost)
+            self._lease.touch()
         if self._encoder is None:
             self._encoder = Encoder(infer_schema(example))
             self.storage.makedirs()
@@ -194,9 +200,7 @@ class SnapshotWriter:
                     raise self._error
             record = self._record(self._schema_json())
             self.storage.makedirs()
-            if self._lease is not None:
-                self._lease.check()
-            write_marker(self.storage, record)
+            write_marker(self.storage, record, self._lease)  # fenced: see streams.fence
             manifest = try_commit(self.storage, self._streams, **commit_fields(
                 self.options, key=self._key, name=self._name, fingerprint=self.fingerprint,
                 fingerprint_tree=self._tree,
