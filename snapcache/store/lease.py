@@ -329,6 +329,10 @@ class WriteLease:
                            f"{self.info.ttl:g} s): it commits nothing")
             if lease.name == self.info.name:
                 mine = lease
+        if (mine is None or mine.owner != self.info.owner) and self.storage.exists("manifest.json"):
+            self._lose(f"snapshot {self._id}: taken over by another writer, which has committed "
+                       f"it (this writer held generation {self.info.generation} and stopped "
+                       f"heart-beating for longer than {self.info.ttl:g} s): it commits nothing")
         if mine is None or mine.owner != self.info.owner:
             self._lose(f"snapshot {self._id}: this writer's lease {self.info.name} is gone "
                        "(the snapshot folder was purged or the lease removed while this "

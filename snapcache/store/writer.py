@@ -258,6 +258,13 @@ class SnapshotWriter:
         """Storage failures (a full disk, a failed upload) become one clear StoreError."""
         if not isinstance(error, OSError):
             return error
+        if self._lease is not None:  # files vanishing under a writer that lost its stream
+            try:
+                self._lease.check()
+            except LeaseLostError as lost:
+                return lost
+            except OSError:
+                pass
         return StoreError(
             f"writing snapshot {self.fingerprint[:12]} to {self.storage.url} failed: {error}. "
             "Nothing was committed; finished shards are kept for the next run "
