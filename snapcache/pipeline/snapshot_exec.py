@@ -60,6 +60,11 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                      options.coordination.lease_ttl)
     if decision.action == "replay":
         assert decision.resume is not None
+        if alone:
+            # One writer wrote everything and recorded its stream but crashed (or is just
+            # about to commit): commit it, then read this stream's share like every stream.
+            try_commit(storage, writing.count, **fields())
+            return _write_then_read(iter(()), storage, options, run_id, spec)
         return _replay(storage, decision.resume, options, writing.count, fields)
     if decision.action == "compute":
         log.info("snapshot %s is being written by another process: computing without writing",

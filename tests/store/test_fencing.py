@@ -239,8 +239,9 @@ def test_a_lease_taken_in_a_real_other_pid_namespace_is_not_judged_by_pid(tmp_pa
             "lease = WriteLease.acquire(Storage(%r), run_id='bbbbbbbb', ttl=%r)\n"
             "print(lease.info.pid, lease.info.pidns, flush=True)\n"
             "time.sleep(3600)\n") % (REPO, folder, TTL)
-    child = subprocess.Popen(["unshare", "--pid", "--fork", "--map-root-user", sys.executable,
-                              "-c", code], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--map-root-user",
+                              sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
     try:
         pid, pidns = child.stdout.readline().split()
         assert int(pid) <= 2  # pid 1 (or 2) inside its namespace
@@ -250,7 +251,7 @@ def test_a_lease_taken_in_a_real_other_pid_namespace_is_not_judged_by_pid(tmp_pa
             assert WriteLease.acquire(storage, run_id="cccccccc", ttl=TTL) is None
             time.sleep(0.05)
     finally:
-        child.kill()
+        os.killpg(child.pid, signal.SIGKILL)  # unshare and the holder inside its namespace
         child.wait()
 
 
