@@ -100,6 +100,8 @@ def _leaf(path: tuple, value: Any) -> _Leaf | None:
             return None
         leaf = _Leaf(path, "array", t, dt, value.shape, size=value.nbytes)
     elif t is int:
+        if not -(1 << 63) <= value < (1 << 63):
+            return None
         leaf = _Leaf(path, "int", t, size=8)
     elif t is float:
         leaf = _Leaf(path, "float", t, size=8)

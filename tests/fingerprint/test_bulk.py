@@ -45,6 +45,7 @@ CASES = {
     "bare arrays": [np.arange(i, i + 6, dtype=np.float32).reshape(2, 3) for i in range(200)],
     "large arrays": [np.full(3000, i, np.float64) for i in range(20)],
     "ints": list(range(-500, 500)),
+    "ints beyond 64 bits": [2**63 + i for i in range(100)] + list(range(100)),
     "floats with nan and -0.0": [math.nan, -0.0, 0.0, 1.5, math.inf, -math.nan] * 50,
     "bools and None": [{"ok": i % 3 == 0, "x": None, "v": float(i)} for i in range(200)],
     "nested": [{"a": {"b": [np.int16(i), i]}, "c": (np.zeros(2, np.complex64), True)}
