@@ -21,6 +21,7 @@ from snapcache.store import layout
 FORMAT = "snapcache-snapshot"
 FORMAT_VERSION = 1
 CHECKSUM_ALGORITHM = "xxh3_64"
+SHARD_COMPRESSIONS = ("zstd", "lz4", "none")
 
 
 def now_iso() -> str:
@@ -41,6 +42,11 @@ class ShardInfo:
     batch_rows: tuple[int, ...] | None = None
     """Rows of each record batch in the file, in order (None in snapshots written before it was
     recorded): what lets a reader find a row's record batch without opening the shard."""
+    compression: str | None = None
+    """The codec this shard's buffers are compressed with ("zstd", "lz4" or "none": the writer
+    stores a shard raw when compression saves too little); None in snapshots written before it
+    was recorded, whose shards all use the manifest's ``compression``. Arrow IPC records it in
+    the file too, so readers of any version decode the shard either way."""
 
     def __post_init__(self) -> None:
         if self.batch_rows is not None and not isinstance(self.batch_rows, tuple):
@@ -174,6 +180,11 @@ def _shard(doc: Any, index: int, bad) -> ShardInfo:
         raise bad(f"shard {path!r}: batch_rows must be a list of row counts")
     if batch_rows is not None and sum(batch_rows) != doc["rows"]:
         batch_rows = None  # the shard's own row count is checked when it is opened
+    compression = doc.get("compression")
+    if compression is not None and compression not in SHARD_COMPRESSIONS:
+        raise bad(f"shard {path!r}: compression {compression!r} is not one of "
+                  f"{', '.join(SHARD_COMPRESSIONS)}")
     return ShardInfo(path=path, rows=doc["rows"], bytes=doc["bytes"], checksum=checksum,
                      raw_bytes=raw if isinstance(raw, int) and raw >= 0 else 0,
-                     batch_rows=tuple(batch_rows) if batch_rows is not None else None)
+                     batch_rows=tuple(batch_rows) if batch_rows is not None else None,
+                     compression=compression)

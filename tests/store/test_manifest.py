@@ -47,6 +47,7 @@ def test_round_trip():
     (mutate(shard_checksum="md5:abc"), "checksum"),
     (mutate(num_examples=4), "disagrees with the shard list"),
     (mutate(schema=None), "shards without a schema"),
+    (mutate(shard_compression="gzip"), "compression 'gzip' is not one of"),
 ])
 def test_malformed_manifests_are_rejected(data, message):
     with pytest.raises(CorruptSnapshotError, match=message):

@@ -1,0 +1,388 @@
+"""Hashing many in-memory examples of one structure at numpy speed, with the same digest as
+feeding them one by one.
+
+An in-memory source (``Dataset.from_iterable``) is fingerprinted by streaming every example's
+canonical encoding (:func:`snapcache.fingerprint.canonical.feed_value`) into one xxh3 hasher.
+Done example by example in Python that runs at ~50 MB/s for small examples. Here the examples
+are taken in chunks: the structure of the chunk's first example (dicts with str keys, tuples,
+lists, with numpy arrays, numpy scalars, ints, floats, bools or None as leaves) becomes a
+:class:`Layout`, every example of the chunk is checked against it column by column (C-level
+``map`` calls, no Python code per example), and the bytes are fed as a few large buffers: the
+arrays' own buffers, and one row of a small matrix per example for everything between them.
+
+The bytes fed are exactly the bytes :func:`feed_value` feeds, so digests do not change: the
+framing (dict and sequence headers, keys, their order) is not restated here but read off the
+canonical encoder by encoding a skeleton of the first example whose leaves are unique markers;
+each leaf's constant prefix (type tag, dtype, shape) is read off the encoding of the first
+example's leaf and checked. A chunk that does not fit (another structure, dtype or shape, a
+non-contiguous array, an int beyond 64 bits, a dict subclass ...) is fed one example at a time.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import operator
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import xxhash
+
+from snapcache.fingerprint.canonical import feed_value
+from snapcache.fingerprint.tree import Unhashable, Walk
+
+__all__ = ["hash_items"]
+
+CHUNK_BYTES = 256 << 10
+"""About this many bytes of examples per chunk."""
+SMALL_ARRAY = 4096
+"""Arrays up to this size are copied into one matrix with the rest of their example; larger
+ones are fed as their own buffers."""
+
+_MAX_LEAVES = 64
+_MAX_DEPTH = 8
+_MARK = b"\xffsnapcache:bulk-marker\xfe"
+_NUMERIC = "biufc"
+
+
+class _Recorder:
+    """A stand-in for a hasher that keeps what it is fed."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def update(self, data: Any) -> None:
+        self.parts.append(bytes(data))
+
+    def value(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def _encoding(value: Any) -> bytes:
+    r = _Recorder()
+    feed_value(r, value, Walk())
+    return r.value()
+
+
+@dataclass
+class _Leaf:
+    path: tuple
+    kind: str            # "array", "int", "float", "bool", "scalar", "none"
+    type: type
+    dtype: Any = None    # arrays and numpy scalars
+    shape: tuple = ()
+    prefix: bytes = b""  # the constant bytes before the payload
+    size: int = 0        # payload bytes (arrays: fed as their own buffer)
+    table: tuple = ()    # bools: (encoding of False, encoding of True)
+
+
+def _payload(leaf: _Leaf, value: Any) -> bytes:
+    if leaf.kind == "array":
+        return np.ascontiguousarray(value).tobytes()
+    if leaf.kind == "int":
+        return struct.pack("<q", value)
+    if leaf.kind == "float":
+        return struct.pack("<d", math.nan if value != value else value)
+    if leaf.kind == "scalar":
+        return np.asarray(value).tobytes()
+    return b""
+
+
+def _leaf(path: tuple, value: Any) -> _Leaf | None:
+    t = type(value)
+    if t is np.ndarray:
+        dt = value.dtype
+        if dt.kind not in _NUMERIC or dt.byteorder == ">" or dt.fields or dt.subdtype:
+            return None
+        leaf = _Leaf(path, "array", t, dt, value.shape, size=value.nbytes)
+    elif t is int:
+        if not -(1 << 63) <= value < (1 << 63):
+            return None
+        leaf = _Leaf(path, "int", t, size=8)
+    elif t is float:
+        leaf = _Leaf(path, "float", t, size=8)
+    elif t is bool:
+        table = (_encoding(False), _encoding(True))
+        if len(table[0]) != len(table[1]):
+            return None
+        return _Leaf(path, "bool", t, size=len(table[0]), table=table)
+    elif t is type(None):
+        leaf = _Leaf(path, "none", t)
+    elif isinstance(value, np.generic) and value.dtype.kind in _NUMERIC \
+            and value.dtype.byteorder != ">":
+        leaf = _Leaf(path, "scalar", t, value.dtype, size=value.dtype.itemsize)
+    else:
+        return None
+    encoded, payload = _encoding(value), _payload(leaf, value)
+    if not encoded.endswith(payload):
+        return None  # the canonical encoding is not prefix + payload: leave it to feed_value
+    leaf.prefix = encoded[:len(encoded) - len(payload)]
+    return leaf
+
+
+class Layout:
+    """The byte layout shared by every example of one structure.
+
+    ``segments`` is the encoding of one example in stream order: ``bytes`` (constant) or a
+    :class:`_Leaf` (prefix + payload). ``containers`` maps every container's path to its type,
+    length and (dicts) keys, for checking."""
+
+    def __init__(self, example: Any):
+        self.ok = False
+        self.leaves: list[_Leaf] = []
+        self.containers: dict[tuple, tuple[type, int, tuple | None]] = {}
+        self.key_order_counts = False
+        skeleton = self._skeleton(example, (), set())
+        if skeleton is None or not self.leaves:
+            return
+        stream = _encoding(skeleton)
+        found = []
+        for i, leaf in enumerate(self.leaves):
+            marker = _encoding(_MARK + i.to_bytes(4, "little"))
+            if stream.count(marker) != 1:
+                return  # the leaf's encoding is not inline (e.g. a dict with non-str keys)
+            found.append((stream.index(marker), len(marker), leaf))
+        found.sort(key=lambda f: f[0])
+        self.segments: list[Any] = []
+        at = 0
+        for start, length, leaf in found:
+            if start > at:
+                self.segments.append(stream[at:start])
+            self.segments.append(leaf)
+            at = start + length
+        if at < len(stream):
+            self.segments.append(stream[at:])
+        self.key_order_counts = _encoding(self._reorder(skeleton)) != stream
+        self.record = sum(len(s) if isinstance(s, bytes) else len(s.prefix) + s.size
+                          for s in self.segments)
+        self.ok = True
+
+    def _skeleton(self, value: Any, path: tuple, seen: set) -> Any:
+        t = type(value)
+        if t in (dict, tuple, list):
+            if len(path) >= _MAX_DEPTH or id(value) in seen:
+                return None
+            if t is dict and not all(type(k) is str for k in value):
+                return None
+            keys = tuple(value) if t is dict else None
+            self.containers[path] = (t, len(value), keys)
+            seen = seen | {id(value)}
+            pairs = value.items() if t is dict else enumerate(value)
+            out = {}
+            for k, v in pairs:
+                sk = self._skeleton(v, path + (k,), seen)
+                if sk is None:
+                    return None
+                out[k] = sk
+            return out if t is dict else t(out.values())
+        if len(self.leaves) >= _MAX_LEAVES:
+            return None
+        leaf = _leaf(path, value)
+        if leaf is None:
+            return None
+        marker = _MARK + len(self.leaves).to_bytes(4, "little")
+        self.leaves.append(leaf)
+        return marker
+
+    @staticmethod
+    def _reorder(skeleton: Any) -> Any:
+        """The skeleton with every dict's keys in reverse order."""
+        if type(skeleton) is dict:
+            return {k: Layout._reorder(skeleton[k]) for k in reversed(skeleton)}
+        if type(skeleton) in (tuple, list):
+            return type(skeleton)(Layout._reorder(v) for v in skeleton)
+        return skeleton
+
+    # -- one chunk ------------------------------------------------------------------------
+    def parts(self, chunk: list) -> list | None:
+        """The buffers to feed for ``chunk`` (in order), or None if an example does not fit."""
+        k = len(chunk)
+        columns: dict[tuple, list] = {(): chunk}
+        for path in sorted(self.containers, key=len):
+            t, n, keys = self.containers[path]
+            col = columns[path]
+            if set(map(type, col)) != {t} or set(map(len, col)) != {n}:
+                return None
+            if keys is not None and self.key_order_counts and set(map(tuple, col)) != {keys}:
+                return None
+            try:
+                for key in (keys if keys is not None else range(n)):
+                    columns[path + (key,)] = list(map(operator.itemgetter(key), col))
+            except (KeyError, IndexError, TypeError):
+                return None
+        pieces: list[Any] = []  # per position in an example's stream: one list of k buffers
+        gap: list[Any] = []     # constant bytes and (k, n) uint8 payload matrices, pending
+
+        def flush() -> None:
+            if not gap:
+                return
+            if all(isinstance(g, bytes) for g in gap):
+                pieces.append([b"".join(gap)] * k)
+            else:
+                matrix = np.empty((k, sum(_width(g) for g in gap)), np.uint8)
+                at = 0
+                for g in gap:
+                    matrix[:, at:at + _width(g)] = np.frombuffer(g, np.uint8) \
+                        if isinstance(g, bytes) else g
+                    at += _width(g)
+                pieces.append(matrix)
+            gap.clear()
+
+        for segment in self.segments:
+            if isinstance(segment, bytes):
+                gap.append(segment)
+                continue
+            col = columns[segment.path]
+            if set(map(type, col)) != {segment.type}:
+                return None
+            if segment.prefix:
+                gap.append(segment.prefix)
+            payload = self._payload(segment, col, k)
+            if payload is None:
+                return None
+            if payload is _LARGE:  # fed as the arrays' own buffers, not copied
+                flush()
+                pieces.append(col)
+            elif payload is not _NONE:
+                gap.append(payload)
+        flush()
+        if len(pieces) == 1 and isinstance(pieces[0], np.ndarray):
+            return [pieces[0]]  # every example is one row of one matrix: one buffer
+        rows = [p.view(f"V{p.shape[1]}").ravel().tolist() if isinstance(p, np.ndarray) else p
+                for p in pieces]
+        out: list[Any] = [None] * (k * len(rows))
+        for i, r in enumerate(rows):
+            out[i::len(rows)] = r
+        return out
+
+    @staticmethod
+    def _payload(leaf: _Leaf, col: list, k: int) -> Any:
+        """Checks ``col`` and returns its payload: a (k, size) uint8 matrix, ``_LARGE`` for
+        arrays fed as their own buffers, ``_NONE`` when there is none."""
+        if leaf.kind == "array":
+            if set(map(_DTYPE, col)) != {leaf.dtype} or not _same_shape(col, leaf.shape):
+                return None
+            if leaf.size > SMALL_ARRAY:
+                return _LARGE
+            try:  # C-contiguous buffers only: anything else raises
+                joined = b"".join(col)
+            except (ValueError, BufferError, TypeError):
+                return None
+            return np.frombuffer(joined, np.uint8).reshape(k, leaf.size)
+        if leaf.kind == "none":
+            return _NONE
+        if leaf.kind == "bool":
+            flags = np.fromiter(col, np.bool_, count=k)
+            f, t = (np.frombuffer(e, np.uint8) for e in leaf.table)
+            return np.where(flags[:, None], t, f)
+        if leaf.kind == "int":
+            try:
+                values = np.fromiter(col, np.dtype("<i8"), count=k)
+            except OverflowError:
+                return None
+        elif leaf.kind == "float":
+            values = np.fromiter(col, np.dtype("<f8"), count=k)
+            values[np.isnan(values)] = math.nan
+        else:
+            values = np.array(col)
+            if values.dtype != leaf.dtype:
+                return None
+            values = values.astype(values.dtype.newbyteorder("<"), copy=False)
+        return values.reshape(k, 1).view(np.uint8).reshape(k, -1)
+
+
+_LARGE, _NONE = object(), object()
+_DTYPE = operator.attrgetter("dtype")
+_NDIM = operator.attrgetter("ndim")
+_SIZE = operator.attrgetter("size")
+_SHAPE = operator.attrgetter("shape")
+
+
+def _width(g: Any) -> int:
+    return len(g) if isinstance(g, bytes) else g.shape[1]
+
+
+def _same_shape(col: list, shape: tuple) -> bool:
+    """Does every array of ``col`` have ``shape``? (ndim and len settle 1-d shapes, and with
+    size 2-d ones, more cheaply than comparing shape tuples.)"""
+    if len(shape) == 0 or len(shape) > 2:
+        return set(map(_SHAPE, col)) == {shape}
+    if set(map(_NDIM, col)) != {len(shape)} or set(map(len, col)) != {shape[0]}:
+        return False
+    return len(shape) == 1 or set(map(_SIZE, col)) == {shape[0] * shape[1]}
+
+
+class _Chunks:
+    """``items`` in consecutive lists, each as long as ``size`` says when it is taken."""
+
+    def __init__(self, items: Iterable[Any]):
+        self.items, self.size, self.at = items, 1, 0
+        self.it = None if type(items) in (list, tuple) else iter(items)
+
+    def __iter__(self) -> Iterator[list]:
+        while True:
+            if self.it is None:
+                chunk = list(self.items[self.at:self.at + self.size])
+            else:
+                chunk = list(itertools.islice(self.it, self.size))
+            if not chunk:
+                return
+            self.at += len(chunk)
+            yield chunk
+
+
+def _rows_parts(items: np.ndarray, start: int, stop: int, prefix: bytes) -> list:
+    """A C-contiguous chunk of an array's rows (each example is a row)."""
+    rows = np.ascontiguousarray(items[start:stop])
+    k = len(rows)
+    matrix = np.empty((k, len(prefix) + rows[0].nbytes if k else 0), np.uint8)
+    matrix[:, :len(prefix)] = np.frombuffer(prefix, np.uint8)
+    matrix[:, len(prefix):] = rows.reshape(k, -1).view(np.uint8)
+    return [matrix]
+
+
+def hash_items(items: Iterable[Any]) -> tuple[bytes, int]:
+    """The xxh3-128 digest of the canonical encodings of ``items``, in order, and their count.
+
+    Raises :class:`Unhashable` (with ``item #i`` in its path) for an item that cannot be
+    encoded."""
+    h = xxhash.xxh3_128()
+    count = 0
+    if type(items) is np.ndarray and items.ndim >= 1 and len(items):
+        leaf = _leaf((), items[0]) if sys.byteorder == "little" else None
+        if leaf is not None:
+            per = max(1, CHUNK_BYTES // max(1, leaf.size + len(leaf.prefix)))
+            for start in range(0, len(items), per):
+                for part in _rows_parts(items, start, start + per, leaf.prefix):
+                    h.update(part)
+            return h.digest(), len(items)
+    walk = Walk()
+    layout: Layout | None = None
+    chunks = _Chunks(items)
+    for chunk in chunks:  # the first chunk is one item: it sizes the others
+        parts = None
+        if sys.byteorder == "little":
+            if layout is None or not layout.ok or (parts := layout.parts(chunk)) is None:
+                layout = Layout(chunk[0])
+                parts = layout.parts(chunk) if layout.ok else None
+        if parts is not None:
+            saved = h.copy()
+            try:
+                collections.deque(map(h.update, parts), maxlen=0)
+            except (ValueError, BufferError, TypeError):  # e.g. a non-contiguous array
+                h, parts = saved, None
+        if parts is None:
+            for i, item in enumerate(chunk):
+                try:
+                    feed_value(h, item, walk)
+                except Unhashable as e:
+                    e.path.append(f"item #{count + i}")
+                    raise
+        count += len(chunk)
+        record = layout.record if layout is not None and layout.ok else 4096
+        chunks.size = max(16, min(65536, CHUNK_BYTES // max(1, record)))
+    return h.digest(), count

@@ -1,0 +1,157 @@
+"""Bulk hashing of in-memory sources gives exactly the digest of feeding the examples one by
+one, whatever mix of structures, dtypes, shapes and layouts the examples have; dtype, shape,
+order and content all count."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from snapcache.fingerprint import bulk
+from snapcache.fingerprint.canonical import feed_value
+from snapcache.fingerprint.tree import Walk
+
+
+def one_by_one(items):
+    h = xxhash.xxh3_128()
+    walk = Walk()
+    count = 0
+    for count, item in enumerate(items, 1):
+        feed_value(h, item, walk)
+    return h.digest(), count
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """Chunks of a few examples, so every test crosses many chunk boundaries."""
+    monkeypatch.setattr(bulk, "CHUNK_BYTES", 2048)
+
+
+def token(i):
+    rng = np.random.default_rng(i)
+    return {"tokens": rng.integers(0, 32000, 128, dtype=np.int32), "length": int(i % 128)}
+
+
+CASES = {
+    "tokens": [token(i) for i in range(300)],
+    "images and labels": [(np.full((8, 8, 3), i, np.uint8), np.int64(i)) for i in range(100)],
+    "bare arrays": [np.arange(i, i + 6, dtype=np.float32).reshape(2, 3) for i in range(200)],
+    "large arrays": [np.full(3000, i, np.float64) for i in range(20)],
+    "ints": list(range(-500, 500)),
+    "ints beyond 64 bits": [2**63 + i for i in range(100)] + list(range(100)),
+    "floats with nan and -0.0": [math.nan, -0.0, 0.0, 1.5, math.inf, -math.nan] * 50,
+    "bools and None": [{"ok": i % 3 == 0, "x": None, "v": float(i)} for i in range(200)],
+    "nested": [{"a": {"b": [np.int16(i), i]}, "c": (np.zeros(2, np.complex64), True)}
+               for i in range(150)],
+    "empty arrays": [{"e": np.zeros((0, 3), np.int8), "i": i} for i in range(100)],
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bulk_digest_equals_one_by_one(name):
+    items = CASES[name]
+    assert bulk.hash_items(items) == one_by_one(items)
+    assert bulk.hash_items(tuple(items)) == one_by_one(items)
+    assert bulk.hash_items(iter(items)) == one_by_one(items)
+
+
+def mixed_items():
+    base = [token(i) for i in range(40)]
+    base[3] = {"tokens": base[3]["tokens"].astype(np.int64), "length": 3}      # dtype
+    base[7] = {"tokens": base[7]["tokens"][:100], "length": 7}                  # shape
+    base[9] = {"tokens": base[9]["tokens"].reshape(2, 64), "length": 9}        # ndim
+    base[11] = {"tokens": base[11]["tokens"][::-1], "length": 11}              # not contiguous
+    base[13] = {"tokens": base[13]["tokens"], "length": 2**70}                 # big int
+    base[15] = {"length": 15, "tokens": base[15]["tokens"]}                    # key order
+    base[17] = collections.OrderedDict(base[17])                                # dict subclass
+    base[19] = {"tokens": base[19]["tokens"], "length": 19.0}                  # float, not int
+    base[21] = {"tokens": base[21]["tokens"], "length": True}                  # bool, not int
+    base[23] = {"tokens": base[23]["tokens"], "length": 23, "x": 1}            # extra key
+    base[25] = {"tokens": list(base[25]["tokens"][:3]), "length": 25}          # a list
+    base[27] = {"tokens": base[27]["tokens"].astype(">i4"), "length": 27}      # byte order
+    base[29] = {"tokens": np.asfortranarray(np.ones((4, 32), np.int32)), "length": 29}
+    base[31] = "a string"
+    return base
+
+
+def test_examples_that_do_not_fit_the_layout_fall_back_with_the_same_digest():
+    items = mixed_items()
+    assert bulk.hash_items(items) == one_by_one(items)
+
+
+def test_dtype_shape_order_and_content_all_count():
+    items = [token(i) for i in range(100)]
+    digest = bulk.hash_items(items)[0]
+    variants = {
+        "dtype": lambda e: {"tokens": e["tokens"].view(np.uint32), "length": e["length"]},
+        "shape": lambda e: {"tokens": e["tokens"].reshape(2, 64), "length": e["length"]},
+        "content": lambda e: {"tokens": e["tokens"] + 1, "length": e["length"]},
+        "scalar type": lambda e: {"tokens": e["tokens"], "length": np.int64(e["length"])},
+    }
+    for name, change in variants.items():
+        changed = list(items)
+        changed[57] = change(changed[57])
+        assert bulk.hash_items(changed)[0] != digest, name
+    swapped = list(items)
+    swapped[10], swapped[11] = swapped[11], swapped[10]
+    assert bulk.hash_items(swapped)[0] != digest
+    assert bulk.hash_items(items[:-1])[0] != digest
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(600, dtype=np.int32).reshape(100, 6),
+    np.arange(600, dtype=np.float64),
+    np.arange(600, dtype=np.int16).reshape(10, 6, 10)[:, ::2],  # rows not contiguous
+    np.array([True, False] * 50),
+    np.arange(10, dtype=">i4").reshape(5, 2),
+    np.array([{"a": 1}, 2, "x"], dtype=object),
+], ids=["2d", "1d", "strided", "bool", "big-endian", "object"])
+def test_an_array_source_hashes_its_rows(array):
+    assert bulk.hash_items(array) == one_by_one(array)
+
+
+def test_an_unhashable_item_is_named_by_its_position():
+    import threading
+    items = [token(i) for i in range(50)]
+    items[37] = {"tokens": items[37]["tokens"], "length": threading.Lock()}
+    with pytest.raises(bulk.Unhashable) as info:
+        bulk.hash_items(items)
+    assert "item #37" in info.value.path
+
+
+leaves = st.one_of(
+    st.integers(-2**70, 2**70), st.floats(allow_nan=True), st.booleans(), st.none(),
+    st.text(max_size=3),
+    hnp.arrays(st.sampled_from([np.uint8, np.int32, np.float32, np.float64, np.bool_]),
+               hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=3)),
+    st.sampled_from([np.int64(3), np.float32(1.5), np.uint8(7), np.bool_(True)]),
+)
+structures = st.recursive(
+    leaves, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                    st.tuples(inner, inner),
+                                    st.dictionaries(st.sampled_from("abc"), inner, max_size=3)),
+    max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(structures, max_size=4), st.lists(st.integers(0, 3), max_size=30))
+def test_any_mix_of_structures_hashes_like_one_by_one(templates, picks):
+    items = [templates[p % len(templates)] for p in picks] if templates else []
+    assert bulk.hash_items(items) == one_by_one(items)
+
+
+def test_examples_of_one_structure_are_not_encoded_one_by_one(monkeypatch):
+    calls = []
+    real = bulk.feed_value
+    monkeypatch.setattr(bulk, "feed_value", lambda *a: (calls.append(1), real(*a))[1])
+    items = [token(i) for i in range(2000)]
+    expected = one_by_one(items)
+    assert bulk.hash_items(items) == expected
+    assert len(calls) < 20  # the layout's skeleton and leaves, not one call per example
