@@ -19,7 +19,7 @@ from snapcache.errors import (
 )
 from snapcache.options import AUTOTUNE, SnapshotOptions
 from snapcache.pipeline.dataset import Dataset
-from snapcache.store.handle import Snapshot, open_snapshot
+from snapcache.pipeline.handle import Snapshot, open_snapshot
 
 __all__ = [
     "AUTOTUNE",

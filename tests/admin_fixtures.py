@@ -14,7 +14,7 @@ import numpy as np
 
 import snapcache as sc
 from snapcache.store.fs import Storage
-from snapcache.store.lease import HOST, LeaseInfo
+from snapcache.store.protocol import HOST, LeaseInfo
 
 
 def make_snapshot(root: str, name: str, n: int = 40, *, width: int = 16,

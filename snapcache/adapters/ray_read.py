@@ -21,7 +21,7 @@ from ray.data.extensions import ArrowTensorArray, ArrowVariableShapedTensorArray
 
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
-from snapcache.store.handle import Snapshot, open_snapshot
+from snapcache.pipeline.handle import Snapshot, open_snapshot
 from snapcache.store.reader import SnapshotReader
 from snapcache.store.schema import Schema
 

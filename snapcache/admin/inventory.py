@@ -21,7 +21,7 @@ from snapcache.options import default_root
 from snapcache.store import layout
 from snapcache.store.catalog import read_entry
 from snapcache.store.fs import FileStat, Storage
-from snapcache.store.lease import LeaseInfo, expired, read_leases, write_leases
+from snapcache.store.protocol import LeaseInfo, expired, read_leases, write_leases
 from snapcache.store.manifest import Manifest
 
 STATES = ("committed", "writing", "abandoned", "corrupt")

@@ -15,6 +15,7 @@ from snapcache.options import AUTOTUNE, SnapshotOptions, check_parallelism, defa
 from snapcache.pipeline import ops, ordered, plan
 
 EXECUTORS = ("thread", "process")
+from snapcache.pipeline.build import SnapshotBuilder
 from snapcache.pipeline.explain import Explanation
 from snapcache.pipeline.iterator import DatasetIterator, Deferred
 from snapcache.pipeline.streams import StreamSpec
@@ -22,7 +23,7 @@ from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
 from snapcache.pipeline.explain import explain as explain_tree
 from snapcache.store.fs import Storage, expand_files
-from snapcache.store.handle import Snapshot
+from snapcache.pipeline.handle import Snapshot
 
 
 def _positive_int(value: Any, what: str, *, allow_zero: bool = False,
@@ -418,7 +419,7 @@ class Dataset:
                              "to get a snapshot handle")
         folder = Storage(snap.path, snap.options.storage_options).child(
             plan.snapshot_tree(snap).digest)
-        return Snapshot(folder, read=snap.options.read)
+        return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap))
 
     def explain(self, path: str | os.PathLike | None = None, *,
                 storage_options: dict | None = None) -> Explanation:

@@ -12,15 +12,14 @@ from typing import Any, Callable, Iterator
 
 from snapcache.errors import CorruptSnapshotError, LeaseLostError, RandomnessWarning
 from snapcache.pipeline import ops, streams
-from snapcache.store import handle, layout
-from snapcache.store.coordinator import negotiate
+from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import ReadLease
-from snapcache.store.manifest import Manifest, now_iso
-from snapcache.store.reader import SnapshotReader, load_manifest
+from snapcache.store.manifest import Manifest
+from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as _open
 from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
-from snapcache.store.streams import StreamRecord, commit_fields, try_commit
+from snapcache.store.protocol import (
+    ReadLease, StreamRecord, commit_fields, discard, negotiate, record_last_use, try_commit)
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -42,7 +41,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     run_id = layout.new_run_id()
     # Streams may each write their share only if that gives the same examples as one writer:
     # an element-wise upstream. Otherwise one stream writes everything, the others wait.
-    alone = spec.count > 1 and not splittable(op.parent)
+    alone = spec.count > 1 and not ops.splittable(op.parent)
     writing = streams.StreamSpec() if alone else spec
     decision = negotiate(storage, run_id=run_id, stream=writing.index, streams=writing.count,
                          on_busy="wait" if alone else options.coordination.on_busy,
@@ -71,8 +70,10 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                  storage.url)
         return iterate(op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
     resume = decision.resume
-    if resume is not None and not resumable(op.parent):
-        _discard(storage, resume, writing)
+    if resume is not None and not ops.resumable(op.parent):
+        log.info("snapshot %s stream %d restarts: its upstream cannot skip examples",
+                 storage.url, writing.index)
+        discard(storage, resume)
         resume = None
     skip = resume.rows if resume is not None else 0
     if skip:
@@ -89,7 +90,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
         """After this writer lost its lease: the rest of its share from the snapshot another
         writer committed, when skipping ``done`` examples is exact (else None)."""
         manifest = load_manifest(storage)
-        if manifest is None or (done and not resumable(op.parent)):
+        if manifest is None or (done and not ops.resumable(op.parent)):
             return None
         share = _read(open_reader(storage, manifest, options), run_id, writing,
                       options.coordination.lease_ttl)
@@ -105,7 +106,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
     """A reader of a committed snapshot configured by the snapshot's read options."""
-    return handle.open_reader(storage, manifest, options.read)
+    return _open(storage, manifest, options.read)
 
 
 def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
@@ -129,12 +130,6 @@ def _replay(storage: Storage, record: StreamRecord, options, count: int,
     partial = _partial_manifest(record, fields["fingerprint"])
     yield from SnapshotReader(storage, partial, verify=options.read.verify).examples()
     try_commit(storage, count, **fields)
-
-
-def splittable(op: ops.Op | None) -> bool:
-    """True if running the pipeline up to ``op`` as N streams yields the same examples as one
-    run: a source followed only by element-wise ops (derived from the ops' traits)."""
-    return ops.splittable(op)
 
 
 def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
@@ -210,32 +205,13 @@ def _partial_manifest(resume: StreamRecord, fingerprint: str) -> Manifest:
                     compression="", created_at="", committed_at="", writer={})
 
 
-def _discard(storage: Storage, resume: StreamRecord, spec: streams.StreamSpec) -> None:
-    """Restart a stream whose upstream cannot skip examples: drop the earlier run's files
-    (no manifest lists them, and this process holds the stream's lease)."""
-    log.info("snapshot %s stream %d restarts: its upstream cannot skip examples",
-             storage.url, spec.index)
-    for name in storage.listdir():
-        if name.startswith(layout.progress_prefix(spec.count, spec.index)):
-            storage.remove(name)
-    for shard in resume.shards:
-        storage.remove(shard.path)
-
-
-def resumable(op: ops.Op | None) -> bool:
-    """True if the pipeline up to ``op`` can start at any example: an indexable source and
-    only one-to-one, order-preserving ops after it (derived from the ops' traits; after a
-    ``map(deterministic=False)`` a resume restarts the stream instead of skipping by count)."""
-    return ops.resumable(op)
-
-
 def _touch_last_used(reader: SnapshotReader) -> None:
     url = reader.storage.url
     now = time.monotonic()
     if now - _last_used.get(url, -1e9) < LAST_USED_INTERVAL:
         return
     _last_used[url] = now
-    reader.storage.write_atomic(layout.LAST_USED, f'{{"at": "{now_iso()}"}}'.encode())
+    record_last_use(reader.storage)
 
 
 def _warn_randomness(op: ops.SnapshotOp, labelled) -> None:

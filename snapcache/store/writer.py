@@ -3,7 +3,7 @@
 The consumer's thread only validates and buffers examples (cheap); compression and I/O run on a
 background thread, fed through a bounded queue so memory stays bounded when storage is slow.
 Nothing is visible as a snapshot until the manifest is committed (see
-:mod:`snapcache.store.streams` for how several streams commit exactly once).
+:mod:`snapcache.store.protocol` for how several streams commit exactly once).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from snapcache.store.options import WriteOptions
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease
+from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
 from snapcache.store.schema import merge_schemas
-from snapcache.store.streams import (
+from snapcache.store.protocol import (
     StreamRecord, commit_fields, try_commit, write_marker, write_progress)
 
 log = logging.getLogger(__name__)

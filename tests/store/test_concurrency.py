@@ -19,7 +19,7 @@ import snapcache as sc
 from snapcache.errors import LeaseTimeoutError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import LeaseInfo, WriteLease, live_leases
+from snapcache.store.protocol import LeaseInfo, WriteLease, live_leases
 from snapcache.store.reader import SnapshotReader, load_manifest
 
 WORKER = textwrap.dedent('''
@@ -137,7 +137,7 @@ def test_dead_writer_lease_is_taken_over(tmp_path):
     folder = Storage(root).child(ds.fingerprint())
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True)
-    from snapcache.store.lease import BOOT, HOST, PIDNS
+    from snapcache.store.protocol import BOOT, HOST, PIDNS
 
     # fresh heartbeat, dead pid of this machine, pid namespace and boot: taken over at once
     dead_lease(folder, host=HOST, pid=int(proc.stdout), age=0, ttl=3600, pidns=PIDNS, boot=BOOT)

@@ -25,9 +25,9 @@ import snapcache as sc
 from snapcache.errors import LeaseLostError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import BOOT, HOST, LeaseInfo, WriteLease, write_leases
+from snapcache.store.protocol import BOOT, HOST, LeaseInfo, WriteLease, write_leases
 from snapcache.store.reader import SnapshotReader, load_manifest
-from snapcache.store.streams import StreamRecord, write_marker
+from snapcache.store.protocol import StreamRecord, write_marker
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TTL = 1.0
@@ -235,7 +235,7 @@ def test_a_lease_taken_in_a_real_other_pid_namespace_is_not_judged_by_pid(tmp_pa
     folder = str(tmp_path / ("2" * 32))
     code = ("import sys, time; sys.path.insert(0, %r)\n"
             "from snapcache.store.fs import Storage\n"
-            "from snapcache.store.lease import WriteLease\n"
+            "from snapcache.store.protocol import WriteLease\n"
             "lease = WriteLease.acquire(Storage(%r), run_id='bbbbbbbb', ttl=%r)\n"
             "print(lease.info.pid, lease.info.pidns, flush=True)\n"
             "time.sleep(3600)\n") % (REPO, folder, TTL)

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from snapcache.errors import LeaseTimeoutError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease, live_leases, stalled_here
+from snapcache.store.protocol.lease import WriteLease, live_leases, stalled_here
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
-from snapcache.store.streams import StreamRecord, best_progress, load_markers
+from snapcache.store.protocol.records import StreamRecord, best_progress, load_markers
 
 log = logging.getLogger(__name__)
 

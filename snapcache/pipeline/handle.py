@@ -22,33 +22,51 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Sequence
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
 
 from snapcache.errors import SnapshotNotFoundError, SnapshotStateError
 from snapcache.store import layout
-from snapcache.store.cache import shared_cache
 from snapcache.store.catalog import read_entry
 from snapcache.store.fs import Storage
-from snapcache.store.lease import live_leases
+from snapcache.store import protocol
 from snapcache.store.manifest import Manifest
 from snapcache.store.options import ReadOptions
-from snapcache.store.reader import SnapshotReader
+from snapcache.store.reader import SnapshotReader, open_reader
 from snapcache.store.schema import Schema
 
 STATES = ("committed", "writing", "abandoned", "absent", "corrupt")
 
-__all__ = ["STATES", "Snapshot", "open_reader", "open_snapshot"]
+__all__ = ["STATES", "Builder", "Snapshot", "StreamWrite", "open_snapshot"]
 
 
-def open_reader(storage: Storage, manifest: Manifest, read: ReadOptions | None = None
-                ) -> SnapshotReader:
-    """A reader of a committed snapshot configured by ``read`` (checksums, prefetch, and the
-    node-local cache of remote shards)."""
-    read = read or ReadOptions()
-    cache = shared_cache(read.local_cache, read.local_cache_limit) \
-        if read.local_cache is not None and not storage.local else None
-    return SnapshotReader(storage, manifest, verify=read.verify,
-                          prefetch_bytes=read.prefetch_bytes, cache=cache)
+class Builder(Protocol):
+    """What the pipeline gives a handle so it can build its snapshot stream by stream
+    (``Dataset.open_snapshot()`` supplies one; a handle opened from a path has none)."""
+
+    def commit_fields(self) -> dict:
+        """The manifest fields besides shards and schema (:func:`protocol.commit_fields`)."""
+
+    def write_stream(self, index: int, count: int) -> int:
+        """Run stream ``index`` of ``count`` of the upstream, writing its shards and marker
+        through the protocol; the number of examples it yielded."""
+
+    def resumable(self) -> bool:
+        """True if a rerun of a stream skips the examples of its finished shards."""
+
+
+@dataclass(frozen=True)
+class StreamWrite:
+    """What :meth:`Snapshot.write_stream` did: ``"written"`` (computed, resuming an earlier
+    attempt's ``resumed_rows``), ``"complete"`` (an earlier run had finished it) or
+    ``"committed"`` (the snapshot was committed already)."""
+
+    stream: int
+    status: str
+    examples: int = 0
+    resumed_rows: int = 0
+    seconds: float = 0.0
 
 
 class Snapshot:
@@ -59,9 +77,11 @@ class Snapshot:
     manifest, once committed, never changes and is kept.
     """
 
-    def __init__(self, folder: Storage, *, read: ReadOptions | None = None):
+    def __init__(self, folder: Storage, *, read: ReadOptions | None = None,
+                 builder: Builder | None = None):
         self._folder = folder
         self._read = read or ReadOptions()
+        self._builder = builder
         self._manifest: Manifest | None = None
         self._rows: Any = None
         self._lock = threading.Lock()
@@ -94,12 +114,13 @@ class Snapshot:
         return hash(self.url)
 
     def __getstate__(self) -> dict:
-        # A copy in another process (a DataLoader or Ray worker) opens its own files.
+        # A copy in another process (a DataLoader or Ray worker) opens its own files. It
+        # reads; to build there, open the handle from the pipeline (``ds.open_snapshot()``).
         return {"_folder": self._folder, "_read": self._read, "_manifest": self._manifest}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._rows, self._lock = None, threading.Lock()
+        self._rows, self._lock, self._builder = None, threading.Lock(), None
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -115,7 +136,7 @@ class Snapshot:
             return "committed"
         if not self._folder.exists() or not self._folder.listdir():
             return "absent"
-        if any(lease.kind == "write" for lease in live_leases(self._folder)):
+        if any(lease.kind == "write" for lease in protocol.live_leases(self._folder)):
             return "writing"
         return "abandoned"
 
@@ -162,6 +183,51 @@ class Snapshot:
     @property
     def num_examples(self) -> int:
         return self.manifest.num_examples
+
+    # -- building, one stream at a time (what a distributed build needs) ------------------------
+    def stream_status(self, streams: int) -> protocol.StreamStatus:
+        """The commit (if any) and which of ``streams`` streams are complete."""
+        return protocol.stream_status(self._folder, streams)
+
+    def write_stream(self, index: int, count: int) -> StreamWrite:
+        """Write stream ``index`` of ``count`` unless it is done: the same protocol as ``count``
+        processes iterating ``ds.iterate(epoch=0, stream=(index, count))``. A stream that
+        finds every stream complete commits the snapshot."""
+        builder = self._need_builder("write a stream")
+        status = self.stream_status(count)
+        if status.committed is not None:
+            return StreamWrite(index, "committed")
+        if index in status.complete:
+            self.commit(count)
+            return StreamWrite(index, "complete")
+        previous = protocol.best_progress(self._folder, index, count) \
+            if builder.resumable() else None
+        start = time.monotonic()
+        examples = builder.write_stream(index, count)
+        return StreamWrite(index, "written", examples=examples,
+                           resumed_rows=previous.rows if previous is not None else 0,
+                           seconds=time.monotonic() - start)
+
+    def commit(self, streams: int) -> Manifest | None:
+        """Commit the snapshot if all ``streams`` streams are complete (the last writer may have
+        died between its marker and the manifest); the committed manifest, or None while
+        streams are missing."""
+        builder = self._need_builder("commit")
+        status = self.stream_status(streams)
+        if status.committed is not None:
+            self._manifest = status.committed
+            return status.committed
+        manifest = protocol.try_commit(self._folder, streams, **builder.commit_fields())
+        if manifest is not None:
+            self._manifest = manifest
+        return manifest
+
+    def _need_builder(self, what: str) -> Builder:
+        if self._builder is None:
+            raise SnapshotStateError(
+                f"cannot {what} of snapshot {self.id[:12]}: this handle was opened from a path "
+                "(or unpickled); build through the pipeline's handle, ds.open_snapshot()")
+        return self._builder
 
     # -- reading -------------------------------------------------------------------------------
     def reader(self) -> SnapshotReader:

@@ -17,7 +17,7 @@ from typing import Any
 from snapcache.errors import CorruptSnapshotError, LeaseLostError, StoreError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease, live_leases
+from snapcache.store.protocol.lease import WriteLease, live_leases
 from snapcache.store.options import WriteOptions
 from snapcache.store.manifest import Manifest, ShardInfo, now_iso, writer_identity
 from snapcache.store.schema import Schema, merge_schemas
@@ -62,6 +62,17 @@ class StreamRecord:
 def write_progress(storage: Storage, record: StreamRecord) -> None:
     storage.write_atomic(layout.progress_name(record.streams, record.stream, record.run_id),
                          record.dumps())
+
+
+def discard(storage: Storage, record: StreamRecord) -> None:
+    """Drop an earlier run's progress on ``record``'s stream and the shards it lists (no
+    manifest lists them; the caller holds the stream's write lease): a stream whose upstream
+    cannot skip examples restarts from its first one."""
+    for name in storage.listdir():
+        if name.startswith(layout.progress_prefix(record.streams, record.stream)):
+            storage.remove(name)
+    for shard in record.shards:
+        storage.remove(shard.path)
 
 
 def missing_shards(storage: Storage, shards: "tuple[ShardInfo, ...] | list[ShardInfo]"

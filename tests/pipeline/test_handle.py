@@ -12,7 +12,7 @@ import pytest
 import snapcache as sc
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease
+from snapcache.store.protocol import WriteLease
 from tests.equality import assert_same_example
 
 
@@ -115,3 +115,35 @@ def test_manifest_json_is_read_once_committed(tmp_path):
     assert snap.num_examples == 20
     doc = json.loads(Storage(snap.url).read_bytes(layout.MANIFEST))
     assert doc["fingerprint"] == snap.id
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_pipeline_handle_builds_its_snapshot_stream_by_stream(where, tmp_path, request):
+    """What a distributed build (snapcache.ray.build, or any driver) uses: write one stream,
+    commit when all are done; the same protocol as local writers."""
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("s3_root")
+    ds = sc.Dataset.range(40).map(example).snapshot(root, shard_size=300, progress=False)
+    snap = ds.open_snapshot()
+    assert snap.state == "absent" and snap.stream_status(2).missing == [0, 1]
+
+    first = snap.write_stream(0, 2)
+    assert (first.stream, first.status, first.examples) == (0, "written", 20)
+    assert snap.commit(2) is None                 # stream 1 is missing: nothing committed
+    assert snap.stream_status(2).missing == [1] and snap.state == "abandoned"
+    assert snap.write_stream(0, 2).status == "complete"   # not redone
+
+    second = snap.write_stream(1, 2)              # the last stream commits
+    assert second.status == "written" and snap.state == "committed"
+    assert snap.write_stream(1, 2).status == "committed"
+    assert sorted(e["i"] for e in ds) == list(range(40))
+    assert snap.commit(2).num_examples == 40
+
+
+def test_a_handle_opened_from_a_path_reads_but_does_not_build(tmp_path):
+    ds = build(str(tmp_path), n=10)
+    for snap in (sc.open_snapshot(str(tmp_path)), pickle.loads(pickle.dumps(ds.open_snapshot()))):
+        assert snap.num_examples == 10
+        with pytest.raises(sc.SnapshotStateError, match=r"opened from a path .* ds.open_snapshot"):
+            snap.write_stream(0, 1)
+        with pytest.raises(sc.SnapshotStateError, match="ds.open_snapshot"):
+            snap.commit(1)
