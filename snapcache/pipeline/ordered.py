@@ -28,7 +28,7 @@ from snapcache.errors import LeaseTimeoutError
 from snapcache.pipeline import ops, streams
 from snapcache.runtime.batch import stack
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
-from snapcache.store import batched_read, layout
+from snapcache.store import batched_read
 from snapcache.store.fs import Storage
 from snapcache.store.order import EpochOrder, Share, ranges_length
 from snapcache.store.ordered_read import layout_of, ordered_pieces
@@ -425,8 +425,7 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
     """The iterator over ``share`` after ``skip``, holding a read lease until it is closed."""
     from snapcache.pipeline.snapshot_exec import read_session
 
-    session = read_session(reader, layout.new_run_id(),
-                           shape.snapshot.options.coordination.lease_ttl)
+    session = read_session(reader, shape.snapshot)
     session.__enter__()
     items = _items(shape, reader, order, share, skip, epoch, local_shuffle)
     closed = []

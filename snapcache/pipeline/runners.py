@@ -16,7 +16,7 @@ from snapcache.pipeline import ops, ordered, plan, snapshot_exec, streams
 from snapcache.pipeline.ops import batch as batch_op, shuffle as shuffle_op
 from snapcache.runtime.progress import DefaultDisplay, track
 from snapcache.runtime.shuffle import epoch_rng
-from snapcache.store import batched_read, layout
+from snapcache.store import batched_read
 from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 
@@ -39,8 +39,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
                                unit=unit)
 
     def chunks() -> Iterator[dict]:
-        with snapshot_exec.read_session(reader, layout.new_run_id(),
-                                        snapshot.options.coordination.lease_ttl):
+        with snapshot_exec.read_session(reader, snapshot):
             pieces = ordered_pieces(reader, order, share.pieces(), mode="columns",
                                     piece=max(1024, unit))
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import multiprocessing
 import time
 import warnings
 import weakref
@@ -19,7 +20,8 @@ from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as
 from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 from snapcache.store.protocol import (
-    ReadLease, StreamRecord, commit_fields, discard, negotiate, record_last_use, try_commit)
+    ReadLease, StreamRecord, commit_fields, discard, hold_read, negotiate, record_last_use,
+    try_commit)
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -55,15 +57,14 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
     if decision.action == "read":
         assert decision.manifest is not None
-        return _read(open_reader(storage, decision.manifest, options), run_id, spec,
-                     options.coordination.lease_ttl)
+        return _read(open_reader(storage, decision.manifest, options), op, spec)
     if decision.action == "replay":
         assert decision.resume is not None
         if alone:
             # One writer wrote everything and recorded its stream but crashed (or is just
             # about to commit): commit it, then read this stream's share like every stream.
             try_commit(storage, writing.count, **fields())
-            return _write_then_read(iter(()), storage, options, run_id, spec)
+            return _write_then_read(iter(()), storage, op, spec)
         return _replay(storage, decision.resume, options, writing.count, fields)
     if decision.action == "compute":
         log.info("snapshot %s is being written by another process: computing without writing",
@@ -92,15 +93,14 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
         manifest = load_manifest(storage)
         if manifest is None or (done and not ops.resumable(op.parent)):
             return None
-        share = _read(open_reader(storage, manifest, options), run_id, writing,
-                      options.coordination.lease_ttl)
+        share = _read(open_reader(storage, manifest, options), op, writing)
         return itertools.islice(share, done, None)
 
     written = _write(source, writer, decision.lease,
                      SnapshotReader(storage, _partial_manifest(resume, tree.digest))
                      if resume is not None else None, committed_by_another)
     if alone:
-        return _write_then_read(written, storage, options, run_id, spec)
+        return _write_then_read(written, storage, op, spec)
     return written
 
 
@@ -109,7 +109,7 @@ def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
     return _open(storage, manifest, options.read)
 
 
-def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
+def _write_then_read(written: Iterator[Any], storage: Storage, op: ops.SnapshotOp,
                      spec: streams.StreamSpec) -> Iterator[Any]:
     """One stream writes the whole snapshot for all (its examples are not yielded as they
     are written), then reads back its own share like every other stream."""
@@ -118,8 +118,7 @@ def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: 
     manifest = load_manifest(storage)
     if manifest is None:  # committed by nobody: cannot happen after a complete write
         raise CorruptSnapshotError(f"snapshot {storage.url} was not committed after writing")
-    yield from _read(open_reader(storage, manifest, options), run_id, spec,
-                     options.coordination.lease_ttl)
+    yield from _read(open_reader(storage, manifest, op.options), op, spec)
 
 
 def _replay(storage: Storage, record: StreamRecord, options, count: int,
@@ -132,13 +131,13 @@ def _replay(storage: Storage, record: StreamRecord, options, count: int,
     try_commit(storage, count, **fields)
 
 
-def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
+def _read(reader: SnapshotReader, op: ops.SnapshotOp, spec: streams.StreamSpec
           ) -> Iterator[Any]:
     """This stream's share of a committed snapshot: the rows it wrote, if the snapshot was
     written by as many streams, else chunks of its rows round-robin across the streams."""
     from snapcache.pipeline.ordered import read_share
 
-    with read_session(reader, run_id, ttl):
+    with read_session(reader, op):
         order = EpochOrder(layout_of(reader.manifest), None, 0)
         share = read_share(reader.manifest, spec, shuffled=False)
         for _, _, rows in ordered_pieces(reader, order, share.pieces(), mode="rows"):
@@ -146,19 +145,31 @@ def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: fl
 
 
 @contextlib.contextmanager
-def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[None]:
-    """Hold a read lease (so ``purge`` keeps the snapshot) and record the use while reading."""
+def read_session(reader: SnapshotReader, op: ops.SnapshotOp) -> Iterator[None]:
+    """Read under a lease, so ``purge`` keeps the snapshot. The process that holds the pipeline
+    keeps its lease (renewed in the background) for as long as the snapshot op ``op`` can read
+    again: later epochs make no lease request. A child process (a DataLoader worker, which
+    lives for one epoch and exits without running exit hooks) holds one for this read only."""
+    ttl = op.options.coordination.lease_ttl
+    storage = reader.storage
     lease = None
     try:
-        lease = ReadLease(reader.storage, run_id=run_id, ttl=ttl)
-        _touch_last_used(reader)
+        if multiprocessing.parent_process() is None:
+            fresh = hold_read(storage, ttl=ttl, holder=op)
+        else:
+            lease = ReadLease(storage, run_id=layout.new_run_id(), ttl=ttl)
+            fresh = True
+        if fresh:
+            _touch_last_used(reader)
     except OSError as e:  # read-only storage: reading still works, purge just cannot see us
-        log.debug("cannot record the read of %s: %s", reader.storage.url, e)
-    if lease is not None and not reader.storage.exists(layout.MANIFEST):
+        log.debug("cannot record the read of %s: %s", storage.url, e)
+        fresh = False
+    if fresh and not storage.exists(layout.MANIFEST):
         # A purge removed the snapshot between our reading its manifest and taking the lease.
-        lease.release()
+        if lease is not None:
+            lease.release()
         raise CorruptSnapshotError(
-            f"snapshot {reader.storage.url} was purged while it was being opened; iterate "
+            f"snapshot {storage.url} was purged while it was being opened; iterate "
             "again to rebuild it")
     try:
         yield

@@ -8,7 +8,7 @@ build (through :class:`snapcache.Snapshot`), and ``purge`` when it withdraws a m
 The files of one snapshot folder, and who writes them::
 
     lease-<n>-<i>-<gen>.json     write lease of stream i of n, generation gen   (lease.py)
-    reader-<run>.json            read lease                                      (lease.py)
+    reader-<run>.json            read lease, held while a pipeline can read      (reads.py)
     progress-<n>-<i>-<run>.json  shards run `run` finished for stream i          (records.py)
     stream-<n>-<i>.json          stream i complete (exclusive create, fenced)    (records.py)
     manifest.json                the commit (exclusive create, fenced)           (records.py)
@@ -37,17 +37,18 @@ from snapcache.store.protocol.lease import (
     BOOT, DEFAULT_TTL, HOST, PIDNS, LeaseInfo, ReadLease, WriteLease, expired, live_leases,
     read_leases, stalled_here, write_leases)
 from snapcache.store.protocol.negotiate import Decision, negotiate
+from snapcache.store.protocol.reads import held_reads, hold_read, release_all
 from snapcache.store.protocol.records import (
     StreamRecord, assemble, best_progress, cleanup, commit_fields, discard, fence, load_markers,
     missing_shards, stream_shards, try_commit, write_marker, write_progress)
 
 __all__ = [
-    "BOOT", "DEFAULT_TTL", "HOST", "PIDNS", "Decision", "LeaseInfo", "ReadLease",
+    "BOOT", "DEFAULT_TTL", "Decision", "HOST", "LeaseInfo", "PIDNS", "ReadLease",
     "StreamRecord", "StreamStatus", "WriteLease", "assemble", "best_progress", "cleanup",
-    "commit_fields", "discard", "expired", "fence", "live_leases", "load_markers", "missing_shards",
-    "negotiate", "read_leases", "record_last_use", "stalled_here", "stream_shards",
-    "stream_status", "try_commit", "withdraw_manifest", "write_leases", "write_marker",
-    "write_progress"]
+    "commit_fields", "discard", "expired", "fence", "held_reads", "hold_read",
+    "live_leases", "load_markers", "missing_shards", "negotiate", "read_leases",
+    "record_last_use", "release_all", "stalled_here", "stream_shards", "stream_status",
+    "try_commit", "withdraw_manifest", "write_leases", "write_marker", "write_progress"]
 
 
 class StreamStatus:

@@ -369,11 +369,18 @@ class ReadLease:
         self.info = LeaseInfo("read", run_id, HOST, os.getpid(), time.time(), ttl,
                               name=f"reader-{run_id}.json", pidns=PIDNS, boot=BOOT)
         storage.write_atomic(self.info.name, self.info.dumps())
+        self.gone = False  # removed under us (purge --force): never written again
         self._heartbeat = _Heartbeat(self.renew, max(0.05, ttl / 4), "snapcache-read-lease")
 
     def renew(self) -> None:
+        if not self.storage.exists(self.info.name):
+            self.gone = True
+            raise LeaseLostError(f"read lease {self.storage.url_of(self.info.name)} was "
+                                 "removed (the snapshot was purged with --force)")
         self.info = _heartbeat(self.storage, self.info)
 
     def release(self) -> None:
         self._heartbeat.stop()
-        self.storage.remove(self.info.name)
+        if not self.gone:
+            self.gone = True
+            self.storage.remove(self.info.name)

@@ -1,0 +1,102 @@
+"""Read leases held for as long as a pipeline can read a snapshot again.
+
+A training job reads its snapshot once per epoch, and between epochs ``purge`` must still see
+it in use: so the first read of a snapshot in a process takes a read lease that stays, renewed
+in the background, while any *holder* (the pipeline object that reads it) is alive. It is
+released when the last holder is garbage-collected, when :func:`release_all` is called, or at
+interpreter exit. Later epochs make no lease requests at all (one PUT per process and snapshot,
+not a PUT and a DELETE per epoch).
+
+A lease removed under us (``purge --force``) is not written again: the heartbeat stops, and the
+next read takes a new one after checking that the snapshot is still committed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+import weakref
+from typing import Any
+
+from snapcache import lifecycle
+from snapcache.store.fs import Storage
+from snapcache.store.protocol.lease import ReadLease
+
+_lock = threading.Lock()
+_held: dict[tuple[int, str], "_Held"] = {}
+_run_ids: dict[int, str] = {}
+
+
+def _run_id() -> str:
+    """One reader id per process (a forked child gets its own)."""
+    pid = os.getpid()
+    return _run_ids.setdefault(pid, uuid.uuid4().hex[:16])
+
+
+class _Held:
+    def __init__(self, storage: Storage, ttl: float):
+        self.key = (os.getpid(), storage.url)
+        self.lease = ReadLease(storage, run_id=_run_id(), ttl=ttl)
+        self.holders: set[int] = set()
+        self._forget = lifecycle.at_exit(self.release)
+
+    @property
+    def alive(self) -> bool:
+        return not self.lease.gone
+
+    def drop(self, holder: int) -> None:
+        with _lock:
+            self.holders.discard(holder)
+            if self.holders:
+                return
+        self.release()
+
+    def release(self) -> None:
+        with _lock:
+            if _held.get(self.key) is self:
+                del _held[self.key]
+        self._forget()
+        self.lease.release()
+
+
+def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
+    """Hold a read lease on the snapshot folder ``storage`` while ``holder`` lives. True if this
+    call took a new lease (the caller then checks the snapshot is still committed: a purge may
+    have removed it between reading its manifest and taking the lease); False if this process
+    already held one (no request made)."""
+    key = (os.getpid(), storage.url)
+    with _lock:
+        held = _held.get(key)
+        if held is not None and not held.alive:
+            del _held[key]
+            held = None
+    fresh = held is None
+    if fresh:
+        held = _Held(storage, ttl)
+        with _lock:
+            held = _held.setdefault(key, held)
+    assert held is not None
+    with _lock:
+        new_holder = id(holder) not in held.holders
+        held.holders.add(id(holder))
+    if new_holder:
+        weakref.finalize(holder, held.drop, id(holder))
+    return fresh
+
+
+def held_reads() -> list[str]:
+    """The snapshot folders this process holds read leases on (urls)."""
+    pid = os.getpid()
+    with _lock:
+        return sorted(url for (p, url), held in _held.items() if p == pid and held.alive)
+
+
+def release_all() -> None:
+    """Release every read lease this process holds (tests, and long-lived services that want
+    ``purge`` to see a snapshot free without dropping their pipelines)."""
+    pid = os.getpid()
+    with _lock:
+        mine = [held for (p, _), held in _held.items() if p == pid]
+    for held in mine:
+        held.release()

@@ -1,0 +1,125 @@
+"""A process that has read a snapshot holds a read lease on it for as long as its pipeline can
+read it again: ``purge`` (without force) keeps it between epochs; the lease goes when the
+pipeline is collected or the process exits; later epochs make no lease requests."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import snapcache as sc
+from snapcache.store import protocol
+from snapcache.store.protocol import lease as lease_module
+
+
+def files(root, prefix):
+    return [n for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
+            for n in os.listdir(os.path.join(root, d)) if n.startswith(prefix)]
+
+
+def build(root, n=50):
+    ds = sc.Dataset.range(n).map(lambda i: i * 2).snapshot(root, progress=False)
+    assert list(ds) == [i * 2 for i in range(n)]   # writes
+    return ds
+
+
+def test_purge_keeps_a_snapshot_a_live_pipeline_read_between_epochs(tmp_path):
+    root = str(tmp_path)
+    ds = build(root)
+    assert list(ds) == [i * 2 for i in range(50)]  # reads: takes the held read lease
+    (info,) = sc.ls(root)
+    assert [lease.pid for lease in info.live_leases if lease.kind == "read"] == [os.getpid()]
+    report = sc.purge(root, ids=[info.id])
+    assert not report.deleted and "read lease of pid" in report.kept[0].reason
+    assert list(ds) == [i * 2 for i in range(50)]  # the next epoch still reads it
+
+    del ds
+    gc.collect()
+    assert files(root, "reader-") == []           # released with the pipeline
+    assert [item.snapshot.id for item in sc.purge(root, ids=[info.id]).deleted] == [info.id]
+
+
+def test_later_epochs_make_no_lease_requests(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    ds = build(root)
+    taken = []
+    real = lease_module.ReadLease.__init__
+
+    def counting(self, *a, **kw):
+        taken.append(1)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(lease_module.ReadLease, "__init__", counting)
+    for _ in range(4):
+        assert len(list(ds)) == 50
+    assert len(taken) == 1                        # the first read; later epochs reuse it
+    assert protocol.held_reads() == [ds.open_snapshot().url]
+    protocol.release_all()
+    assert files(root, "reader-") == [] and protocol.held_reads() == []
+
+
+def test_the_lease_is_released_at_exit_and_held_until_then(tmp_path):
+    root = str(tmp_path)
+    script = textwrap.dedent(f"""
+        import sys
+        import snapcache as sc
+        ds = sc.Dataset.range(50).map(lambda i: i * 2).snapshot({root!r}, progress=False)
+        assert len(list(ds)) == 50    # writes
+        assert len(list(ds)) == 50    # reads
+        print("read", flush=True)
+        sys.stdin.readline()          # hold the pipeline until the parent says so
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "read"
+        (info,) = sc.ls(root)
+        assert [lease.pid for lease in info.live_leases] == [child.pid]
+        assert not sc.purge(root, ids=[info.id]).deleted
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.wait(timeout=120) == 0
+    finally:
+        child.kill()
+    assert files(root, "reader-") == []
+    assert sc.purge(root, ids=[info.id]).deleted
+
+
+def test_a_forced_purge_is_not_undone_by_the_heartbeat_and_the_next_epoch_rebuilds(tmp_path):
+    root = str(tmp_path)
+    ds = sc.Dataset.range(30).map(lambda i: i + 1).snapshot(root, progress=False,
+                                                             lease_ttl=0.2)
+    list(ds)
+    list(ds)
+    (info,) = sc.ls(root)
+    assert sc.purge(root, ids=[info.id], force=True).deleted
+    deadline = time.monotonic() + 60
+    while protocol.held_reads() and time.monotonic() < deadline:
+        time.sleep(0.02)                           # the heartbeat notices the removal
+    assert protocol.held_reads() == []
+    assert not os.path.exists(os.path.join(root, info.id))   # nothing written back
+    assert list(ds) == [i + 1 for i in range(30)]  # rebuilt
+    assert list(ds) == [i + 1 for i in range(30)]  # and read again under a new lease
+    assert len(files(root, "reader-")) == 1
+    protocol.release_all()
+
+
+@pytest.mark.parametrize("where", ["s3"])
+def test_held_read_lease_on_s3(where, request):
+    root = request.getfixturevalue("s3_root")
+    ds = sc.Dataset.range(20).map(lambda i: i * 3).snapshot(root, progress=False)
+    list(ds)
+    list(ds)
+    (info,) = sc.ls(root)
+    assert [lease.kind for lease in info.live_leases] == ["read"]
+    assert not sc.purge(root, ids=[info.id]).deleted
+    del ds
+    gc.collect()
+    (info,) = sc.ls(root)
+    assert info.live_leases == ()
