@@ -19,10 +19,8 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 from ray.data.extensions import ArrowTensorArray, ArrowVariableShapedTensorArray
 
-from snapcache.store.fs import Storage
-from snapcache.store.manifest import Manifest, ShardInfo
 from snapcache.pipeline.handle import Snapshot, open_snapshot
-from snapcache.store.reader import SnapshotReader
+from snapcache.store.manifest import ShardInfo
 from snapcache.store.schema import Schema
 
 
@@ -46,16 +44,13 @@ def to_block(schema: Schema, columns: dict[str, Any]) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=[spec.name for spec in schema.fields])
 
 
-def read_blocks(url: str, storage_options: dict, manifest: Manifest,
-                shards: Sequence[ShardInfo], verify: bool = True) -> Iterator[pa.Table]:
-    """The blocks of ``shards`` of the snapshot at ``url``, one per record batch."""
+def read_blocks(snapshot: Snapshot, shards: Sequence[ShardInfo]) -> Iterator[pa.Table]:
+    """The blocks of ``shards`` of a committed snapshot, one per record batch."""
+    schema = snapshot.schema
+    assert schema is not None
     # Two read threads: one shard loads while the previous one is converted.
-    reader = SnapshotReader(Storage(url, storage_options), manifest, verify=verify,
-                            read_threads=2)
-    assert reader.schema is not None
-    decoder = reader._decoder
-    for batch in reader.record_batches(shards):
-        yield to_block(reader.schema, decoder.columns(batch))  # type: ignore[union-attr]
+    for columns in snapshot.column_batches(shards, read_threads=2):
+        yield to_block(schema, columns)
 
 
 def block_metadata(num_rows: int, size_bytes: int, input_files: list[str]) -> BlockMetadata:
@@ -99,30 +94,31 @@ class SnapshotDatasource(Datasource):
             raise ValueError(f"shards_per_task must be an int >= 1; got {shards_per_task!r}")
         if not isinstance(snapshot, Snapshot):
             snapshot = open_snapshot(snapshot, storage_options=storage_options)
-        storage = snapshot.storage
-        manifest = snapshot.manifest  # SnapshotStateError unless committed
-        complex_fields = [f"{f.name!r} ({f.dtype})" for f in
-                          (Schema.from_json(manifest.schema).fields if manifest.schema else ())
+        if snapshot.read_options.verify != verify:
+            snapshot = open_snapshot(
+                snapshot.url, storage_options=snapshot.storage.storage_options,
+                read=dataclasses.replace(snapshot.read_options, verify=verify))
+        schema = snapshot.schema  # SnapshotStateError unless committed
+        complex_fields = [f"{f.name!r} ({f.dtype})" for f in (schema.fields if schema else ())
                           if f.dtype.startswith("complex")]
         if complex_fields:
             raise TypeError(
-                f"snapshot {storage.url} has complex fields {', '.join(complex_fields)}, which "
+                f"snapshot {snapshot.url} has complex fields {', '.join(complex_fields)}, which "
                 "Ray Data cannot hold; store real and imaginary parts as separate fields, or "
                 "read it with ds.snapshot(...) instead of Ray Data")
-        self.url, self.storage_options = storage.url, storage.storage_options
-        self.manifest = manifest
+        self.snapshot = snapshot
+        self.url = snapshot.url
         self.shards_per_task = shards_per_task
-        self.verify = verify
 
     def get_name(self) -> str:
         return "Snapcache"
 
     def estimate_inmemory_data_size(self) -> int | None:
-        return self.manifest.raw_bytes
+        return self.snapshot.manifest.raw_bytes
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        **_: Any) -> list[ReadTask]:
-        shards = list(self.manifest.shards)
+        shards = list(self.snapshot.shards)
         if not shards:
             return []
         if self.shards_per_task is not None:
@@ -130,8 +126,7 @@ class SnapshotDatasource(Datasource):
             groups = [shards[i:i + size] for i in range(0, len(shards), size)]
         else:
             groups = group_shards(shards, parallelism if parallelism > 0 else len(shards))
-        url, options, manifest, verify = self.url, self.storage_options, self.manifest, \
-            self.verify
+        url, snapshot = self.url, self.snapshot
         extra = {"per_task_row_limit": per_task_row_limit} if per_task_row_limit else {}
         tasks = []
         for group in groups:
@@ -139,7 +134,7 @@ class SnapshotDatasource(Datasource):
                                       [f"{url}/{s.path}" for s in group])
 
             def read_fn(group: list[ShardInfo] = group) -> Iterator[pa.Table]:
-                return read_blocks(url, options, manifest, group, verify)
+                return read_blocks(snapshot, group)
 
             tasks.append(ReadTask(read_fn, metadata, **extra))
         return tasks

@@ -24,14 +24,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 from snapcache.errors import SnapshotNotFoundError, SnapshotStateError
 from snapcache.store import layout
 from snapcache.store.catalog import read_entry
 from snapcache.store.fs import Storage
 from snapcache.store import protocol
-from snapcache.store.manifest import Manifest
+from snapcache.store.manifest import Manifest, ShardInfo
 from snapcache.store.options import ReadOptions
 from snapcache.store.reader import SnapshotReader, open_reader
 from snapcache.store.schema import Schema
@@ -233,6 +233,20 @@ class Snapshot:
     def reader(self) -> SnapshotReader:
         """A sequential reader of the committed snapshot, configured by the read options."""
         return open_reader(self._folder, self.manifest, self._read)
+
+    @property
+    def shards(self) -> tuple[ShardInfo, ...]:
+        """The committed snapshot's shards, in order (path, rows, bytes, checksum)."""
+        return self.manifest.shards
+
+    def column_batches(self, shards: Sequence[ShardInfo] | None = None, *,
+                       read_threads: int | None = None) -> Iterator[dict[str, Any]]:
+        """The decoded columns of each record batch of ``shards`` (default: all), every shard
+        verified before use (per the read options): what a distributed reader's task reads."""
+        reader = SnapshotReader(self._folder, self.manifest, verify=self._read.verify,
+                                prefetch_bytes=self._read.prefetch_bytes,
+                                read_threads=read_threads)
+        return reader.columns(shards)
 
     def _row_access(self) -> Any:
         from snapcache.store.ordered_read import RowAccess

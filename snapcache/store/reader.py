@@ -137,6 +137,13 @@ class SnapshotReader:
         threads, budget = read_budget(self.read_threads, self.prefetch_bytes)
         return record_batches(self, shards, threads=threads, budget=budget)
 
+    def columns(self, shards: Sequence[ShardInfo] | None = None) -> Iterator[dict[str, Any]]:
+        """The decoded columns (``{field: array or list}``) of each record batch of ``shards``,
+        verified like :meth:`record_batches`."""
+        decoder = self._decoder
+        for batch in self.record_batches(shards):
+            yield decoder.columns(batch)  # type: ignore[union-attr]
+
     def open_shard(self, shard: ShardInfo, *, verify: bool | None = None,
                    low_memory: bool = False) -> pa.RecordBatchFileReader:
         """Load one shard and check it against the manifest; raise CorruptSnapshotError if not.

@@ -13,6 +13,7 @@ next read takes a new one after checking that the snapshot is still committed.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import uuid
@@ -22,6 +23,8 @@ from typing import Any
 from snapcache import lifecycle
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import ReadLease
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _held: dict[tuple[int, str], "_Held"] = {}
@@ -57,7 +60,11 @@ class _Held:
             if _held.get(self.key) is self:
                 del _held[self.key]
         self._forget()
-        self.lease.release()
+        try:
+            self.lease.release()
+        except Exception as e:  # storage gone (a server stopped): the lease expires by itself
+            log.debug("could not release %s: %s",
+                      self.lease.storage.url_of(self.lease.info.name), e)
 
 
 def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
