@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -21,7 +22,8 @@ from snapcache.store.manifest import Manifest, now_iso
 from snapcache.store.reader import SnapshotReader, load_manifest
 from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
-from snapcache.store.streams import StreamRecord, commit_fields, try_commit
+from snapcache.runtime.progress import EpochProgress
+from snapcache.store.streams import StreamRecord, best_progress, commit_fields, try_commit
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -80,12 +82,39 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                             stream=writing.index, streams=writing.count, run_id=run_id,
                             resume=resume, lease=decision.lease)
     source = iterate(op.parent, epoch, streams.StreamSpec(writing.index, writing.count, skip))
+    progress = epoch_progress(op, storage, writing, skip)
+    if progress is not None:
+        source = progress.wrap(source)
     written = _write(source, writer, decision.lease,
                      SnapshotReader(storage, _partial_manifest(resume, tree.digest))
-                     if resume is not None else None)
+                     if resume is not None else None, progress)
     if alone:
         return _write_then_read(written, storage, options, run_id, spec)
     return written
+
+
+def epoch_progress(op: ops.SnapshotOp, storage: Storage, writing: streams.StreamSpec,
+                   skip: int) -> EpochProgress | None:
+    """The progress report of this stream of the writing epoch (None with progress=False):
+    the whole epoch's length, a tick folder shared by the epoch's streams on this machine,
+    and the snapshot folder's progress records for the streams elsewhere."""
+    setting = op.options.progress
+    if setting is False:
+        return None
+
+    def remote() -> dict[int, int]:
+        found = {}
+        for i in range(writing.count):
+            record = best_progress(storage, i, writing.count)
+            if record is not None:
+                found[i] = record.rows
+        return found
+
+    key = hashlib.sha1(f"{storage.url}|{writing.count}".encode()).hexdigest()[:16]
+    return EpochProgress(op.options.name or storage.url, ops.known_length(op.parent),
+                         stream=writing.index, streams=writing.count, key=key, resumed=skip,
+                         callback=setting if callable(setting) else None,
+                         remote=remote if writing.count > 1 else None)
 
 
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
@@ -172,15 +201,18 @@ def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[No
             lease.release()
 
 
-def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None
-           ) -> Iterator[Any]:
+def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None,
+           progress: EpochProgress | None = None) -> Iterator[Any]:
     try:
         if resumed is not None:  # the examples of finished shards: read back, not recomputed
             yield from resumed.examples()
         for item in source:
             writer.write(item)
             yield item
-        writer.commit()
+        manifest = writer.commit()
+        if progress is not None and manifest is not None and \
+                manifest.writer.get("run_id") == writer.run_id:  # we committed it
+            progress.finish()
     finally:
         writer.abort()  # no-op after a commit; otherwise keeps finished shards for a resume
         close = getattr(source, "close", None)
