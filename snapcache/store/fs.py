@@ -186,29 +186,33 @@ class Storage:
         return (str(tag), info.get("size")) if tag is not None else None
 
     def read_parsed(self, rel: str, parse: Callable[[bytes], Any]) -> Any:
-        """``parse(self.read_bytes(rel))``, reusing the value this process parsed before while
-        the file's :meth:`version` is unchanged: a later read of an unchanged manifest is one
-        HEAD on S3 (a stat locally) instead of a GET and a parse, and a missing one one GET.
-        FileNotFoundError if the file is missing. Values are shared between callers: ``parse``
-        must return something immutable."""
+        """``parse(self.read_bytes(rel))``, reusing the value this process parsed before from
+        the same bytes: on S3 a later read of an unchanged file (a manifest) is one HEAD (its
+        ETag, the MD5 of its content, compared) instead of a GET and a parse, and a missing one
+        one GET; locally the bytes are read and hashed, not parsed again. FileNotFoundError if
+        the file is missing. Values are shared between callers: ``parse`` must return
+        something immutable."""
         key = (self.protocol, self.full(rel))
         with _PARSED_LOCK:
             known = _PARSED.get(key)
-        if known is not None or self.local:
-            version = self.version(rel)  # before reading: a change in between is seen later
+        if self.local:
+            data = self.read_bytes(rel)
+            version: tuple | None = ("xxh3", xxhash.xxh3_128_digest(data))
+        elif known is not None:
+            version = self.version(rel)
             if version is None:
                 with _PARSED_LOCK:
                     _PARSED.pop(key, None)
                 raise FileNotFoundError(self.url_of(rel))
-            if known is not None and known[0] == version:
+            if known[0] == version:
                 return known[1]
             data = self.read_bytes(rel)
+            version = self._content_version(rel, data)
         else:
             data = self.read_bytes(rel)
-            version = self.version(rel)
-            etag = str(version[0]).strip('"') if version is not None else ""
-            if etag != hashlib.md5(data).hexdigest():  # a single-PUT object's ETag
-                version = None  # changed since, or no content hash: do not keep it
+            version = self._content_version(rel, data)
+        if known is not None and known[0] == version:
+            return known[1]
         value = parse(data)
         if version is not None:
             with _PARSED_LOCK:
@@ -217,6 +221,14 @@ class Storage:
                 while len(_PARSED) > PARSED_ENTRIES:
                     _PARSED.popitem(last=False)
         return value
+
+    def _content_version(self, rel: str, data: bytes) -> tuple | None:
+        """The object's version if its ETag is the MD5 of ``data`` (a single-PUT object that
+        has not changed since ``data`` was read), else None (not worth keeping)."""
+        version = self.version(rel)
+        if version is None or str(version[0]).strip('"') != hashlib.md5(data).hexdigest():
+            return None
+        return version
 
     def map_file(self, rel: str, size: int | None = None
                  ) -> "tuple[pa.Buffer, mmap.mmap | None]":

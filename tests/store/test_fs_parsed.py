@@ -34,3 +34,12 @@ def test_an_unchanged_file_is_parsed_once_and_a_replaced_one_again(tmp_path):
 def test_a_missing_file_raises(tmp_path):
     with pytest.raises(FileNotFoundError):
         Storage(str(tmp_path)).read_parsed("nothing.json", bytes)
+
+
+def test_a_local_file_changed_in_place_within_the_same_instant_is_seen(tmp_path):
+    storage = Storage(str(tmp_path))
+    storage.write_atomic("m.json", b"aaaa")
+    assert storage.read_parsed("m.json", bytes) == b"aaaa"
+    with open(tmp_path / "m.json", "r+b") as f:  # same inode, size (and maybe mtime)
+        f.write(b"b")
+    assert storage.read_parsed("m.json", bytes) == b"baaa"
