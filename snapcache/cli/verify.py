@@ -20,8 +20,7 @@ def add_parser(commands) -> None:
         "verify", help="re-read every shard and check sizes, checksums, rows and schema",
         description="Check every byte of the given snapshots (default: all committed ones) "
                     "against their manifests. Exit status: 0 if all match, 1 on any mismatch.")
-    parser.add_argument("ids", nargs="*", metavar="ID", help="snapshot id prefixes or names")
-    common.add_root_option(parser)
+    common.add_root_option(parser, ids="many")
     common.add_json_option(parser)
     parser.set_defaults(handler=run)
 
@@ -37,9 +36,11 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(task, completed=p.bytes_done, total=p.bytes_total,
                            description=p.snapshot.short_id)
 
-            report = verify(args.ids, args.root, progress=show)
+            report = verify(args.root, args.ids, progress=show,
+                            storage_options=args.storage_options)
     else:
-        report = verify(args.ids, args.root, progress=_PlainProgress())
+        report = verify(args.root, args.ids, progress=_PlainProgress(),
+                        storage_options=args.storage_options)
     if args.json:
         common.print_json({
             "root": report.root, "ok": report.ok,

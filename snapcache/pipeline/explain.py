@@ -17,7 +17,7 @@ class Explanation:
     root: str
     fingerprint: str
     hit: bool
-    state: str                   # "committed", "incomplete", "corrupt" or "absent"
+    state: str                   # one of snapcache.store.catalog.STATES
     closest: str | None = None   # fingerprint of the most alike committed snapshot, on a miss
     closest_name: str | None = None
     similarity: float = 0.0
@@ -30,9 +30,12 @@ class Explanation:
             return (f"hit: the pipeline matches committed snapshot {short} in {self.root} "
                     f"({self.num_examples} examples); it will be read, not recomputed")
         lines = [f"miss: no committed snapshot {short} in {self.root}"]
-        if self.state == "incomplete":
-            lines.append(f"  a snapshot {short} is being written or was abandoned (no manifest "
-                         "yet); the next run writes it if no writer holds it")
+        if self.state == "writing":
+            lines.append(f"  snapshot {short} is being written (no manifest yet); iterating "
+                         "waits for its commit")
+        elif self.state == "abandoned":
+            lines.append(f"  snapshot {short} was abandoned by its writer (no manifest); the "
+                         "next run resumes it")
         elif self.state == "corrupt":
             lines.append(f"  snapshot {short} exists but its manifest is unreadable; purge it")
         if self.closest is None:

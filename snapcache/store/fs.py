@@ -103,6 +103,15 @@ class Storage:
     def exists(self, rel: str = "") -> bool:
         return self.fs.exists(self._fresh(self.full(rel)))
 
+    def bucket_exists(self) -> bool:
+        """Whether the bucket holding this root exists (an object store's first path
+        component; for local storage, whether the root itself exists). A prefix with no
+        objects under it does not "exist" on an object store, yet is a valid empty root."""
+        if self.local:
+            return self.exists()
+        bucket = self.root.strip("/").split("/")[0]
+        return not bucket or self.fs.exists(self._fresh(bucket))
+
     def size(self, rel: str) -> int:
         return int(self.fs.size(self._fresh(self.full(rel))))
 
