@@ -11,7 +11,8 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator
 
-from snapcache.errors import CorruptSnapshotError, LeaseLostError, RandomnessWarning
+from snapcache.errors import (
+    CorruptSnapshotError, LeaseLostError, OptionConflictWarning, RandomnessWarning)
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
@@ -23,6 +24,7 @@ from snapcache.runtime.progress import EpochProgress
 from snapcache.store.protocol import (
     ReadLease, StreamRecord, best_progress, commit_fields, discard, negotiate,
     record_last_use, try_commit)
+from snapcache.store.options import WriteOptions
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -136,7 +138,34 @@ def epoch_progress(op: ops.SnapshotOp, storage: Storage, writing: streams.Stream
 
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
     """A reader of a committed snapshot configured by the snapshot's read options."""
+    warn_option_conflicts(storage, manifest, options)
     return _open(storage, manifest, options.read)
+
+
+_conflicts_warned: set[tuple] = set()
+
+
+def warn_option_conflicts(storage: Storage, manifest: Manifest, options) -> None:
+    """Warn once (per snapshot and options, in this process) when ``name=`` or a non-default
+    ``compression=`` differ from what the committed snapshot has: they do not change the
+    examples, so they are not in its fingerprint and the snapshot is read as it is."""
+    conflicts = []
+    if options.name is not None and options.name != manifest.name:
+        conflicts.append(f"name={options.name!r} (the snapshot's name is {manifest.name!r})")
+    asked = options.write.compression
+    if asked != WriteOptions().compression and asked != manifest.compression:
+        conflicts.append(f"compression={asked!r} (the snapshot was written with "
+                         f"{manifest.compression!r})")
+    key = (storage.url, tuple(conflicts))
+    if not conflicts or key in _conflicts_warned:
+        return
+    _conflicts_warned.add(key)
+    root, _, folder = storage.url.rpartition("/")
+    warnings.warn(
+        f"snapshot {folder[:12]} in {root} already exists; {' and '.join(conflicts)} has no "
+        "effect: options that do not change the examples are not part of the fingerprint, "
+        f"so it is read as it is. Purge it (`snapcache purge {root} {folder[:12]}`) to "
+        "rewrite it with these options, or drop them", OptionConflictWarning, stacklevel=2)
 
 
 def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
