@@ -84,9 +84,12 @@ def print_report(report: VerifyReport) -> None:
             out.print(f"         - {problem}", markup=False)
     total = sum(c.bytes_checked for c in report.checks)
     if report.ok:
-        out.print(f"all {common.plural(len(report.checks), 'snapshot')} match their checksums "
-                  f"({format_size(total)} read)")
+        n = len(report.checks)
+        what = "the snapshot matches its" if n == 1 else f"all {n:,} snapshots match their"
+        out.print(f"{what} checksums ({format_size(total)} read)")
     else:
-        out.print(f"[bold red]{len(report.failed)} of {common.plural(len(report.checks), 'snapshot')} failed "
-                  f"verification[/]: purge each (`snapcache purge ID`) and the next run "
-                  "rebuilds it")
+        n = len(report.checks)
+        what = "the snapshot failed" if n == 1 else f"{len(report.failed)} of {n:,} snapshots failed"
+        out.print(f"[bold red]{what} verification[/]: purge each (`snapcache purge ROOT ID`) "
+                  "and the next run rebuilds it, or iterate with snapshot(..., "
+                  "on_corrupt=\"rebuild\")")

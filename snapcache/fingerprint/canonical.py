@@ -4,7 +4,8 @@
 what the value holds, never on ``id()``, ``hash()``, memory addresses or ``PYTHONHASHSEED``.
 Scalars and containers are streamed into one xxh3-128 hasher with a one-letter type tag before
 each value, so ``1``, ``1.0``, ``True``, ``"1"`` and ``b"1"`` all differ, and so do ``[1, 2]``
-and ``(1, 2)``. Dicts and sets are hashed in an order-independent way. Objects of plain Python
+and ``(1, 2)``. Dicts are hashed in their order (code that iterates a dict sees that order, so
+a reordered dict may compute something else); sets in an order-independent way. Objects of plain Python
 classes are hashed by their class's code and their attributes; anything else must be taught with
 :func:`register`, or the call fails with a :class:`~snapcache.errors.FingerprintError` that names
 the value and where it was captured.
@@ -127,22 +128,17 @@ def _feed_dict(h: Any, d: dict, w: Walk) -> None:
     if (distance := w.enter(d)) is not None:
         h.update(b"^" + _u64(distance))
         return
-    try:
-        if all(type(k) is str for k in d):  # common case: canonical order is the key order
+    try:  # in the dict's order: iterating code sees it (FINGERPRINT_VERSION 2)
+        if all(type(k) is str for k in d):  # common case
             h.update(b"{s" + _u64(len(d)))
-            for k in sorted(d):
-                _feed_str(h, k, w)
-                _feed_entry(h, d[k], k, w)
-        else:  # order by digest of the key: independent of insertion order and of hash()
-            h.update(b"{" + _u64(len(d)))
-            entries = []
             for k, v in d.items():
-                key_digest = _digest(k, w)
-                h2 = xxhash.xxh3_128()
-                _feed_entry(h2, v, k, w)
-                entries.append(key_digest + h2.digest())
-            for entry in sorted(entries):
-                h.update(entry)
+                _feed_str(h, k, w)
+                _feed_entry(h, v, k, w)
+        else:
+            h.update(b"{" + _u64(len(d)))
+            for k, v in d.items():
+                feed_value(h, k, w)
+                _feed_entry(h, v, k, w)
     finally:
         w.leave(d)
 
@@ -351,7 +347,7 @@ def object_node(v: Any, label: str, w: Walk) -> FingerprintNode:
 
 def _dict_node(d: dict, label: str, w: Walk) -> FingerprintNode:
     def build() -> FingerprintNode:
-        children = [child_node(d[k], f"key `{k}`", w) for k in sorted(d)]
+        children = [child_node(x, f"key `{k}`", w) for k, x in d.items()]
         return node(label, "dict", b"", children, describe(d))
     return w.guarded(d, label, build)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from snapcache.fingerprint import FingerprintNode, diff_trees
@@ -42,10 +43,17 @@ class Explanation:
             lines.append("  the root holds no committed snapshot to compare with")
             return "\n".join(lines)
         name = f" ({self.closest_name})" if self.closest_name else ""
-        lines.append(f"  closest: snapshot {self.closest[:12]}{name}, "
-                     f"{self.similarity:.0%} alike; it differs in:")
+        lines.append(f"  closest: snapshot {self.closest[:12]}{name}, {alike(self.similarity)}; "
+                     "it differs in:")
         lines.extend(f"  - {line}" for line in self.differences)
         return "\n".join(lines)
+
+
+def alike(similarity: float) -> str:
+    """How alike two different trees are, never "100%": they differ."""
+    if similarity >= 1.0:
+        return "the same values in another order or place"
+    return f"{min(math.floor(similarity * 100), 99)}% alike"
 
 
 def explain(tree: FingerprintNode, root: Storage) -> Explanation:
