@@ -22,6 +22,7 @@ import functools
 import io
 import math
 import pathlib
+import re
 import struct
 import types
 from typing import Any, Callable
@@ -307,20 +308,37 @@ def _module_node(m: types.ModuleType, label: str, w: Walk) -> FingerprintNode:
     return leaf(label, "module", f"{m.__name__}\0{version}".encode(), summary)
 
 
+MEMO_NAME = re.compile(r"^_*(cache|caches|memo|memos|memory)$|_(cache|memo)$", re.IGNORECASE)
+"""Names of attributes that hold a memo cache: ``cache``, ``_cache``, ``bpe_cache``, ``memo``,
+``_memo`` ... Such an attribute whose value is a dict, a list or a set is not state: it fills
+as the object is called and what the object computes does not depend on it (the default rule;
+``register`` the class to fingerprint it your own way)."""
+
+_MEMO_TYPES = (dict, list, set)
+
+
+def is_memo_cache(name: str, value: Any) -> bool:
+    """Is attribute ``name`` holding ``value`` a memo cache (see :data:`MEMO_NAME`)?"""
+    return isinstance(value, _MEMO_TYPES) and MEMO_NAME.search(name) is not None
+
+
 def _attributes(v: Any) -> list[tuple[str, Any]]:
-    """An object's state: dataclass fields, or ``__dict__`` and ``__slots__``, sorted by name."""
+    """An object's state: dataclass fields, or ``__dict__`` and ``__slots__``, sorted by name;
+    memo caches (:func:`is_memo_cache`) and ``cached_property`` values left out."""
     cls = type(v)
     if dataclasses.is_dataclass(cls):
-        return [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)]
+        return [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)
+                if not is_memo_cache(f.name, getattr(v, f.name))]
     state = {k: x for k, x in getattr(v, "__dict__", {}).items()
-             if not isinstance(getattr(cls, k, None), functools.cached_property)}
+             if not isinstance(getattr(cls, k, None), functools.cached_property)
+             and not is_memo_cache(k, x)}
     for c in cls.__mro__:
         slots = c.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
             if name in ("__dict__", "__weakref__"):
                 continue
             attr = f"_{c.__name__.lstrip('_')}{name}" if name.startswith("__") else name
-            if hasattr(v, attr):
+            if hasattr(v, attr) and not is_memo_cache(name, getattr(v, attr)):
                 state[name] = getattr(v, attr)
     return sorted(state.items())
 
