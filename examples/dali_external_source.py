@@ -37,20 +37,27 @@ def decode_and_resize(i: int) -> dict:
 
 
 class SnapshotBatches:
-    """DALI's ``external_source`` callable: one snapshot batch a call, an epoch per pass.
+    """DALI's ``external_source`` source: one snapshot batch a call, an epoch per pass.
 
-    ``batch=True`` sources return whole batches; raising StopIteration ends DALI's epoch."""
+    ``batch=True`` sources return whole batches; StopIteration ends DALI's epoch, and the call
+    after it (once ``pipe.reset()`` was called) starts the snapshot's next epoch: DALI takes the
+    iterator once and keeps calling ``next`` on it."""
 
     def __init__(self, ds: sc.Dataset):
         self.ds = ds
         self.it = None
 
     def __iter__(self) -> "SnapshotBatches":
-        self.it = iter(self.ds)   # the next epoch of the snapshot (reshuffled)
         return self
 
     def __next__(self) -> tuple[np.ndarray, np.ndarray]:
-        batch = next(self.it)     # StopIteration at the end of the epoch
+        if self.it is None:
+            self.it = iter(self.ds)   # the next epoch of the snapshot (reshuffled)
+        try:
+            batch = next(self.it)
+        except StopIteration:
+            self.it = None
+            raise
         return batch["image"], batch["label"]
 
 
@@ -101,7 +108,7 @@ def main() -> None:
                     shape = list(images.as_cpu().at(0).shape) if args.device == "gpu" \
                         else list(images.at(0).shape)
             except StopIteration:
-                pipe.reset()   # the next epoch: external_source iterates SnapshotBatches again
+                pipe.reset()   # the next run() starts the next epoch of SnapshotBatches
             epochs.append({"examples": count, "shape": shape})
             if not args.json:
                 print(f"epoch {epoch}: {count} examples through DALI, images {shape}")
