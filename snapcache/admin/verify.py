@@ -49,7 +49,7 @@ class VerifyReport:
         return tuple(check for check in self.checks if not check.ok)
 
 
-def verify(ids: Iterable[str] = (), root: str | os.PathLike | None = None, *,
+def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
            progress: Callable[[VerifyProgress], None] | None = None,
            storage_options: dict | None = None) -> VerifyReport:
     """Check the size, xxh3 checksum, row count and schema of every shard of the snapshots

@@ -25,14 +25,13 @@ def add_parser(commands) -> None:
         "info", help="show one snapshot: schema, shards, fingerprint tree",
         description="Show one snapshot's manifest. ID is any unique prefix of its id (or its "
                     "name).")
-    parser.add_argument("id", metavar="ID", help="snapshot id prefix or name")
-    common.add_root_option(parser)
+    common.add_root_option(parser, ids="one")
     common.add_json_option(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    snap = info(args.id, args.root)
+    snap = info(args.root, args.ids[0], storage_options=args.storage_options)
     if args.json:
         doc = snap.to_json()
         doc["manifest"] = snap.manifest.to_json() if snap.manifest is not None else None

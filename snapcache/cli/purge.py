@@ -20,8 +20,7 @@ def add_parser(commands) -> None:
                     "being read or written (a live lease) are kept unless --force. Exit status: "
                     "0 when everything selected was deleted, 1 when something selected was "
                     "kept or the size budget cannot be met, 2 on bad input.")
-    parser.add_argument("ids", nargs="*", metavar="ID", help="snapshot id prefixes or names")
-    common.add_root_option(parser)
+    common.add_root_option(parser, ids="many")
     parser.add_argument("--older-than", metavar="AGE",
                         help="snapshots not used for AGE, e.g. 7d, 12h, 30m, 90s")
     parser.add_argument("--max-size", metavar="SIZE",
@@ -49,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
                          "or --incomplete (add --dry-run to see what would go)")
     criteria = dict(ids=args.ids, older_than=args.older_than, max_size=args.max_size,
                     incomplete=args.incomplete, force=args.force)
-    plan = purge(args.root, dry_run=True, **criteria)
+    plan = purge(args.root, storage_options=args.storage_options, dry_run=True, **criteria)
     if args.dry_run:
         show(plan, json_output=args.json)
         return 0
@@ -64,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
             print("nothing deleted", file=sys.stderr)
             return 1
     if plan.deleted:  # exactly what was planned (and confirmed), leases checked again
-        report = purge(args.root, ids=[item.snapshot.id for item in plan.deleted],
+        report = purge(args.root, storage_options=args.storage_options, ids=[item.snapshot.id for item in plan.deleted],
                        force=args.force)
         report = _merge(plan, report)
     else:
-        report = purge(args.root, **criteria)
+        report = purge(args.root, storage_options=args.storage_options, **criteria)
     show(report, json_output=args.json)
     return 0 if not report.kept and report.budget_met is not False else 1
 

@@ -18,6 +18,8 @@ EXECUTORS = ("thread", "process")
 from snapcache.pipeline.build import SnapshotBuilder
 from snapcache.pipeline.explain import Explanation
 from snapcache.pipeline.iterator import DatasetIterator, Deferred
+from snapcache.pipeline.rebuild import Rebuilding
+from snapcache.pipeline.snapshot_exec import snapshot_storage
 from snapcache.pipeline.streams import StreamSpec
 from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
@@ -235,7 +237,7 @@ class Dataset:
         """Keep the examples in memory after the first complete epoch."""
         return self._then(ops.CacheOp)
 
-    def snapshot(self, path: str | os.PathLike | None = None, *, compression: str = "zstd",
+    def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "zstd",
                  compression_level: int | None = None, shard_size: int = 64 << 20,
                  key: str | None = None, name: str | None = None, verify: bool = True,
                  on_busy: str = "wait", wait_timeout: float | None = None,
@@ -243,7 +245,8 @@ class Dataset:
                  progress: bool | Callable[[Any], None] = True,
                  local_cache: str | os.PathLike | None = None,
                  local_cache_limit: int = 50 << 30,
-                 storage_options: dict | None = None) -> "Dataset":
+                 storage_options: dict | None = None,
+                 on_corrupt: str = "raise") -> "Dataset":
         """Persist the examples up to here under ``path`` (a folder or fsspec URL; default
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``) and read them back from then on.
 
@@ -264,6 +267,10 @@ class Dataset:
 
         For remote roots (``s3://...``), ``local_cache=DIR`` keeps copies of the shards read in
         ``DIR``, at most ``local_cache_limit`` bytes, least recently used evicted first.
+
+        A corrupt snapshot (a shard whose checksum does not match, an unreadable manifest)
+        fails the epoch with ``on_corrupt="raise"``; ``"rebuild"`` withdraws it, warns, and
+        carries on with the snapshot recomputed (see :mod:`snapcache.pipeline.rebuild`).
         """
         options = SnapshotOptions.from_keywords(
             compression=compression, compression_level=compression_level,
@@ -271,7 +278,8 @@ class Dataset:
             wait_timeout=wait_timeout, lease_ttl=lease_ttl, prefetch_bytes=prefetch_bytes,
             progress=progress,
             local_cache=os.fspath(local_cache) if local_cache is not None else None,
-            local_cache_limit=local_cache_limit, storage_options=storage_options)
+            local_cache_limit=local_cache_limit, storage_options=storage_options,
+            on_corrupt=on_corrupt)
         root = os.fspath(path) if path is not None else default_root()
         return self._then(ops.SnapshotOp, path=root, options=options)
 
@@ -345,16 +353,25 @@ class Dataset:
             finally:
                 stats.current.reset(token)
 
-        token = stats.current.set(recorder)
-        try:
-            iterator = ordered.iterate(shape, epoch, spec, state=state, balance=balance) \
-                if shape is not None else None
-            if iterator is None:
-                iterator = Deferred(start)
-                if shape is not None:  # the writing epoch, with a state
-                    iterator = ordered.writing(shape, epoch, spec, iterator)
-        finally:
-            stats.current.reset(token)
+        def make(state: dict | None = state) -> Iterator[Any]:
+            token = stats.current.set(recorder)
+            try:
+                iterator = ordered.iterate(shape, epoch, spec, state=state, balance=balance) \
+                    if shape is not None else None
+                if iterator is None:
+                    iterator = Deferred(start)
+                    if shape is not None:  # the writing epoch, with a state
+                        iterator = ordered.writing(shape, epoch, spec, iterator)
+            finally:
+                stats.current.reset(token)
+            return iterator
+
+        snap = plan.last_snapshot(op)
+        if snap is not None and snap.options.on_corrupt == "rebuild":
+            iterator: Iterator[Any] = Rebuilding(
+                make, lambda: snapshot_storage(snap, plan.snapshot_tree(snap).digest))
+        else:
+            iterator = make()
         self._recorder = recorder
         return DatasetIterator(iterator)
 

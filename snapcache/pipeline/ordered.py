@@ -118,8 +118,9 @@ def known_length(op: ops.Op) -> int | None:
 def _storage(snapshot: ops.SnapshotOp) -> Storage:
     from snapcache.pipeline import plan  # plan imports this module's runner table user
 
-    return Storage(snapshot.path, snapshot.options.storage_options).child(
-        plan.snapshot_tree(snapshot).digest)
+    from snapcache.pipeline.snapshot_exec import snapshot_storage
+
+    return snapshot_storage(snapshot, plan.snapshot_tree(snapshot).digest)
 
 
 def committed_reader(snapshot: ops.SnapshotOp) -> SnapshotReader | None:
