@@ -28,12 +28,24 @@ from snapcache.store.validate import BatchValidator
 
 
 def load_manifest(storage: Storage) -> Manifest | None:
-    """The committed manifest of the snapshot folder ``storage``, or None if not committed."""
+    """The committed manifest of the snapshot folder ``storage``, or None if not committed.
+
+    The manifest's fingerprint must be the folder's name: a snapshot folder copied or renamed
+    under another pipeline's fingerprint would otherwise hand that pipeline foreign data."""
     try:
         data = storage.read_bytes(layout.MANIFEST)
     except FileNotFoundError:
         return None
-    return Manifest.loads(data, where=storage.url)
+    manifest = Manifest.loads(data, where=storage.url)
+    root, _, folder = storage.url.rpartition("/")
+    if manifest.fingerprint != folder:
+        raise CorruptSnapshotError(
+            f"{storage.url}: the manifest's fingerprint {manifest.fingerprint} does not match "
+            f"its folder name {folder}: the folder was copied or renamed from another snapshot "
+            f"and holds another pipeline's data. Move it back to {root}/{manifest.fingerprint} "
+            f"if that is what it is, or delete {storage.url} and rerun the pipeline to rebuild "
+            "it")
+    return manifest
 
 
 _READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
