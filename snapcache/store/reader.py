@@ -20,23 +20,26 @@ import xxhash
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
-from snapcache.store.cache import ShardCache
+from snapcache.store.cache import ShardCache, shared_cache
 from snapcache.store.codec import Decoder, Schema
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.store.options import ReadOptions
 from snapcache.store.validate import BatchValidator
 
 
 def load_manifest(storage: Storage) -> Manifest | None:
     """The committed manifest of the snapshot folder ``storage``, or None if not committed.
+    An unchanged manifest read before in this process is not read and parsed again (one HEAD
+    on S3, see :meth:`Storage.read_parsed`).
 
     The manifest's fingerprint must be the folder's name: a snapshot folder copied or renamed
     under another pipeline's fingerprint would otherwise hand that pipeline foreign data."""
     try:
-        data = storage.read_bytes(layout.MANIFEST)
+        manifest = storage.read_parsed(layout.MANIFEST,
+                                       lambda data: Manifest.loads(data, where=storage.url))
     except FileNotFoundError:
         return None
-    manifest = Manifest.loads(data, where=storage.url)
     root, _, folder = storage.url.rpartition("/")
     if manifest.fingerprint != folder:
         raise CorruptSnapshotError(
@@ -254,9 +257,9 @@ class SnapshotReader:
         try:
             if self.cache is not None and not self.storage.local:
                 buffer = self.cache.get(self._cache_key(shard), shard.bytes,
-                                        lambda: self.storage.read_bytes(shard.path))
+                                        lambda: self.storage.read_bytes(shard.path, shard.bytes))
             else:
-                buffer, mapped = self.storage.map_file(shard.path)
+                buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)}). "
                                        f"{way_out(self.storage)}") from None
@@ -276,3 +279,13 @@ class SnapshotReader:
                 problems.append(str(e))
         return problems
 
+
+def open_reader(storage: Storage, manifest: Manifest, read: ReadOptions | None = None
+                ) -> SnapshotReader:
+    """A reader of a committed snapshot configured by ``read`` (checksums, prefetch, and the
+    node-local cache of remote shards)."""
+    read = read or ReadOptions()
+    cache = shared_cache(read.local_cache, read.local_cache_limit) \
+        if read.local_cache is not None and not storage.local else None
+    return SnapshotReader(storage, manifest, verify=read.verify,
+                          prefetch_bytes=read.prefetch_bytes, cache=cache)
