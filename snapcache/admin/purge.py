@@ -13,6 +13,9 @@ Safety rules (see docs/cli.md):
   yields wrong data, because every shard is checked against the manifest before use.
 - Committed snapshots that stay lose their leftover bookkeeping (progress records, stream
   markers, shards no manifest lists, expired leases) as ``docs/format.md`` describes.
+- Nothing outside the root is ever deleted: a snapshot folder that is a symbolic link is
+  reported with its target and only the link is removed (its bytes are not counted as freed);
+  a linked snapshot's files are never tidied.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     wanted = {info.id for info in find_all(storage, ids)}
     snapshots = scan(storage)
     chosen, kept = _select(snapshots, wanted, age, budget, incomplete, force)
-    others = [s for s in snapshots if s.state == "committed" and
+    others = [s for s in snapshots if s.state == "committed" and s.link_target is None and
               s.id not in {item.snapshot.id for item in chosen}]
     leftovers = [(s, name, size) for s in others for name, size in _leftovers(s)]
     if dry_run:
@@ -104,7 +107,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
                            sum(s.size_bytes for s in snapshots), budget)
     deleted = []
     for item in chosen:
-        why_not = _delete(storage.child(item.snapshot.id), force)
+        why_not = _delete(storage.child(item.snapshot.id), force,
+                          linked=item.snapshot.link_target is not None)
         if why_not:
             kept.append(PurgeItem(item.snapshot, why_not))
         else:
@@ -130,6 +134,10 @@ def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
         if snap.leased and not force:
             kept.append(PurgeItem(snap, f"in use: {describe_leases(snap.live_leases)} "
                                         "(pass --force to delete anyway)"))
+        elif snap.link_target is not None:
+            chosen.append(PurgeItem(snap, f"{reason}; a symbolic link to {snap.link_target}, "
+                                          "outside the root: only the link is removed, the "
+                                          "folder it points to is left as it is"))
         else:
             chosen.append(PurgeItem(snap, reason))
 
@@ -169,11 +177,16 @@ def describe_leases(leases: Iterable[LeaseInfo]) -> str:
                      for lease in leases)
 
 
-def _delete(folder: Storage, force: bool) -> str:
-    """Delete one snapshot folder, manifest first; return why it was kept instead, or ""."""
+def _delete(folder: Storage, force: bool, linked: bool = False) -> str:
+    """Delete one snapshot folder, manifest first; return why it was kept instead, or "".
+    A ``linked`` folder (a symbolic link) loses only the link."""
     try:
         if not force and (leases := live_leases(folder)):
             return f"in use: {describe_leases(leases)} (a process started using it just now)"
+        if linked or folder.link_target() is not None:
+            folder.remove_link()
+            return ""
+
         def in_use() -> str:  # a reader that came while the manifest was being withdrawn
             leases = [] if force else live_leases(folder)
             return f"in use: {describe_leases(leases)} (a process started using it just " \

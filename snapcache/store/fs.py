@@ -364,6 +364,20 @@ class Storage:
         else:
             self.fs.mv(self.full(src), self.full(dst))
 
+    def link_target(self, rel: str = "") -> str | None:
+        """Where ``rel`` points if it is a symbolic link (local disk), else None."""
+        path = self.full(rel)
+        if self.local and os.path.islink(path):
+            return os.path.realpath(path)
+        return None
+
+    def remove_link(self, rel: str = "") -> None:
+        """Remove the symbolic link ``rel`` itself, never what it points to."""
+        path = self.full(rel)
+        if not (self.local and os.path.islink(path)):
+            raise ValueError(f"{self.url_of(rel)} is not a symbolic link")
+        os.unlink(path)
+
     def remove(self, rel: str, recursive: bool = False) -> None:
         try:
             self.fs.rm(self.full(rel), recursive=recursive)
