@@ -1,0 +1,399 @@
+"""Random access against the peers (issue #15): ``snap[i]`` vs LitData's and Mosaic streaming's
+``dataset[i]`` on the same data, local disk and the loopback S3 server.
+
+    python -m benchmarks.bench_access [--examples 20000] [--s3-examples 10000] [--no-write]
+
+LitData and Mosaic streaming are benchmark-only baselines (``benchmarks/requirements.txt``, in a
+venv with ``--system-site-packages``, see ``benchmarks/run_all.py``); one that cannot be
+imported is reported as missing, never estimated.
+
+Every system holds the same examples (``bench_resume.example``: a 32x32x3 uint8 noise image and
+a label) in ~4 MiB shards (snapcache ``shard_size=4 MiB``, LitData ``chunk_bytes``, Mosaic
+``size_limit``), uncompressed (noise does not compress; snapcache stores such shards raw). Each
+read is checked: the returned label must equal the index.
+
+- open: constructing the dataset object (snapcache ``open_snapshot``, LitData
+  ``StreamingDataset``, Mosaic ``StreamingDataset``).
+- cold: the first ``dataset[i]`` after open, with every library cache empty (a fresh object, a
+  fresh local cache folder for remote data, fsspec's instance cache cleared); the OS page cache
+  is not dropped (the files were just written). One sample per fresh open.
+- warm: ``dataset[i]`` for random ``i`` on one object after a pass that touched every shard.
+
+Results go to docs/benchmarks.md between the ``access-benchmarks`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+import types
+import warnings
+
+import numpy as np
+
+import snapcache as sc
+from benchmarks.bench_resume import example
+
+START, END = "<!-- access-benchmarks:start -->", "<!-- access-benchmarks:end -->"
+SHARD = 4 << 20
+NOTES: list[str] = []   # what the run had to do to make a peer work, printed and written
+
+
+def note(text: str) -> None:
+    NOTES.append(text)
+    print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+# -- the peers, imported on demand ---------------------------------------------------------------
+def import_litdata():
+    import litdata
+
+    return litdata
+
+
+def import_streaming():
+    """Mosaic streaming. ``import streaming`` imports ``streaming.vision``, which imports
+    torchvision; PyPI's torchvision wheels for torch 2.13 are CUDA builds that cannot load beside
+    the CPU torch, and the CPU wheels are not on PyPI. The vision datasets are not used here, so
+    when torchvision cannot be imported ``streaming.vision`` is replaced by an empty module."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a broken torchvision raises RuntimeError too
+        if "streaming.vision" not in sys.modules:
+            sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
+            note(f"torchvision cannot be imported ({type(e).__name__}: {str(e)[:80]}); "
+                 "`streaming.vision` (Mosaic's torchvision datasets, unused here) replaced by an "
+                 "empty module so that `import streaming` works")
+    import streaming
+
+    return streaming
+
+
+def missing(importer) -> str | None:
+    try:
+        importer()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+# -- writing the same data three ways ------------------------------------------------------------
+def write_snapcache(root: str, n: int, storage_options=None) -> int:
+    ds = sc.Dataset.range(n).map(example).snapshot(root, shard_size=SHARD, progress=False,
+                                                   storage_options=storage_options)
+    for _ in ds.batch(1024):
+        pass
+    return len(sc.open_snapshot(root, storage_options=storage_options).manifest.shards)
+
+
+def write_litdata(out: str, n: int) -> int:
+    litdata = import_litdata()
+    with contextlib.redirect_stdout(sys.stderr):
+        litdata.optimize(fn=_litdata_item, inputs=list(range(n)), output_dir=out,
+                         chunk_bytes=SHARD, num_workers=1, verbose=False,
+                         start_method="fork")
+    return sum(f.endswith(".bin") for f in os.listdir(out))
+
+
+def _litdata_item(i: int) -> dict:
+    e = example(i)
+    return {"image": e["image"], "label": int(e["label"])}
+
+
+def write_mosaic(out: str, n: int) -> int:
+    streaming = import_streaming()
+    columns = {"image": "ndarray:uint8:32,32,3", "label": "int64"}
+    with streaming.MDSWriter(out=out, columns=columns, size_limit=SHARD) as writer:
+        for i in range(n):
+            writer.write(example(i))
+    return sum(f.endswith(".mds") for f in os.listdir(out))
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def snapcache_open(root: str, storage_options=None):
+    return lambda cache: sc.open_snapshot(root, storage_options=storage_options)
+
+
+def litdata_open(path: str, storage_options=None):
+    litdata = import_litdata()
+    from litdata.streaming.resolver import Dir
+
+    def open_(cache: str):
+        if path.startswith("s3://"):
+            return litdata.StreamingDataset(Dir(path=cache, url=path),
+                                            storage_options=storage_options or {})
+        return litdata.StreamingDataset(path)
+    return open_
+
+
+def mosaic_open(path: str):
+    streaming = import_streaming()
+
+    def open_(cache: str):
+        if path.startswith("s3://"):
+            return streaming.StreamingDataset(remote=path, local=cache, batch_size=1)
+        return streaming.StreamingDataset(local=path, remote=None, batch_size=1)
+    return open_
+
+
+def label_of(item) -> int:
+    return int(item["label"])
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def checked(ds, i: int) -> float:
+    seconds, item = timed(lambda: ds[i])
+    if label_of(item) != i:
+        raise RuntimeError(f"{type(ds).__module__}: dataset[{i}] returned the example labelled "
+                           f"{label_of(item)}; the benchmark would measure the wrong thing")
+    return seconds
+
+
+def measure(open_, n: int, workdir: str, cold_indices, warm_indices, fresh=lambda: None) -> dict:
+    opens, cold = [], []
+    for k, i in enumerate(cold_indices):
+        fresh()
+        cache = os.path.join(workdir, f"cache-{k}")
+        seconds, ds = timed(lambda: open_(cache))
+        opens.append(seconds)
+        cold.append(checked(ds, i))
+        del ds
+        gc.collect()
+        shutil.rmtree(cache, ignore_errors=True)
+    fresh()
+    ds = open_(os.path.join(workdir, "cache-warm"))
+    for i in range(0, n, 97):     # touch every shard (a shard holds > 1,000 examples)
+        checked(ds, i)
+    warm = [checked(ds, i) for i in warm_indices]
+    del ds
+    gc.collect()
+    q = lambda xs, p: float(np.quantile(xs, p)) * 1e3  # noqa: E731
+    return {"open_ms": q(opens, 0.5), "cold_median_ms": q(cold, 0.5),
+            "cold_p99_ms": q(cold, 0.99), "warm_median_ms": q(warm, 0.5),
+            "warm_p99_ms": q(warm, 0.99), "cold_n": len(cold), "warm_n": len(warm)}
+
+
+def indices(n: int, cold: int, warm: int) -> tuple[list[int], list[int]]:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, n, cold).tolist(), rng.integers(0, n, warm).tolist()
+
+
+def run_system(name, storage, write, open_, n, workdir, cold_i, warm_i, fresh=lambda: None):
+    print(f"{name} on {storage} ...", file=sys.stderr, flush=True)
+    try:
+        shards = write()
+        caches = os.path.join(workdir, "caches-" + name.split()[0].lower())
+        row = measure(open_(), n, caches, cold_i, warm_i, fresh)
+    except Exception as e:  # noqa: BLE001 - reported in the table and the report, not hidden
+        message = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        print(f"  failed: {message}", file=sys.stderr, flush=True)
+        return {"system": name, "storage": storage, "error": message}
+    row.update(system=name, storage=storage, shards=shards)
+    print(f"  {row}", file=sys.stderr, flush=True)
+    return row
+
+
+def local_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
+    cold_i, warm_i = indices(n, cold, warm)
+    rows = []
+    root = os.path.join(workdir, "snapcache")
+    rows.append(run_system("snapcache", "local disk", lambda: write_snapcache(root, n),
+                           lambda: snapcache_open(root), n, workdir, cold_i, warm_i))
+    for name, importer, write, open_ in (
+            ("LitData", import_litdata, write_litdata, litdata_open),
+            ("Mosaic streaming", import_streaming, write_mosaic, mosaic_open)):
+        why = missing(importer)
+        if why:
+            rows.append({"system": name, "storage": "local disk", "error": f"not installed ({why})"})
+            continue
+        out = os.path.join(workdir, name.split()[0].lower())
+        rows.append(run_system(name, "local disk", lambda: write(out, n), lambda: open_(out),
+                               n, workdir, cold_i, warm_i))
+    return rows
+
+
+@contextlib.contextmanager
+def s3_server():
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests import s3server
+
+    why = s3server.missing_requirements()
+    if why:
+        raise RuntimeError(why)
+    with tempfile.TemporaryFile() as log:
+        server = s3server.start(log)
+        saved = dict(os.environ)
+        try:
+            os.environ.update(server.env)
+            yield server, s3server
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            s3server.stop(server.process)
+
+
+def s3_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
+    cold_i, warm_i = indices(n, cold, warm)
+    storage = "loopback S3 (moto)"
+    rows = []
+    try:
+        context = s3_server()
+        server, s3server = context.__enter__()
+    except Exception as e:  # noqa: BLE001
+        return [{"system": "all", "storage": storage, "error": f"no S3 server: {e}"}]
+    try:
+        fs = server.filesystem()
+        bucket = s3server.new_bucket_name()
+        fs.mkdir(bucket)
+        s3server.clear_filesystem_caches()
+        fresh = s3server.clear_filesystem_caches
+        root = f"s3://{bucket}/snapcache"
+        rows.append(run_system("snapcache", storage, lambda: write_snapcache(root, n),
+                               lambda: snapcache_open(root), n, workdir, cold_i, warm_i, fresh))
+
+        def upload(write, name):
+            def write_and_upload() -> int:
+                local = os.path.join(workdir, f"s3-{name}")
+                shards = write(local, n)
+                fs.put(local, f"{bucket}/{name}", recursive=True)
+                return shards
+            return write_and_upload
+
+        if not missing(import_litdata):
+            # LitData reads chunks through obstore, which refuses plain http unless allow_http;
+            # the loopback server speaks http only.
+            os.environ["AWS_ALLOW_HTTP"] = "true"
+            note("LitData on the loopback S3 server: `AWS_ALLOW_HTTP=true` in the environment "
+                 "(obstore, which LitData uses for chunk downloads, refuses plain http "
+                 "otherwise); endpoint and credentials from the AWS_* variables, as for snapcache")
+            options = {"endpoint_url": server.endpoint,
+                       "aws_access_key_id": server.env["AWS_ACCESS_KEY_ID"],
+                       "aws_secret_access_key": server.env["AWS_SECRET_ACCESS_KEY"]}
+            rows.append(run_system(
+                "LitData", storage, upload(write_litdata, "litdata"),
+                lambda: litdata_open(f"s3://{bucket}/litdata", options), n, workdir,
+                cold_i, warm_i))
+        else:
+            rows.append({"system": "LitData", "storage": storage, "error": "not installed"})
+        if not missing(import_streaming):
+            os.environ["S3_ENDPOINT_URL"] = server.endpoint
+            rows.append(run_system(
+                "Mosaic streaming", storage, upload(write_mosaic, "mosaic"),
+                lambda: mosaic_open(f"s3://{bucket}/mosaic"), n, workdir, cold_i, warm_i))
+        else:
+            rows.append({"system": "Mosaic streaming", "storage": storage,
+                         "error": "not installed"})
+    finally:
+        context.__exit__(None, None, None)
+    return rows
+
+
+# -- the report -----------------------------------------------------------------------------------
+def verdicts(rows: list[dict]) -> list[str]:
+    out = []
+    for storage in dict.fromkeys(r["storage"] for r in rows):
+        ours = next((r for r in rows if r["storage"] == storage and r["system"] == "snapcache"
+                     and "error" not in r), None)
+        peers = [r for r in rows if r["storage"] == storage and r["system"] != "snapcache"
+                 and "error" not in r]
+        if ours is None or not peers:
+            out.append(f"- {storage}: not compared (snapcache or every peer failed).")
+            continue
+        for key, what in (("cold_median_ms", "cold"), ("warm_median_ms", "warm")):
+            best = min(peers, key=lambda r: r[key])
+            ratio = ours[key] / best[key]
+            met = all(ours[key] < r[key] for r in peers)
+            out.append(f"- {storage}, {what} median: snapcache {ours[key]:.3f} ms vs "
+                       f"{best['system']} {best[key]:.3f} ms (the faster peer) = "
+                       f"{ratio:.2f}x: target (faster than both) "
+                       f"{'**met**' if met else '**MISSED**'}.")
+    return out
+
+
+def report(args, rows: list[dict], elapsed: float) -> str:
+    L = [START, "", "## Random access against LitData and Mosaic streaming", "",
+         f"`{args.command}` (took {elapsed:.0f} s; 2 cores shared with other jobs). "
+         f"{args.examples} examples local, {args.s3_examples} on the loopback S3 server (moto, "
+         "as the tests use), of a 32x32x3 uint8 noise image and a label, in ~4 MiB shards, "
+         "uncompressed in all three. Same random indices for every system; every read checks "
+         "that the label equals the index. open: constructing the dataset object; cold: the "
+         "first `dataset[i]` after open with every library cache empty (fresh object, fresh "
+         "local cache folder, fsspec instances cleared; OS page cache not dropped), "
+         f"{args.cold} opens locally and {args.s3_cold} on S3, so cold p99 is close to the "
+         "maximum; warm: random `dataset[i]` on one object after a pass that touched every "
+         f"shard ({args.warm} probes).", "",
+         "Reads: snapcache `snapcache.open_snapshot(root)[i]`; LitData "
+         "`litdata.StreamingDataset(dir)[i]` (S3: `StreamingDataset(Dir(path=cache, "
+         "url='s3://...'), storage_options=...)`); Mosaic "
+         "`streaming.StreamingDataset(local=dir, remote=None, batch_size=1)[i]` (S3: "
+         "`remote='s3://...', local=cache`, endpoint from `S3_ENDPOINT_URL`). Versions: "
+         f"{versions()}.", "",
+         "| system | storage | shards | open | cold median | cold p99 | warm median | warm p99 |",
+         "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            L.append(f"| {r['system']} | {r['storage']} | failed: {r['error']} ||||||")
+            continue
+        L.append(f"| {r['system']} | {r['storage']} | {r['shards']} | {r['open_ms']:.2f} ms | "
+                 f"{r['cold_median_ms']:.2f} ms | {r['cold_p99_ms']:.2f} ms | "
+                 f"{r['warm_median_ms']:.3f} ms | {r['warm_p99_ms']:.3f} ms |")
+    L += ["", "Target: `snap[i]` faster than both peers' `dataset[i]`.", ""]
+    L += verdicts(rows)
+    if NOTES:
+        L += ["", "What the run did to make the peers work:", ""]
+        L += [f"- {n}" for n in dict.fromkeys(NOTES)]
+    L += ["", END]
+    return "\n".join(L)
+
+
+def versions() -> str:
+    out = [f"snapcache {sc.__version__}"]
+    for name, importer in (("litdata", import_litdata), ("mosaicml-streaming", import_streaming)):
+        try:
+            out.append(f"{name} {importer().__version__}")
+        except Exception:  # noqa: BLE001
+            out.append(f"{name} not installed")
+    return ", ".join(out)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=20_000)
+    parser.add_argument("--s3-examples", type=int, default=10_000)
+    parser.add_argument("--cold", type=int, default=20)
+    parser.add_argument("--s3-cold", type=int, default=10)
+    parser.add_argument("--warm", type=int, default=300)
+    parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    args.command = "python -m benchmarks.bench_access" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:]) if a != "--no-write")
+    warnings.filterwarnings("ignore")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="snapcache-access-") as workdir:
+        rows = local_rows(os.path.join(workdir, "local"), args.examples, args.cold, args.warm)
+        if not args.no_s3:
+            rows += s3_rows(os.path.join(workdir, "s3"), args.s3_examples, args.s3_cold,
+                            args.warm)
+    text = report(args, rows, time.perf_counter() - started)
+    print(text)
+    if args.no_write:
+        return
+    from benchmarks.run_all import write_doc
+
+    write_doc(text, START, END)
+
+
+if __name__ == "__main__":
+    main()
