@@ -102,26 +102,45 @@ class BlockDecoder:
         return max(1, (shard.raw_bytes or shard.bytes) * int(self.layout.rows[block])
                    // max(1, shard.rows))
 
-    def decode(self, block: int) -> Any:
+    def _first_row(self, block: int) -> tuple[int, Any, list[int], int]:
+        """(shard, its file reader, its record batches' first rows, the block's first row in
+        the shard)."""
         layout = self.layout
         index = int(layout.shard[block])
         file_reader, starts = self.shards.get(index)
-        batch_index, rows = int(layout.batch[block]), int(layout.rows[block])
-        if batch_index >= 0:
-            first = starts[batch_index] + int(layout.offset[block])
-        else:
-            first = int(layout.offset[block])
+        batch_index = int(layout.batch[block])
+        first = int(layout.offset[block]) + (starts[batch_index] if batch_index >= 0 else 0)
+        return index, file_reader, starts, first
+
+    def record_batch(self, index: int, file_reader: Any, starts: list[int], j: int
+                     ) -> pa.RecordBatch:
+        """Record batch ``j`` of shard ``index``, checked against the manifest's row count."""
+        batch = file_reader.get_batch(j)
+        if batch.num_rows != starts[j + 1] - starts[j]:
+            shard = self.reader.manifest.shards[index]
+            raise CorruptSnapshotError(
+                f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r} "
+                f"record batch {j} has {batch.num_rows} rows, the manifest says "
+                f"{starts[j + 1] - starts[j]}. Delete the snapshot folder "
+                f"({self.reader.storage.url}) to rebuild it")
+        return batch
+
+    def locate(self, block: int, offset: int) -> tuple[tuple[int, int], Any, int]:
+        """((shard, record batch), a loader of that verified record batch, row in it) for
+        row ``offset`` of ``block``."""
+        index, file_reader, starts, first = self._first_row(block)
+        row = first + offset
+        j = int(np.searchsorted(starts, row, side="right") - 1)
+        return ((index, j), lambda: self.record_batch(index, file_reader, starts, j),
+                row - starts[j])
+
+    def decode(self, block: int) -> Any:
+        index, file_reader, starts, first = self._first_row(block)
+        rows = int(self.layout.rows[block])
         pieces = []
         j = max(0, np.searchsorted(starts, first, side="right") - 1)
         while rows > sum(p.num_rows for p in pieces):
-            batch = file_reader.get_batch(j)
-            if batch.num_rows != starts[j + 1] - starts[j]:
-                shard = self.reader.manifest.shards[index]
-                raise CorruptSnapshotError(
-                    f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r} "
-                    f"record batch {j} has {batch.num_rows} rows, the manifest says "
-                    f"{starts[j + 1] - starts[j]}. Delete the snapshot folder "
-                    f"({self.reader.storage.url}) to rebuild it")
+            batch = self.record_batch(index, file_reader, starts, j)
             lo = max(0, first - starts[j])
             hi = min(batch.num_rows, first + rows - starts[j])
             pieces.append(batch.slice(lo, hi - lo) if (lo, hi) != (0, batch.num_rows)
@@ -220,9 +239,11 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
 
 class RowAccess:
-    """Random access to the rows of a committed snapshot: a row costs one record batch's
-    decode (the first row of a shard also loads and verifies that shard, which is then kept
-    open, least recently used first out, within ``budget`` bytes).
+    """Random access to the rows of a committed snapshot: a row costs the decode of that row
+    alone (its record batch is kept as Arrow, undecoded, among the ``cached_blocks`` most
+    recently used); the first row of a shard also loads and verifies that shard, which is then
+    kept open, least recently used first out, within ``budget`` bytes. ``take`` decodes each
+    record batch it needs once.
 
     Example::
 
@@ -240,6 +261,8 @@ class RowAccess:
         self.layout = layout_of(self.reader.manifest)
         self._decoder = BlockDecoder(self.reader, self.layout, "rows", shard_budget=budget // 2)
         self._blocks: collections.OrderedDict[int, list] = collections.OrderedDict()
+        self._batches: collections.OrderedDict[tuple[int, int], pa.RecordBatch] = \
+            collections.OrderedDict()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -263,22 +286,30 @@ class RowAccess:
             raise IndexError(f"index {i} out of range for a snapshot of {n} examples")
         return j
 
+    def _cached_get(self, cache: collections.OrderedDict, key: Any, make: Any) -> Any:
+        """``cache[key]``, made by ``make()`` on a miss; the least recently used go first."""
+        with self._lock:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+        value = make()
+        with self._lock:
+            cache[key] = value
+            while len(cache) > self._cached:
+                cache.popitem(last=False)
+        return value
+
     def _block(self, block: int) -> list:
-        with self._lock:
-            if block in self._blocks:
-                self._blocks.move_to_end(block)
-                return self._blocks[block]
-        rows = self._decoder.decode(block)
-        with self._lock:
-            self._blocks[block] = rows
-            while len(self._blocks) > self._cached:
-                self._blocks.popitem(last=False)
-        return rows
+        return self._cached_get(self._blocks, block, lambda: self._decoder.decode(block))
 
     def __getitem__(self, i: Any) -> Any:
+        """Row ``i``: the record batch holding it is kept (as Arrow, undecoded) and only this
+        row is decoded."""
         row = self._index(i)
         block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
-        return self._block(block)[row - int(self.layout.start[block])]
+        key, load, k = self._decoder.locate(block, row - int(self.layout.start[block]))
+        batch = self._cached_get(self._batches, key, load)
+        return next(iter(self.reader._decoder.rows(batch.slice(k, 1))))
 
     def take(self, indices: Sequence[int]) -> list:
         """The examples at ``indices``, in that order; each block read once."""
