@@ -239,11 +239,11 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
 
 class RowAccess:
-    """Random access to the rows of a committed snapshot: a row costs the decode of that row
-    alone (its record batch is kept as Arrow, undecoded, among the ``cached_blocks`` most
-    recently used); the first row of a shard also loads and verifies that shard, which is then
-    kept open, least recently used first out, within ``budget`` bytes. ``take`` decodes each
-    record batch it needs once.
+    """Random access to the rows of a committed snapshot. The first row of a shard loads and
+    verifies that shard, which is then kept open (least recently used first out, within half
+    of ``budget`` bytes); the first row of a record batch decodes that batch once (zero-copy
+    views where it can be) and keeps it, within the other half; any row of a kept batch is
+    then an index into it.
 
     Example::
 
@@ -251,24 +251,25 @@ class RowAccess:
         rows[17], rows.take([3, 1, 4])
     """
 
-    def __init__(self, reader: "SnapshotReader", *, budget: int | None = None,
-                 cached_blocks: int = 8):
-        self.reader, self._budget, self._cached = reader, budget, max(1, cached_blocks)
+    def __init__(self, reader: "SnapshotReader", *, budget: int | None = None):
+        self.reader, self._budget = reader, budget
         self._setup()
 
     def _setup(self) -> None:
         _, budget = read_budget(1, self._budget or self.reader.prefetch_bytes)
         self.layout = layout_of(self.reader.manifest)
         self._decoder = BlockDecoder(self.reader, self.layout, "rows", shard_budget=budget // 2)
-        self._blocks: collections.OrderedDict[int, list] = collections.OrderedDict()
-        self._batches: collections.OrderedDict[tuple[int, int], pa.RecordBatch] = \
+        self._batch_budget = budget // 2
+        # (shard, record batch) -> (row getter, bytes), least recently used first
+        self._batches: collections.OrderedDict[tuple[int, int], tuple[Any, int]] = \
             collections.OrderedDict()
+        self._held = 0
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
         # A copy in another process (a DataLoader worker started with spawn) opens its own
-        # shards: open files, decoded blocks and locks stay here.
-        return {"reader": self.reader, "_budget": self._budget, "_cached": self._cached}
+        # shards: open files, decoded batches and locks stay here.
+        return {"reader": self.reader, "_budget": self._budget}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -286,37 +287,38 @@ class RowAccess:
             raise IndexError(f"index {i} out of range for a snapshot of {n} examples")
         return j
 
-    def _cached_get(self, cache: collections.OrderedDict, key: Any, make: Any) -> Any:
-        """``cache[key]``, made by ``make()`` on a miss; the least recently used go first."""
-        with self._lock:
-            if key in cache:
-                cache.move_to_end(key)
-                return cache[key]
-        value = make()
-        with self._lock:
-            cache[key] = value
-            while len(cache) > self._cached:
-                cache.popitem(last=False)
-        return value
+    def _locate(self, row: int) -> tuple[tuple[int, int], Any, int]:
+        block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
+        return self._decoder.locate(block, row - int(self.layout.start[block]))
 
-    def _block(self, block: int) -> list:
-        return self._cached_get(self._blocks, block, lambda: self._decoder.decode(block))
+    def _getter(self, key: tuple[int, int], load: Any) -> Any:
+        """The row getter of record batch ``key`` (shard, batch), decoded on a miss."""
+        with self._lock:
+            if key in self._batches:
+                self._batches.move_to_end(key)
+                return self._batches[key][0]
+        batch = load()
+        getter, size = self.reader._decoder.row_reader(batch), batch.nbytes
+        with self._lock:
+            if key not in self._batches:
+                self._batches[key] = (getter, size)
+                self._held += size
+            while self._held > self._batch_budget and len(self._batches) > 1:
+                self._held -= self._batches.popitem(last=False)[1][1]
+        return getter
 
     def __getitem__(self, i: Any) -> Any:
-        """Row ``i``: the record batch holding it is kept (as Arrow, undecoded) and only this
-        row is decoded."""
-        row = self._index(i)
-        block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
-        key, load, k = self._decoder.locate(block, row - int(self.layout.start[block]))
-        batch = self._cached_get(self._batches, key, load)
-        return next(iter(self.reader._decoder.rows(batch.slice(k, 1))))
+        key, load, k = self._locate(self._index(i))
+        return self._getter(key, load)(k)
 
     def take(self, indices: Sequence[int]) -> list:
-        """The examples at ``indices``, in that order; each block read once."""
-        rows = np.asarray([self._index(i) for i in indices], dtype=np.int64)
-        if not len(rows):
-            return []
-        blocks = np.searchsorted(self.layout.start, rows, side="right") - 1
-        offsets = rows - self.layout.start[blocks]
-        decoded = {b: self._block(b) for b in np.unique(blocks).tolist()}
-        return [decoded[b][o] for b, o in zip(blocks.tolist(), offsets.tolist())]
+        """The examples at ``indices``, in that order; each record batch decoded at most
+        once."""
+        getters: dict[tuple[int, int], Any] = {}
+        out = []
+        for row in [self._index(i) for i in indices]:
+            key, load, k = self._locate(row)
+            if key not in getters:
+                getters[key] = self._getter(key, load)
+            out.append(getters[key](k))
+        return out
