@@ -452,11 +452,10 @@ def main(argv=None) -> None:
                             args.s3_warm)
     text = report(args, rows, time.perf_counter() - started)
     print(text)
-    if args.no_write:
-        return
-    from benchmarks.run_all import write_doc
+    if not args.no_write:
+        from benchmarks.run_all import write_doc
 
-    write_doc(text, START, END)
+        write_doc(text, START, END)
 
 
 if __name__ == "__main__":
