@@ -67,6 +67,24 @@ class _Held:
                       self.lease.storage.url_of(self.lease.info.name), e)
 
 
+def _drop_later(held: _Held, holder: int) -> None:
+    """A holder was collected: drop it on a thread of its own (a finalizer may run inside any
+    code, even the storage client's event loop, where a storage call would deadlock)."""
+    if held.key[0] != os.getpid():
+        return
+    forget: list = []
+
+    def run() -> None:
+        try:
+            held.drop(holder)
+        finally:
+            forget[0]()
+
+    thread = threading.Thread(target=run, daemon=True, name="snapcache-release-read-lease")
+    forget.append(lifecycle.at_exit(lambda: thread.join(lifecycle.JOIN_TIMEOUT)))
+    thread.start()
+
+
 def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
     """Hold a read lease on the snapshot folder ``storage`` while ``holder`` lives. True if this
     call took a new lease (the caller then checks the snapshot is still committed: a purge may
@@ -88,7 +106,7 @@ def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
         new_holder = id(holder) not in held.holders
         held.holders.add(id(holder))
     if new_holder:
-        weakref.finalize(holder, held.drop, id(holder))
+        weakref.finalize(holder, _drop_later, held, id(holder))
     return fresh
 
 
