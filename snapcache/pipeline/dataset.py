@@ -240,7 +240,7 @@ class Dataset:
                  progress: bool | Callable[[Any], None] = True,
                  local_cache: str | os.PathLike | None = None,
                  local_cache_limit: int = 50 << 30,
-                 storage_options: dict | None = None) -> "Dataset":
+                 storage_options: dict | None = None, delta: bool = False) -> "Dataset":
         """Persist the examples up to here under ``path`` (a folder or fsspec URL; default
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``) and read them back from then on.
 
@@ -261,6 +261,11 @@ class Dataset:
 
         For remote roots (``s3://...``), ``local_cache=DIR`` keeps copies of the shards read in
         ``DIR``, at most ``local_cache_limit`` bytes, least recently used evicted first.
+
+        ``delta=True`` (files, then element-wise ops): the snapshot is built file by file in a
+        folder named by the upstream's code alone; when files are added, changed or removed,
+        the next run computes only those and commits a new version that reuses every other
+        shard in place (see docs/format.md, "Delta snapshots").
         """
         options = SnapshotOptions.from_keywords(
             compression=compression, compression_level=compression_level,
@@ -268,7 +273,8 @@ class Dataset:
             wait_timeout=wait_timeout, lease_ttl=lease_ttl, prefetch_bytes=prefetch_bytes,
             progress=progress,
             local_cache=os.fspath(local_cache) if local_cache is not None else None,
-            local_cache_limit=local_cache_limit, storage_options=storage_options)
+            local_cache_limit=local_cache_limit, storage_options=storage_options,
+            delta=delta)
         root = os.fspath(path) if path is not None else default_root()
         return self._then(ops.SnapshotOp, path=root, options=options)
 

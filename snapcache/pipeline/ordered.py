@@ -126,8 +126,9 @@ def committed_reader(snapshot: ops.SnapshotOp) -> SnapshotReader | None:
     """A reader of ``snapshot`` if it is committed."""
     from snapcache.pipeline.snapshot_exec import open_reader
 
-    storage = _storage(snapshot)
-    manifest = load_manifest(storage)
+    from snapcache.pipeline import plan
+
+    storage, manifest = plan.committed_snapshot(snapshot)
     if manifest is None:
         return None
     return open_reader(storage, manifest, snapshot.options)

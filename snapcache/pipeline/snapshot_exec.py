@@ -22,6 +22,7 @@ from snapcache.store.reader import SnapshotReader, load_manifest
 from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 from snapcache.store.streams import StreamRecord, commit_fields, try_commit
+from snapcache.store.versions import manifest_file
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -159,7 +160,7 @@ def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[No
         _touch_last_used(reader)
     except OSError as e:  # read-only storage: reading still works, purge just cannot see us
         log.debug("cannot record the read of %s: %s", reader.storage.url, e)
-    if lease is not None and not reader.storage.exists(layout.MANIFEST):
+    if lease is not None and not reader.storage.exists(manifest_file(reader.manifest)):
         # A purge removed the snapshot between our reading its manifest and taking the lease.
         lease.release()
         raise CorruptSnapshotError(

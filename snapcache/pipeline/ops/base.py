@@ -52,6 +52,9 @@ class Traits:
       shares).
     - ``content``: it changes the examples, so it counts towards fingerprints (prefetch, cache
       and snapshot do not).
+    - ``units`` (sources): made of files each computed on its own, so a delta snapshot can
+      compute only the new and changed ones (the op offers ``unit_identities()``,
+      ``with_units(urls)`` and ``lineage_children(where)``).
     """
 
     source: bool = False
@@ -65,6 +68,7 @@ class Traits:
     batch_dims: int = 0
     per_stream: bool = False
     content: bool = True
+    units: bool = False
 
     def __post_init__(self) -> None:
         if self.length not in LENGTH_RULES:

@@ -1,0 +1,322 @@
+"""Running a delta snapshot: a file source computed unit by unit, versions reusing shards.
+
+When a snapshot's upstream is a source made of files (``Traits.units``) followed only by
+element-wise ops that keep no copy (:func:`snapcache.pipeline.ops.delta_source`), the
+snapshot lives in a *lineage* folder named by the upstream's code fingerprint (the files do not
+count) and holds versions (see :mod:`snapcache.store.versions`):
+
+1. the source's files are listed (one ``stat`` each, or a listing on S3) and keyed;
+2. a version built from exactly these files is read;
+3. otherwise the build lease of the lineage is taken (one builder at a time; others wait, or
+   compute without writing with ``on_busy="compute"``), the newest version is compared with the
+   source, and only the files of segments that are not reusable are computed: the upstream runs
+   on those files alone, a segment of at most :data:`SEGMENT_UNITS` files at a time, each
+   segment written to its own shards and recorded (``segment-<run>-<seq>.json``) so a crashed
+   build's finished segments are reused by the next;
+4. the new version lists the kept segments of the newest version first (their shards in
+   place), then the new ones in source order, and is committed exclusively, fenced by the lease.
+
+The epoch that builds a version yields its examples once it is committed, in its order.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from snapcache.errors import LeaseTimeoutError
+from snapcache.fingerprint.units import UnitDiff, describe_delta, diff_units, unit_key, units_digest
+from snapcache.pipeline import ops, streams
+from snapcache.store import layout, versions
+from snapcache.store.fs import Storage
+from snapcache.store.lease import WriteLease, live_leases
+from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest, ShardInfo
+from snapcache.store.schema import Schema, merge_schemas
+from snapcache.store.streams import commit_fields
+from snapcache.store.writer import SnapshotWriter
+
+log = logging.getLogger("snapcache")
+
+SEGMENT_UNITS = 256
+"""Files per segment: a removed or changed file recomputes at most this many files' examples."""
+MAX_SEGMENTS_PER_BUILD = 9_000
+
+
+@dataclass(frozen=True)
+class SourceUnits:
+    """A unit source's files as the delta build sees them: identity and key of each, in order."""
+
+    kind: str
+    identities: tuple[dict, ...]
+    keys: tuple[str, ...]
+
+    @property
+    def digest(self) -> str:
+        return units_digest(self.keys)
+
+    @property
+    def size(self) -> int:
+        return sum(int(i.get("size") or 0) for i in self.identities)
+
+    def by_path(self) -> dict[str, str]:
+        return {str(i["path"]): k for i, k in zip(self.identities, self.keys)}
+
+
+def source_units(source: ops.Op) -> SourceUnits:
+    """The units of ``source`` (taken once per source op object)."""
+    def compute() -> SourceUnits:
+        identities = tuple(source.unit_identities())
+        return SourceUnits(source.kind, identities, tuple(unit_key(i) for i in identities))
+
+    return source.memo("source_units", compute)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A group of units and the shards holding their examples."""
+
+    units: tuple[tuple[str, dict], ...]   # (key, identity) in order
+    shards: tuple[ShardInfo, ...]
+    schema: dict | None
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+
+def base_segments(storage: Storage, base: Manifest | None) -> list[Segment]:
+    """The segments of a committed version, with their units."""
+    if base is None:
+        return []
+    units = versions.read_units(storage, base)
+    grouped: list[list[tuple[str, dict]]] = [[] for _ in base.segments or ()]
+    for unit in units:
+        grouped[unit.segment].append((unit_key(unit.identity), unit.identity))
+    segments, start = [], 0
+    for spec, members in zip(base.segments or (), grouped):
+        shards = tuple(base.shards[start:start + spec["shards"]])
+        start += spec["shards"]
+        segments.append(Segment(tuple(members), shards, base.schema if shards else None))
+    return segments
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a build will do: segments reused in place, units computed."""
+
+    base: Manifest | None
+    diff: UnitDiff
+    reused: tuple[Segment, ...]
+    compute: tuple[int, ...]          # indices into the source's units, in source order
+    total: int
+
+    @property
+    def reused_rows(self) -> int:
+        return sum(s.rows for s in self.reused)
+
+    @property
+    def reused_units(self) -> int:
+        return sum(len(s.units) for s in self.reused)
+
+    def reused_share(self) -> float:
+        """Reused examples over the examples expected (units computed are estimated at the
+        base version's mean examples per unit)."""
+        base_units = self.base.source.get("units", 0) if self.base is not None else 0
+        per_unit = self.base.num_examples / base_units if base_units else 1.0
+        expected = self.reused_rows + per_unit * len(self.compute)
+        return self.reused_rows / expected if expected else 1.0
+
+    def describe(self) -> str:
+        return describe_delta(self.diff, computing=len(self.compute), total=self.total,
+                              reusing=self.reused_units, reused_share=self.reused_share())
+
+
+def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Segment],
+               recovered: Sequence[Segment] = ()) -> Plan:
+    """Which segments of the base version (and of crashed builds) stay, which units to compute.
+    A segment stays when every one of its units is still in the source, unchanged."""
+    current = set(units.keys)
+    old = {str(identity["path"]): key for seg in segments for key, identity in seg.units}
+    diff = diff_units(old, list(zip((str(i["path"]) for i in units.identities), units.keys)))
+    reused: list[Segment] = []
+    covered: set[str] = set()
+    for seg in list(segments) + list(recovered):
+        keys = {key for key, _ in seg.units}
+        if keys and keys <= current and not keys & covered:
+            reused.append(seg)
+            covered |= keys
+    compute = tuple(i for i, key in enumerate(units.keys) if key not in covered)
+    return Plan(base, diff, tuple(reused), compute, len(units.keys))
+
+
+# -- running -----------------------------------------------------------------------------------
+def run_delta(op: ops.SnapshotOp, epoch: int, *, source: ops.Op, lineage, describe: str
+              ) -> Iterator[Any]:
+    """One epoch of a delta snapshot op (see the module docstring)."""
+    from snapcache.pipeline.snapshot_exec import _read, open_reader
+
+    options = op.options
+    units = source_units(source)
+    storage = Storage(op.path, options.storage_options).child(lineage.digest)
+    run_id = layout.new_run_id()
+    spec = streams.current()
+    manifest = _negotiate(op, epoch, storage, units, run_id=run_id, source=source,
+                          lineage=lineage, describe=describe)
+    if manifest is None:  # on_busy="compute": another process builds it
+        return ops.run(op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
+    return _read(open_reader(storage, manifest, options), run_id, spec,
+                 options.coordination.lease_ttl)
+
+
+def _negotiate(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, *,
+               run_id: str, source: ops.Op, lineage, describe: str) -> Manifest | None:
+    """The version built from ``units``: found, built here, or built by another process."""
+    coordination = op.options.coordination
+    start, delay = time.monotonic(), 0.02
+    while True:
+        found = versions.find_version(storage, units.digest)
+        if found is not None:
+            return found
+        lease = WriteLease.acquire(storage, run_id=run_id, ttl=coordination.lease_ttl)
+        if lease is not None:
+            try:
+                found = versions.find_version(storage, units.digest)
+                if found is not None:
+                    return found
+                built = build(op, epoch, storage, units, run_id=run_id, source=source,
+                              lineage=lineage, describe=describe, lease=lease)
+            finally:
+                lease.release()
+            if built is not None:
+                return built
+            continue  # another build committed the version we meant to: start again on it
+        if coordination.on_busy == "compute":
+            log.info("delta snapshot %s is being built by another process: computing without "
+                     "writing", storage.url)
+            return None
+        if coordination.wait_timeout is not None and \
+                time.monotonic() - start > coordination.wait_timeout:
+            holders = ", ".join(f"{lease.host} pid {lease.pid}" for lease in
+                                live_leases(storage) if lease.kind == "write") or "nobody"
+            raise LeaseTimeoutError(
+                f"waited {coordination.wait_timeout:.0f} s for a version of delta snapshot "
+                f"{storage.url} (being built by {holders}); raise wait_timeout, or pass "
+                "on_busy='compute' to compute without writing")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+def build(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, *, run_id: str,
+          source: ops.Op, lineage, describe: str, lease: WriteLease | None) -> Manifest | None:
+    """Build and commit the next version (the caller holds the lineage's build lease); None if
+    another build committed that version number first."""
+    names = storage.listdir()
+    base = versions.newest(storage, names)
+    segments = base_segments(storage, base)
+    recovered = [Segment(r.units, r.shards, r.schema)
+                 for r in versions.finished_segments(storage, names)]
+    plan = plan_build(units, base, segments, recovered)
+    log.info("delta snapshot %s: %s", storage.url, plan.describe())
+    new = _compute(op, epoch, storage, units, plan.compute, run_id=run_id, source=source,
+                   lease=lease)
+    ordered = list(plan.reused) + new
+    manifest = _assemble(ordered, storage, units, lineage, base, run_id=run_id,
+                         describe=describe, options=op.options)
+    unit_rows = [versions.Unit(identity, i) for i, seg in enumerate(ordered)
+                 for _, identity in seg.units]
+    if not versions.commit_version(storage, manifest, unit_rows, run_id=run_id, lease=lease):
+        return None
+    versions.cleanup(storage, run_id)
+    return versions.load_version(storage, manifest.version)
+
+
+def _chunks(indices: Sequence[int], units: SourceUnits) -> list[list[int]]:
+    size = max(SEGMENT_UNITS, -(-len(indices) // MAX_SEGMENTS_PER_BUILD))
+    return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
+
+
+def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits,
+             indices: Sequence[int], *, run_id: str, source: ops.Op,
+             lease: WriteLease | None) -> list[Segment]:
+    """Run the upstream on the files ``indices`` only, a segment at a time."""
+    segments = []
+    chunks = _chunks(indices, units)
+    for seq, chunk in enumerate(chunks):
+        urls = [str(units.identities[i]["path"]) for i in chunk]
+        writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
+                                options=op.options.write, stream=seq, streams=len(chunks),
+                                run_id=run_id, lease=lease)
+        upstream = ops.run(ops.rebase(op.parent, source.with_units(urls)), epoch,
+                           streams.StreamSpec())
+        try:
+            for example in upstream:
+                writer.write(example)
+            record = writer.finish()
+        finally:
+            writer.abort()  # no-op once finished
+            close = getattr(upstream, "close", None)
+            if close is not None:
+                close()
+        storage.remove(layout.progress_name(len(chunks), seq, run_id))
+        members = tuple((units.keys[i], units.identities[i]) for i in chunk)
+        segment = Segment(members, record.shards, record.schema)
+        versions.write_segment(storage, run_id, seq, versions.SegmentRecord(
+            members, record.shards, record.schema))
+        _crash_hook(seq)
+        segments.append(segment)
+        if lease is not None:
+            lease.check()
+    return segments
+
+
+def _crash_hook(seq: int) -> None:
+    """Tests: ``SNAPCACHE_TEST_DELTA_PAUSE=<file>`` makes the build create ``<file>`` after its
+    first segment and wait until it is deleted (so a test can kill the builder at a known
+    point)."""
+    import os
+
+    path = os.environ.get("SNAPCACHE_TEST_DELTA_PAUSE")
+    if not path or seq != 0:
+        return
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    while os.path.exists(path):
+        time.sleep(0.01)
+
+
+def _assemble(segments: Sequence[Segment], storage: Storage, units: SourceUnits, lineage,
+              base: Manifest | None, *, run_id: str, describe: str, options) -> Manifest:
+    schema = None
+    for seg in segments:
+        if seg.schema is not None:
+            other = Schema.from_json(seg.schema)
+            schema = other if schema is None else merge_schemas(schema, other,
+                                                                where=storage.url)
+    fields = commit_fields(options.write, key=None, name=options.name,
+                           fingerprint=lineage.digest, fingerprint_tree=lineage.to_json(),
+                           pipeline=describe, run_id=run_id)
+    fields["created_at"] = base.created_at if base is not None else fields["created_at"]
+    return Manifest(
+        schema=schema.to_json() if schema is not None else None,
+        shards=tuple(s for seg in segments for s in seg.shards),
+        format_version=DELTA_FORMAT_VERSION,
+        version=(base.version if base is not None else 0) + 1,
+        source=versions.version_source(units.kind, len(units.keys), units.size, units.digest),
+        segments=tuple({"shards": len(seg.shards), "units": len(seg.units), "rows": seg.rows}
+                       for seg in segments),
+        **fields)
+
+
+def explain_delta(storage: Storage, units: SourceUnits) -> tuple[Manifest | None, Plan | None]:
+    """For ``explain``: the version matching the source (a hit), else the plan of the next build
+    against the newest version (None when the lineage has no version yet)."""
+    names = storage.listdir()
+    hit = versions.find_version(storage, units.digest, names)
+    if hit is not None:
+        return hit, None
+    base = versions.newest(storage, names)
+    if base is None:
+        return None, None
+    return None, plan_build(units, base, base_segments(storage, base))
