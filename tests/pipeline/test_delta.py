@@ -1,0 +1,182 @@
+"""Delta snapshots: a file source grows, shrinks or changes; only what changed is computed and
+the new version reuses every other shard in place (see snapcache/pipeline/delta_exec.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import snapcache as sc
+from snapcache.store import versions
+from snapcache.store.fs import Storage
+
+CALLS: list[str] = []
+
+
+def load(path):
+    CALLS.append(os.path.basename(path))
+    with open(path) as f:
+        return {"name": os.path.basename(path), "value": int(f.read())}
+
+
+def write(folder, i, value=None):
+    with open(os.path.join(folder, f"f{i:04d}.txt"), "w") as f:
+        f.write(str(i if value is None else value))
+
+
+@pytest.fixture
+def src(tmp_path):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for i in range(12):
+        write(folder, i)
+    CALLS.clear()
+    return folder
+
+
+def pipeline(src, root, fn=load):
+    return (sc.Dataset.from_files(str(src / "*.txt")).map(fn)
+            .snapshot(str(root), delta=True, progress=False))
+
+
+def run(src, root, fn=load):
+    CALLS.clear()
+    return sorted((x["name"], x["value"]) for x in pipeline(src, root, fn))
+
+
+def lineage(root) -> Storage:
+    (name,) = os.listdir(root)
+    return Storage(str(root)).child(name)
+
+
+def expected(src):
+    return sorted((n, int(open(src / n).read())) for n in os.listdir(src))
+
+
+def shard_names(storage):
+    return {n for n in storage.listdir() if n.endswith(".arrow") and not n.startswith("units-")}
+
+
+def test_added_files_are_the_only_ones_computed_and_old_shards_are_reused_in_place(src, tmp_path):
+    root = tmp_path / "root"
+    assert run(src, root) == expected(src) and len(CALLS) == 12
+    storage = lineage(root)
+    first = versions.newest(storage)
+    assert first.version == 1 and first.format_version == 2 and first.num_examples == 12
+    assert run(src, root) == expected(src) and CALLS == []  # same files: read
+    for i in (12, 13, 14):
+        write(src, i)
+    assert run(src, root) == expected(src)
+    assert sorted(CALLS) == ["f0012.txt", "f0013.txt", "f0014.txt"]
+    second = versions.newest(storage)
+    assert second.version == 2 and second.num_examples == 15
+    assert {s.path for s in first.shards} <= {s.path for s in second.shards}  # in place
+    assert len(os.listdir(root)) == 1  # one lineage folder
+
+
+def test_changed_removed_and_renamed_files(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 3, value=300)          # changed (size differs)
+    assert run(src, root) == expected(src) and ("f0003.txt", 300) in expected(src)
+    assert "f0003.txt" in CALLS and len(CALLS) <= 12
+    os.remove(src / "f0007.txt")      # removed
+    assert run(src, root) == expected(src) and ("f0007.txt", 7) not in run(src, root)
+    os.rename(src / "f0001.txt", src / "f0100.txt")   # renamed: removed + added
+    got = run(src, root)
+    assert got == expected(src) and ("f0100.txt", 1) in got
+    assert "f0100.txt" in CALLS
+
+
+def test_the_previous_version_stays_readable_by_the_pipeline_that_made_it(src, tmp_path):
+    root = tmp_path / "root"
+    old = pipeline(src, root)
+    before = sorted(x["value"] for x in old)
+    write(src, 20)
+    assert run(src, root) == expected(src)
+    CALLS.clear()
+    assert sorted(x["value"] for x in old) == before and CALLS == []  # its own version
+    assert [m for m in versions.versions(lineage(root))] == [1, 2]
+
+
+def test_a_code_change_recomputes_everything(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+
+    def load2(path):
+        CALLS.append(os.path.basename(path))
+        with open(path) as f:
+            return {"name": os.path.basename(path), "value": int(f.read()) * 2}
+
+    got = run(src, root, load2)
+    assert len(CALLS) == 12 and got == [(n, 2 * v) for n, v in expected(src)]
+    assert len(os.listdir(root)) == 2  # another lineage
+
+
+def test_delete_old_versions_keeps_shards_a_newer_version_shares(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 30)
+    run(src, root)
+    storage = lineage(root)
+    v1, v2 = versions.load_version(storage, 1), versions.load_version(storage, 2)
+    shared = {s.path for s in v1.shards} & {s.path for s in v2.shards}
+    assert shared
+    versions.delete_versions(storage, [1])
+    assert versions.versions(storage) == [2]
+    assert shared <= set(storage.listdir())
+    assert run(src, root) == expected(src) and CALLS == []
+
+
+def test_filter_and_parallel_map_upstream(src, tmp_path):
+    ds = (sc.Dataset.from_files(str(src / "*.txt")).map(load, num_parallel_calls=3)
+          .filter(lambda x: x["value"] % 2 == 0)
+          .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+    assert sorted(x["value"] for x in ds) == [0, 2, 4, 6, 8, 10]
+    write(src, 40)
+    write(src, 41)
+    ds = (sc.Dataset.from_files(str(src / "*.txt")).map(load, num_parallel_calls=3)
+          .filter(lambda x: x["value"] % 2 == 0)
+          .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+    CALLS.clear()
+    assert sorted(x["value"] for x in ds) == [0, 2, 4, 6, 8, 10, 40]
+    assert sorted(CALLS) == ["f0040.txt", "f0041.txt"]
+
+
+def test_parquet_files_are_units(tmp_path):
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for i in range(3):
+        pq.write_table(pa.table({"x": list(range(i * 10, i * 10 + 10))}),
+                       folder / f"part-{i}.parquet", row_group_size=4)
+    seen = []
+
+    def double(row):
+        seen.append(row["x"])
+        return {"x": row["x"] * 2}
+
+    def make():
+        return (sc.Dataset.from_parquet(str(folder / "*.parquet")).map(double)
+                .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+
+    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)]
+    pq.write_table(pa.table({"x": list(range(100, 105))}), folder / "part-9.parquet")
+    seen.clear()
+    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)] + \
+        [2 * x for x in range(100, 105)]
+    assert sorted(seen) == list(range(100, 105))
+
+
+def test_format_2_manifest_refused_by_a_format_1_reader(src, tmp_path, monkeypatch):
+    from snapcache.errors import UnknownFormatVersionError
+    from snapcache.store import manifest as manifest_module
+
+    run(src, tmp_path / "root")
+    storage = lineage(tmp_path / "root")
+    monkeypatch.setattr(manifest_module, "FORMAT_VERSION", 1)
+    with pytest.raises(UnknownFormatVersionError, match="format version 2"):
+        versions.load_version(storage, 1)
