@@ -411,6 +411,16 @@ class Dataset:
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``).
         """
         snap = plan.last_snapshot(self._op)
+        source = plan.delta_source(snap) if snap is not None else None
+        if snap is not None and source is not None:
+            from snapcache.pipeline.delta_exec import source_units
+            from snapcache.pipeline.explain import explain_delta
+
+            root = os.fspath(path) if path is not None else snap.path
+            options = storage_options if storage_options is not None else \
+                snap.options.storage_options
+            return explain_delta(plan.lineage_tree(snap), Storage(root, options),
+                                 source_units(source))
         if snap is not None:
             tree = plan.snapshot_tree(snap)
             root = os.fspath(path) if path is not None else snap.path

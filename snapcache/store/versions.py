@@ -265,12 +265,17 @@ def _with_record(manifest: Manifest, name: str, record: bytes) -> Manifest:
                                      "record_checksum": checksum(record)})
 
 
-def referenced(storage: Storage, names: Sequence[str] | None = None) -> set[str]:
-    """Every file some committed version needs: its manifest, its source record and its shards
-    (the reference count of a shard is the number of versions listing it)."""
+def referenced(storage: Storage, names: Sequence[str] | None = None,
+               skip: Iterable[int] = ()) -> set[str]:
+    """Every file some committed version (but those in ``skip``) needs: its manifest, its
+    source record and its shards. A shard's reference count is the number of versions listing
+    it; it may be deleted only when that is zero."""
     names = storage.listdir() if names is None else names
+    skip = set(skip)
     needed: set[str] = set()
     for version in versions(storage, names):
+        if version in skip:
+            continue
         try:
             manifest = load_version(storage, version)
         except CorruptSnapshotError as e:
@@ -282,6 +287,12 @@ def referenced(storage: Storage, names: Sequence[str] | None = None) -> set[str]
         needed.add(str(manifest.source.get("record")))
         needed.update(s.path for s in manifest.shards)
     return needed
+
+
+def record_owner(name: str) -> str | None:
+    """The build run a segment record or source record belongs to (None for other files)."""
+    segment, units = _SEGMENT_RE.match(name), _UNITS_RE.match(name)
+    return segment.group(1) if segment else units.group(2) if units else None
 
 
 def cleanup(storage: Storage, committed_run: str) -> list[str]:
@@ -305,30 +316,27 @@ def cleanup(storage: Storage, committed_run: str) -> list[str]:
     return removed
 
 
-def delete_versions(storage: Storage, drop: Iterable[int]) -> list[str]:
-    """Delete versions ``drop`` and every file only they referenced (a shard another version
-    lists stays). Manifests go first, so an interrupted delete never leaves a version that
-    lists a missing shard. Returns the removed names."""
-    drop = sorted(set(drop))
-    removed = []
-    for version in drop:
-        name = manifest_name(version)
-        if storage.exists(name):
-            storage.remove(name)
-            removed.append(name)
+def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = False
+                    ) -> list[str]:
+    """Delete versions ``drop`` and every file only they referenced: a shard another version
+    lists stays. Manifests go first, so an interrupted delete never leaves a version listing a
+    missing shard. Returns the names removed (with ``dry_run``: that would be)."""
     names = storage.listdir()
-    needed = referenced(storage, names)
+    drop = set(drop) & set(versions(storage, names))
+    needed = referenced(storage, names, skip=drop)
     live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
+    manifests = [manifest_name(v) for v in sorted(drop)]
+    others = []
     for name in names:
-        if name in needed or name.startswith(("lease-", "reader-")):
+        if name in needed or name in manifests:
             continue
-        run = layout.run_of(name)
-        units = _UNITS_RE.match(name)
-        owner = run or (units.group(2) if units else None)
+        owner = layout.run_of(name) or record_owner(name)
         if owner is not None and owner not in live_runs:
+            others.append(name)
+    if not dry_run:
+        for name in manifests + others:
             storage.remove(name)
-            removed.append(name)
-    return removed
+    return manifests + others
 
 
 def shard_bytes(storage: Storage, manifests: Sequence[Manifest]) -> tuple[int, int]:

@@ -39,6 +39,7 @@ def src(tmp_path):
 
 
 def pipeline(src, root, fn=load):
+    CALLS.clear()  # the functions capture CALLS: its value counts in their fingerprint
     return (sc.Dataset.from_files(str(src / "*.txt")).map(fn)
             .snapshot(str(root), delta=True, progress=False))
 
@@ -180,3 +181,87 @@ def test_format_2_manifest_refused_by_a_format_1_reader(src, tmp_path, monkeypat
     monkeypatch.setattr(manifest_module, "FORMAT_VERSION", 1)
     with pytest.raises(UnknownFormatVersionError, match="format version 2"):
         versions.load_version(storage, 1)
+
+
+def test_explain_says_what_the_next_run_computes_and_reuses(src, tmp_path):
+    root = tmp_path / "root"
+    assert "the root holds no committed snapshot" in str(pipeline(src, root).explain())
+    run(src, root)
+    hit = pipeline(src, root).explain()
+    assert hit.hit and "version 1" in str(hit)
+    for i in (50, 51, 52):
+        write(src, i)
+    write(src, 4, value=4000)
+    os.remove(src / "f0010.txt")
+    os.remove(src / "f0011.txt")
+    explanation = pipeline(src, root).explain()
+    assert not explanation.hit and explanation.version == 1
+    # the 12 first files form one segment: the change and the removals recompute its other 9
+    assert explanation.delta == ("source: 3 files added, 1 changed, 2 removed; computing 13 "
+                                 "of 13 units, reusing 0 (0.0% of examples)")
+    assert "the next run builds version 2" in str(explanation)
+
+
+def test_explain_wording_with_many_segments(src, tmp_path, monkeypatch):
+    from snapcache.pipeline import delta_exec
+
+    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+    root = tmp_path / "root"
+    run(src, root)                       # 3 segments of 4 files
+    write(src, 60)
+    os.remove(src / "f0000.txt")
+    explanation = pipeline(src, root).explain()
+    assert explanation.delta == ("source: 1 file added, 1 removed; computing 4 of 12 units, "
+                                 "reusing 8 (66.7% of examples)")
+    assert run(src, root) == expected(src)
+    assert sorted(CALLS) == ["f0001.txt", "f0002.txt", "f0003.txt", "f0060.txt"]
+
+
+def test_purge_old_versions_keeps_shared_shards_and_ls_counts_them_once(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 70)
+    run(src, root)
+    (snap,) = sc.ls(str(root))
+    assert snap.state == "committed" and snap.versions == (1, 2) and snap.num_examples == 13
+    on_disk = sum(f.size for f in snap.files)
+    assert snap.size_bytes == on_disk
+    dry = sc.purge(str(root), old_versions=True, dry_run=True)
+    assert any(name.endswith("manifest-000001.json") for name in dry.tidied)
+    assert versions.versions(lineage(root)) == [1, 2]
+    report = sc.purge(str(root), old_versions=True)
+    assert not report.deleted and report.tidied
+    assert versions.versions(lineage(root)) == [2]
+    assert run(src, root) == expected(src) and CALLS == []
+    sc.purge(str(root), older_than=0)      # the whole lineage goes
+    assert os.listdir(root) == []
+
+
+def test_purge_tidies_without_deleting_shards_an_old_version_lists(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 1, value=1111)           # the only segment is rebuilt: v1's shard is v1's alone
+    run(src, root)
+    storage = lineage(root)
+    v1 = versions.load_version(storage, 1)
+    sc.purge(str(root), incomplete=True)   # tidies leftovers of committed snapshots
+    assert {s.path for s in v1.shards} <= set(storage.listdir())
+    assert versions.versions(storage) == [1, 2]
+
+
+def test_info_summarises_the_source_and_lists_files(src, tmp_path, capsys):
+    from snapcache.cli.main import main
+
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 80)
+    run(src, root)
+    (snap,) = sc.ls(str(root))
+    assert main(["info", snap.id[:10], "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "versions" in out and "13 files" in out and "shared by several versions" in out
+    assert main(["info", snap.id[:10], "--root", str(root), "--files", "--json"]) == 0
+    import json
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(os.path.basename(f["path"]) for f in doc["files"]) == sorted(os.listdir(src))
+    assert doc["versions"] == [1, 2]
