@@ -7,7 +7,7 @@
   through ``Dataset.iterate(state=...)`` and through torchdata's ``StatefulDataLoader``
   (``load_state_dict``, 2 workers). A loader that replays to its position would pay the
   "replay 90%" column.
-- Random access: ``snap[i]`` latency (store-level ``RowAccess``) for random indices, on local
+- Random access: ``snap[i]`` latency (``snapcache.open_snapshot(...)[i]``) for random indices, on local
   disk and on the loopback S3 server (moto, as the tests use): the first touch of a shard loads
   and verifies it; later rows of it decode one record batch.
 
@@ -26,9 +26,6 @@ import time
 import numpy as np
 
 import snapcache as sc
-from snapcache.store.fs import Storage
-from snapcache.store.ordered_read import RowAccess
-from snapcache.store.reader import SnapshotReader
 
 START, END = "<!-- resume-benchmarks:start -->", "<!-- resume-benchmarks:end -->"
 BATCH = 256
@@ -98,12 +95,10 @@ def access_numbers(root: str, n: int, probes: int = 300, storage_options=None) -
                                                    storage_options=storage_options)
     for _ in ds.batch(1024):
         pass
-    storage = Storage(root, storage_options or {})
-    (fingerprint,) = [name for name in storage.listdir() if len(name) == 32]
-    reader = SnapshotReader.open(storage.child(fingerprint))
+    access = sc.open_snapshot(root, storage_options=storage_options)  # the public handle
+    reader = access.reader()
     rng = np.random.default_rng(0)
     indices = rng.integers(0, n, probes).tolist()
-    access = RowAccess(reader)
     cold = [timed(lambda i=i: access[i]) for i in indices]
     warm = [timed(lambda i=i: access[i]) for i in rng.integers(0, n, probes).tolist()]
     q = lambda xs, p: float(np.quantile(xs, p)) * 1e3  # noqa: E731
@@ -151,7 +146,7 @@ def report(n: int, resume: dict, local: dict, s3: dict | None) -> str:
                  f"{resume['loader_resumed'] / resume['loader_fresh']:.2f}x | |")
     L += ["", "The resume target is < 2x the fresh epoch's first batch: a resumed epoch reads the "
           "window it resumes in and nothing before it (no replay).", "",
-          "`snap[i]` for random `i` (store-level `RowAccess`; the first access to a shard loads "
+          "`snap[i]` for random `i` (`snapcache.open_snapshot(root)[i]`; the first access to a shard loads "
           "and verifies it whole, later rows of that shard decode one record batch):", "",
           "| storage | shards | cold median | cold p99 | warm median | warm p99 |",
           "|---|---|---|---|---|---|"]

@@ -13,10 +13,13 @@ from snapcache.errors import (
     CorruptSnapshotError,
     FingerprintError,
     SnapcacheError,
+    SnapshotNotFoundError,
+    SnapshotStateError,
     UnsupportedValueError,
 )
 from snapcache.options import AUTOTUNE, SnapshotOptions
 from snapcache.pipeline.dataset import Dataset
+from snapcache.pipeline.handle import Snapshot, open_snapshot
 
 __all__ = [
     "AUTOTUNE",
@@ -24,9 +27,13 @@ __all__ = [
     "Dataset",
     "FingerprintError",
     "SnapcacheError",
+    "Snapshot",
+    "SnapshotNotFoundError",
+    "SnapshotStateError",
     "SnapshotOptions",
     "UnsupportedValueError",
     "__version__",
     "ls",
+    "open_snapshot",
     "purge",
 ]

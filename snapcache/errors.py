@@ -19,7 +19,11 @@ The tree::
     │   │                               written by a newer snapcache; upgrade to read it
     │   ├── LeaseTimeoutError (TimeoutError)
     │                                   waited too long for another writer's commit
-    │   └── LeaseLostError              another process took over this writer's lease
+    │   ├── LeaseLostError              another process took over this writer's lease
+    │   ├── SnapshotNotFoundError (LookupError)
+    │   │                               no snapshot (or more than one) matches a path and id
+    │   └── SnapshotStateError          the snapshot is not committed (writing, abandoned,
+    │                                   absent or corrupt) where a committed one is needed
     └── UserFunctionError               a user function raised; the original exception is the
                                         ``__cause__`` and the message names the op and position
 
@@ -43,6 +47,8 @@ __all__ = [
     "UnknownFormatVersionError",
     "LeaseTimeoutError",
     "LeaseLostError",
+    "SnapshotNotFoundError",
+    "SnapshotStateError",
     "FingerprintMismatchError",
     "UserFunctionError",
     "RandomnessWarning",
@@ -84,6 +90,16 @@ class LeaseTimeoutError(StoreError, TimeoutError):
 class LeaseLostError(StoreError):
     """Another process took over a lease this process believed it held (it stopped renewing
     it for longer than the lease's ttl); this writer must not commit."""
+
+
+class SnapshotNotFoundError(StoreError, LookupError):
+    """No snapshot, or more than one, matches the path and id given; the message names the
+    candidates."""
+
+
+class SnapshotStateError(StoreError):
+    """An operation needs a committed snapshot and this one is not (the message says its
+    state and what to do)."""
 
 
 class FingerprintMismatchError(SnapcacheError):

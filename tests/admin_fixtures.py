@@ -14,7 +14,7 @@ import numpy as np
 
 import snapcache as sc
 from snapcache.store.fs import Storage
-from snapcache.store.lease import HOST, LeaseInfo
+from snapcache.store.protocol import HOST, LeaseInfo
 
 
 def make_snapshot(root: str, name: str, n: int = 40, *, width: int = 16,
@@ -45,9 +45,14 @@ def abandoned_write(root: str, fingerprint: str, *, shard_bytes: int = 3000,
     folder.makedirs()
     folder.write_atomic("0badc0de-0000-000000.arrow", b"\0" * shard_bytes)
     folder.write_atomic("progress-0001-0000-0badc0de.json", b"{}")
-    lease = LeaseInfo("write", "0badc0de", "elsewhere", 1, time.time() - age, 30.0, 0, 1, 1,
+    # Its ttl is long past by any clock: a short ttl, and (on local disk) an old file.
+    lease = LeaseInfo("write", "0badc0de", "elsewhere", 1, time.time() - age, 0.01, 0, 1, 1,
                       name="lease-0001-0000-000001.json")
     folder.write_atomic(lease.name, lease.dumps())
+    if folder.local:
+        old = time.time() - age
+        for name in folder.listdir():
+            os.utime(os.path.join(folder.root, name), (old, old))
 
 
 def live_lease(root: str, fingerprint: str, kind: str = "read") -> str:

@@ -5,7 +5,11 @@ and inside functions), so a forbidden dependency fails here instead of in review
 - ``fingerprint/`` never imports ``store``;
 - only ``store/fs.py`` imports fsspec or s3fs;
 - only ``adapters/`` import torch, tensorflow or ray at module level;
-- nobody outside ``pipeline/`` reads ``Dataset._op``.
+- nobody outside ``pipeline/`` reads ``Dataset._op``;
+- only ``store/protocol/`` writes the protocol's files (leases, progress records, stream
+  markers, the manifest, the last-use record): nobody else calls the two primitives they are
+  written with (``Storage.write_atomic``, ``Storage.create_exclusive``, implemented in
+  ``store/fs.py``) or builds a marker, progress or lease file name.
 """
 
 from __future__ import annotations
@@ -76,6 +80,24 @@ def imports_of(source: str, name: str, is_package: bool = False) -> list[Import]
     return found
 
 
+PROTOCOL_WRITES = ("write_atomic", "create_exclusive")
+PROTOCOL_NAMES = ("marker_name", "progress_name", "lease_name", "reader_lease_name")
+
+
+def protocol_writes(source: str) -> list[tuple[int, str]]:
+    """Calls of the protocol's write primitives and uses of its file names: (line, what)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in PROTOCOL_WRITES:
+            found.append((node.lineno, f"calls .{node.func.attr}()"))
+        elif isinstance(node, (ast.Attribute, ast.Name)) and \
+                (node.attr if isinstance(node, ast.Attribute) else node.id) in PROTOCOL_NAMES:
+            name = node.attr if isinstance(node, ast.Attribute) else node.id
+            found.append((node.lineno, f"names protocol files with {name}"))
+    return found
+
+
 def op_reads(source: str) -> list[int]:
     """Lines reading an attribute named ``_op``."""
     return [node.lineno for node in ast.walk(ast.parse(source))
@@ -106,6 +128,11 @@ def violations(name: str, source: str, is_package: bool = False) -> list[str]:
                 _within(imp.module, lib) for lib in FRAMEWORKS):
             problems.append(f"{name}:{imp.line} imports {imp.module} at module level: only "
                             "snapcache.adapters imports frameworks, and only when used")
+    if not _within(name, "snapcache.store.protocol") and name not in (
+            "snapcache.store.fs", "snapcache.store.layout"):
+        problems.extend(f"{name}:{line} {what}: only snapcache.store.protocol writes leases, "
+                        "progress records, stream markers and manifests"
+                        for line, what in protocol_writes(source))
     if not _within(name, "snapcache.pipeline"):
         problems.extend(f"{name}:{line} reads ._op: outside snapcache.pipeline, use the "
                         "Dataset's public methods" for line in op_reads(source))
@@ -148,6 +175,12 @@ def test_the_checker_sees_all_modules():
     ("snapcache.cli.main", "import ray.data\n", "at module level"),
     ("snapcache.adapters.tf", "x = ds._op\n", "reads ._op"),
     ("snapcache.cli.ls", "def f(ds):\n    return ds._op.parent\n", "reads ._op"),
+    ("snapcache.admin.purge", "folder.create_exclusive(layout.MANIFEST, data)\n",
+     "only snapcache.store.protocol writes"),
+    ("snapcache.adapters.ray", "if layout.marker_name(n, i) in names: pass\n",
+     "only snapcache.store.protocol writes"),
+    ("snapcache.store.writer", "self.storage.write_atomic(name, data)\n",
+     "only snapcache.store.protocol writes"),
 ])
 def test_the_checker_catches_each_rule(name, source, rule):
     problems = violations(name, source)
@@ -164,6 +197,8 @@ def test_the_checker_catches_each_rule(name, source, rule):
      "    import torch\n"),
     ("snapcache.store.writer", "from snapcache.machine import available_cpus\n"),
     ("snapcache.store.options", "from snapcache.storefront import x\n"),
+    ("snapcache.store.protocol.records", "storage.create_exclusive(name, data)\n"),
+    ("snapcache.store.fs", "def write_atomic(self, rel, data):\n    pass\n"),
 ])
 def test_the_checker_allows_what_the_rules_allow(name, source):
     assert violations(name, source) == []

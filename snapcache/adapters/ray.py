@@ -23,18 +23,13 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from snapcache.errors import FingerprintMismatchError, StoreError
-from snapcache.pipeline import ops, plan, queries
-from snapcache.store import layout
-from snapcache.store.fs import Storage
-from snapcache.store.manifest import Manifest
-from snapcache.store.reader import load_manifest
-from snapcache.store.streams import best_progress, commit_fields, load_markers, try_commit
-
-if TYPE_CHECKING:
-    from snapcache.pipeline.dataset import Dataset
+from snapcache.pipeline import ops, queries
+from snapcache.pipeline.dataset import Dataset
+from snapcache.pipeline.handle import Snapshot, open_snapshot
+from snapcache.store.protocol import HOST
 
 log = logging.getLogger("snapcache")
 
@@ -111,50 +106,19 @@ def _check_splittable(snap: ops.SnapshotOp, num_tasks: int) -> None:
                 "process writes; move it after .snapshot(), or build with num_tasks=1")
 
 
-def _folder(snap: ops.SnapshotOp, digest: str) -> Storage:
-    return Storage(snap.path, snap.options.storage_options).child(digest)
-
-
-def _commit_if_complete(snap: ops.SnapshotOp, storage: Storage, tree, streams: int
-                        ) -> Manifest | None:
-    """The committed manifest; committing it first if all ``streams`` streams are complete but
-    nobody committed (the last writer died between its marker and the manifest). None while
-    streams are missing."""
-    manifest = load_manifest(storage)
-    if manifest is not None:
-        return manifest
-    return try_commit(storage, streams, **commit_fields(
-        snap.options.write, key=snap.options.key, name=snap.options.name,
-        fingerprint=tree.digest, fingerprint_tree=tree.to_json(),
-        pipeline=plan.describe_pipeline(snap.parent), run_id=layout.new_run_id()))
-
-
 def _run_stream(snap: ops.SnapshotOp, index: int, count: int, expected: str) -> StreamOutcome:
-    """The body of one Ray task: write stream ``index`` of ``count`` (or find it done)."""
-    from snapcache.pipeline.dataset import Dataset
-    from snapcache.pipeline.snapshot_exec import resumable
-    from snapcache.store.lease import HOST
-
-    tree = plan.snapshot_tree(snap)
-    if tree.digest != expected:
+    """The body of one Ray task: write stream ``index`` of ``count`` (or find it done), through
+    the snapshot handle, hence the same protocol as local writers."""
+    handle = Dataset(snap).open_snapshot()
+    if handle.id != expected:
         raise FingerprintMismatchError(
-            f"stream {index} on {HOST}: the pipeline's fingerprint is {tree.digest} here but "
+            f"stream {index} on {HOST}: the pipeline's fingerprint is {handle.id} here but "
             f"{expected} on the driver; install the same package versions on every node, and "
             "read sources from shared storage (s3://...) rather than local files")
-    storage = _folder(snap, tree.digest)
-    names = storage.listdir()
-    done = dict(host=HOST, pid=os.getpid())
-    if layout.MANIFEST in names:
-        return StreamOutcome(index, "committed", **done)
-    if layout.marker_name(count, index) in names:
-        _commit_if_complete(snap, storage, tree, count)
-        return StreamOutcome(index, "complete", **done)
-    previous = best_progress(storage, index, count) if resumable(snap.parent) else None
-    start = time.monotonic()
-    examples = sum(1 for _ in Dataset(snap).iterate(epoch=0, stream=(index, count)))
-    return StreamOutcome(index, "written", examples=examples,
-                         resumed_rows=previous.rows if previous is not None else 0,
-                         seconds=time.monotonic() - start, **done)
+    done = handle.write_stream(index, count)
+    return StreamOutcome(index, done.status, examples=done.examples,
+                         resumed_rows=done.resumed_rows, seconds=done.seconds, host=HOST,
+                         pid=os.getpid())
 
 
 def _task_options(resources: dict | None, max_retries: int, ray_remote_args: dict | None
@@ -176,20 +140,18 @@ class PendingBuild:
     """A build started with ``wait=False``: ``refs`` are the tasks' object refs (one per
     stream); :meth:`result` waits for them and returns the :class:`BuildResult`."""
 
-    def __init__(self, snap: ops.SnapshotOp, tree, refs: list, started: float):
-        self._snap, self._tree, self.refs, self._started = snap, tree, refs, started
+    def __init__(self, handle: Snapshot, refs: list, started: float):
+        self._handle, self.refs, self._started = handle, refs, started
 
     def result(self, timeout: float | None = None) -> BuildResult:
         outcomes = tuple(_ray().get(self.refs, timeout=timeout))
-        storage = _folder(self._snap, self._tree.digest)
-        manifest = _commit_if_complete(self._snap, storage, self._tree, len(self.refs))
+        manifest = self._handle.commit(len(self.refs))
         if manifest is None:
-            done = set(load_markers(storage, len(self.refs)))
-            missing = sorted(set(range(len(self.refs))) - done)
-            raise StoreError(f"snapshot {storage.url} was not committed: streams {missing} of "
-                             f"{len(self.refs)} are not complete; run build() again to finish "
-                             "them (finished shards are reused)")
-        result = BuildResult(fingerprint=manifest.fingerprint, url=storage.url,
+            missing = self._handle.stream_status(len(self.refs)).missing
+            raise StoreError(f"snapshot {self._handle.url} was not committed: streams {missing} "
+                             f"of {len(self.refs)} are not complete; run build() again to "
+                             "finish them (finished shards are reused)")
+        result = BuildResult(fingerprint=manifest.fingerprint, url=self._handle.url,
                              num_examples=manifest.num_examples, num_shards=len(manifest.shards),
                              total_bytes=manifest.total_bytes,
                              seconds=time.monotonic() - self._started, streams=outcomes)
@@ -229,12 +191,12 @@ def build(ds: "Dataset", *, num_tasks: int, resources: dict | None = None,
     _check_splittable(snap, num_tasks)
     options = _task_options(resources, max_retries, ray_remote_args)
     ray = _ray()
-    tree = plan.snapshot_tree(snap)
+    handle = Dataset(snap).open_snapshot()
     started = time.monotonic()
     task = ray.remote(_run_stream).options(name="snapcache-stream", **options)
     snap_ref = ray.put(snap)  # the pipeline (user functions included) is pickled once
-    refs = [task.remote(snap_ref, i, num_tasks, tree.digest) for i in range(num_tasks)]
-    pending = PendingBuild(snap, tree, refs, started)
+    refs = [task.remote(snap_ref, i, num_tasks, handle.id) for i in range(num_tasks)]
+    pending = PendingBuild(handle, refs, started)
     return pending.result() if wait else pending
 
 
@@ -249,29 +211,36 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _snapshot_folder(source: "str | Dataset", storage_options: dict | None) -> tuple[str, dict]:
-    if isinstance(source, str) or hasattr(source, "__fspath__"):
-        return os.fspath(source), dict(storage_options or {})
-    snap = queries.last_snapshot(source)
-    if snap is None:
-        raise ValueError("snapcache.ray.read needs a snapshot folder or a Dataset with a "
-                         ".snapshot(path)")
-    options = snap.options.storage_options if storage_options is None else storage_options
-    return Storage(snap.path, options).url_of(plan.snapshot_tree(snap).digest), dict(options)
+def _snapshot(source: "str | os.PathLike | Snapshot | Dataset", id: str | None,
+              storage_options: dict | None) -> Snapshot:
+    if isinstance(source, Snapshot):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return open_snapshot(source, id, storage_options=storage_options)
+    if id is not None:
+        raise ValueError("id= is for a root path; a Dataset names its own snapshot")
+    if storage_options is not None:  # reach the pipeline's snapshot with other credentials
+        snap = source.open_snapshot()
+        return open_snapshot(snap.url, storage_options=storage_options, read=snap.read_options)
+    return source.open_snapshot()
 
 
-def read(source: "str | Dataset", *, shards_per_task: int | None = None,
-         storage_options: dict | None = None, verify: bool = True, **read_args: Any):
+def read(source: "str | os.PathLike | Snapshot | Dataset", id: str | None = None, *,
+         shards_per_task: int | None = None, storage_options: dict | None = None,
+         verify: bool = True, **read_args: Any):
     """A committed snapshot as a ``ray.data.Dataset``.
 
-    ``source`` is a snapshot folder (``"s3://b/snaps/<fingerprint>"``) or a Dataset whose last
-    ``.snapshot()`` is committed. Each read task reads ``shards_per_task`` consecutive shards
-    (default: as many tasks as Ray Data asks for), verifying every checksum. ``read_args`` go
-    to ``ray.data.read_datasource`` (``override_num_blocks``, ``ray_remote_args``, ...).
+    ``source`` is a root with ``id`` (an id prefix or a name, as ``snapcache ls`` shows; left
+    out when the root holds one snapshot), a snapshot folder, a :class:`snapcache.Snapshot`,
+    or a Dataset whose last ``.snapshot()`` is committed. Each read task reads
+    ``shards_per_task`` consecutive shards (default: as many tasks as Ray Data asks for),
+    verifying every checksum. ``read_args`` go to ``ray.data.read_datasource``
+    (``override_num_blocks``, ``ray_remote_args``, ...).
 
     Example::
 
         train_ds = snapcache.ray.read(ds)          # then ray.train's datasets={"train": ...}
+        train_ds = snapcache.ray.read("s3://bucket/snaps", "train-224px")
         for batch in train_ds.iter_batches(batch_size=256): ...
     """
     _ray()
@@ -282,7 +251,6 @@ def read(source: "str | Dataset", *, shards_per_task: int | None = None,
                           ) from e
     from snapcache.adapters.ray_read import SnapshotDatasource
 
-    path, options = _snapshot_folder(source, storage_options)
-    datasource = SnapshotDatasource(path, shards_per_task=shards_per_task,
-                                    storage_options=options, verify=verify)
+    datasource = SnapshotDatasource(_snapshot(source, id, storage_options),
+                                    shards_per_task=shards_per_task, verify=verify)
     return ray.data.read_datasource(datasource, **read_args)

@@ -21,7 +21,8 @@ from ray.data.extensions import ArrowTensorArray, ArrowVariableShapedTensorArray
 
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
-from snapcache.store.reader import SnapshotReader, load_manifest
+from snapcache.pipeline.handle import Snapshot, open_snapshot
+from snapcache.store.reader import SnapshotReader
 from snapcache.store.schema import Schema
 
 
@@ -89,19 +90,17 @@ class SnapshotDatasource(Datasource):
         ds = ray.data.read_datasource(SnapshotDatasource("s3://b/snaps/<fingerprint>"))
     """
 
-    def __init__(self, path: str, *, shards_per_task: int | None = None,
+    def __init__(self, snapshot: "Snapshot | str", *, shards_per_task: int | None = None,
                  storage_options: dict | None = None, verify: bool = True):
         super().__init__()
         if shards_per_task is not None and (not isinstance(shards_per_task, int)
                                             or isinstance(shards_per_task, bool)
                                             or shards_per_task < 1):
             raise ValueError(f"shards_per_task must be an int >= 1; got {shards_per_task!r}")
-        storage = Storage(path, storage_options)
-        manifest = load_manifest(storage)
-        if manifest is None:
-            raise FileNotFoundError(
-                f"no committed snapshot at {storage.url} (a snapshot folder is "
-                "<root>/<fingerprint>; `snapcache ls ROOT` lists them)")
+        if not isinstance(snapshot, Snapshot):
+            snapshot = open_snapshot(snapshot, storage_options=storage_options)
+        storage = snapshot.storage
+        manifest = snapshot.manifest  # SnapshotStateError unless committed
         complex_fields = [f"{f.name!r} ({f.dtype})" for f in
                           (Schema.from_json(manifest.schema).fields if manifest.schema else ())
                           if f.dtype.startswith("complex")]

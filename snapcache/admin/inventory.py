@@ -18,10 +18,11 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from snapcache.options import default_root
-from snapcache.store import layout, versions
+from snapcache.store import layout
+from snapcache.store.protocol import versions
 from snapcache.store.catalog import read_entry
 from snapcache.store.fs import FileStat, Storage
-from snapcache.store.lease import LeaseInfo, live_leases
+from snapcache.store.protocol import LeaseInfo, expired, read_leases, write_leases
 from snapcache.store.manifest import Manifest
 
 STATES = ("committed", "writing", "abandoned", "corrupt")
@@ -50,6 +51,7 @@ class SnapshotInfo:
     pipeline: str                    # one-line summary of the upstream pipeline
     live_leases: tuple[LeaseInfo, ...] = ()
     problem: str = ""                # why the manifest cannot be read (state "corrupt")
+    corrupt_leases: tuple[str, ...] = ()  # lease files that cannot be parsed, and why
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
     files: tuple[FileStat, ...] = field(default=(), repr=False, compare=False)
     versions: tuple[int, ...] = ()   # a delta snapshot's versions (``manifest``: the newest)
@@ -84,6 +86,7 @@ class SnapshotInfo:
             "created_at": iso(self.created_at), "last_used": iso(self.last_used),
             "pipeline": self.pipeline, "problem": self.problem or None,
             "versions": list(self.versions) or None,
+            "corrupt_leases": list(self.corrupt_leases),
             "live_leases": [{"kind": lease.kind, "host": lease.host, "pid": lease.pid,
                              "file": lease.name} for lease in self.live_leases],
         }
@@ -130,10 +133,13 @@ def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
     files = tuple(folder.walk())
     entry = read_entry(folder, fingerprint)
     manifest, problem = entry.manifest, entry.problem
-    leases = tuple(live_leases(folder))
+    every = write_leases(folder) + read_leases(folder)
+    leases = tuple(lease for lease in every if not expired(folder, lease, one_shot=True))
+    corrupt = tuple(lease.problem for lease in every if lease.corrupt)
     newest = max((f.mtime for f in files if f.mtime is not None), default=None)
     oldest = min((f.mtime for f in files if f.mtime is not None), default=None)
     common = dict(id=fingerprint, url=folder.url, live_leases=leases, files=files,
+                  corrupt_leases=corrupt,
                   size_bytes=sum(f.size for f in files))
     if manifest is not None:
         committed = parse_time(manifest.committed_at)

@@ -25,9 +25,10 @@ from typing import Iterable
 
 from snapcache.admin.inventory import SnapshotInfo, find_all, open_root, scan
 from snapcache.admin.units import format_age, format_size, parse_duration, parse_size
-from snapcache.store import layout, versions
+from snapcache.store import layout
+from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
-from snapcache.store.lease import LeaseInfo, live_leases
+from snapcache.store.protocol import LeaseInfo, live_leases, withdraw_manifest
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
 def describe_leases(leases: Iterable[LeaseInfo]) -> str:
     """``"read lease of pid 123 on host-a"``, joined with commas."""
     now = time.time()
-    return ", ".join(f"{lease.kind} lease of pid {lease.pid} on {lease.host} "
+    return ", ".join(lease.problem if lease.corrupt else
+                     f"{lease.kind} lease of pid {lease.pid} on {lease.host} "
                      f"(heartbeat {max(0, now - lease.heartbeat_at):.0f} s ago)"
                      for lease in leases)
 
@@ -180,17 +182,16 @@ def _delete(folder: Storage, force: bool) -> str:
     try:
         if not force and (leases := live_leases(folder)):
             return f"in use: {describe_leases(leases)} (a process started using it just now)"
-        try:
-            manifest = folder.read_bytes(layout.MANIFEST)
-        except FileNotFoundError:
-            manifest = None
+        def in_use() -> str:  # a reader that came while the manifest was being withdrawn
+            leases = [] if force else live_leases(folder)
+            return f"in use: {describe_leases(leases)} (a process started using it just " \
+                   "now)" if leases else ""
+
+        busy = withdraw_manifest(folder, in_use)
+        if busy:
+            return busy
         for version in versions.versions(folder):  # a delta snapshot: its versions first
             folder.remove(versions.manifest_name(version))
-        if manifest is not None:
-            folder.remove(layout.MANIFEST)
-            if not force and (leases := live_leases(folder)):
-                folder.create_exclusive(layout.MANIFEST, manifest)  # a reader came: put it back
-                return f"in use: {describe_leases(leases)} (a process started using it just now)"
         folder.remove("", recursive=True)
     except OSError as e:
         return f"could not delete {folder.url}: {e}"

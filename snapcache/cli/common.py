@@ -60,6 +60,8 @@ def state_cell(snap: SnapshotInfo) -> Text:
         kinds = sorted({lease.kind for lease in snap.live_leases})
         text.append(f" ({'/'.join('being ' + ('read' if k == 'read' else 'written') for k in kinds)})",
                     style="yellow")
+    if snap.corrupt_leases:
+        text.append(" (corrupt lease)", style="red")
     return text
 
 

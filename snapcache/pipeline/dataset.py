@@ -15,12 +15,15 @@ from snapcache.options import AUTOTUNE, SnapshotOptions, check_parallelism, defa
 from snapcache.pipeline import ops, ordered, plan
 
 EXECUTORS = ("thread", "process")
+from snapcache.pipeline.build import SnapshotBuilder
 from snapcache.pipeline.explain import Explanation
+from snapcache.pipeline.iterator import DatasetIterator, Deferred
 from snapcache.pipeline.streams import StreamSpec
 from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
 from snapcache.pipeline.explain import explain as explain_tree
 from snapcache.store.fs import Storage, expand_files
+from snapcache.pipeline.handle import Snapshot
 
 
 def _positive_int(value: Any, what: str, *, allow_zero: bool = False,
@@ -295,11 +298,11 @@ class Dataset:
         return True  # a pipeline is a pipeline, whether or not its length is known
 
     # -- running -------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> DatasetIterator:
         return self.iterate()
 
     def iterate(self, epoch: int | None = None, *, stream: tuple[int, int] | None = None,
-                state: dict | None = None, balance: str | None = None) -> Iterator[Any]:
+                state: dict | None = None, balance: str | None = None) -> DatasetIterator:
         """An iterator over one epoch. ``epoch`` picks the shuffle order of seeded shuffles;
         by default each call (and each ``for`` loop) is the next epoch.
 
@@ -339,18 +342,27 @@ class Dataset:
             index, count = stream
             spec = StreamSpec(index, count)
         recorder = stats.Recorder(top=len(ops.lineage(self._op)) - 1)
+        op = self._op
+
+        def start() -> Iterator[Any]:  # at the first next(): nothing is held before it
+            token = stats.current.set(recorder)
+            try:
+                return plan.iterate(op, epoch, spec)
+            finally:
+                stats.current.reset(token)
+
         token = stats.current.set(recorder)
         try:
             iterator = ordered.iterate(shape, epoch, spec, state=state, balance=balance) \
                 if shape is not None else None
             if iterator is None:
-                iterator = plan.iterate(self._op, epoch, spec)
+                iterator = Deferred(start)
                 if shape is not None:  # the writing epoch, with a state
                     iterator = ordered.writing(shape, epoch, spec, iterator)
         finally:
             stats.current.reset(token)
         self._recorder = recorder
-        return iterator
+        return DatasetIterator(iterator)
 
     # -- frameworks ----------------------------------------------------------------------------
     def to_torch(self, *, rank: int | None = None, world_size: int | None = None,
@@ -398,8 +410,22 @@ class Dataset:
 
     # -- introspection -------------------------------------------------------------------------
     def fingerprint(self) -> str:
-        """The hex fingerprint of the pipeline up to here (what ``snapshot`` keys on)."""
+        """The hex fingerprint of the whole pipeline up to here, its snapshots and the ops
+        after them included (what a ``.snapshot()`` appended here would key on). The id of the
+        pipeline's snapshot, as ``snapcache ls`` shows it, is ``ds.open_snapshot().id``."""
         return plan.pipeline_fingerprint(self._op).digest
+
+    def open_snapshot(self) -> Snapshot:
+        """The handle of the pipeline's last ``.snapshot()`` (committed or not: see its
+        ``state``); ``snap[i]``, ``snap.take(...)`` and ``snap.to_torch_map_style()`` read a
+        committed one by row. ValueError if the pipeline has no snapshot."""
+        snap = plan.last_snapshot(self._op)
+        if snap is None:
+            raise ValueError(f"{plan.describe_pipeline(self._op)} has no .snapshot(): add one "
+                             "to get a snapshot handle")
+        folder = Storage(snap.path, snap.options.storage_options).child(
+            plan.snapshot_tree(snap).digest)
+        return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap))
 
     def explain(self, path: str | os.PathLike | None = None, *,
                 storage_options: dict | None = None) -> Explanation:

@@ -3,7 +3,7 @@
 When a snapshot's upstream is a source made of files (``Traits.units``) followed only by
 element-wise ops that keep no copy (:func:`snapcache.pipeline.ops.delta_source`), the
 snapshot lives in a *lineage* folder named by the upstream's code fingerprint (the files do not
-count) and holds versions (see :mod:`snapcache.store.versions`):
+count) and holds versions (see :mod:`snapcache.store.protocol.versions`):
 
 1. the source's files are listed (one ``stat`` each, or a listing on S3) and keyed;
 2. a version built from exactly these files is read;
@@ -29,12 +29,11 @@ from typing import Any, Iterator, Sequence
 from snapcache.errors import LeaseTimeoutError
 from snapcache.fingerprint.units import UnitDiff, describe_delta, diff_units, unit_key, units_digest
 from snapcache.pipeline import ops, streams
-from snapcache.store import layout, versions
+from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease, live_leases
 from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest, ShardInfo
+from snapcache.store.protocol import WriteLease, commit_fields, live_leases, versions
 from snapcache.store.schema import Schema, merge_schemas
-from snapcache.store.streams import commit_fields
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -259,11 +258,10 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
             close = getattr(upstream, "close", None)
             if close is not None:
                 close()
-        storage.remove(layout.progress_name(len(chunks), seq, run_id))
         members = tuple((units.keys[i], units.identities[i]) for i in chunk)
         segment = Segment(members, record.shards, record.schema)
-        versions.write_segment(storage, run_id, seq, versions.SegmentRecord(
-            members, record.shards, record.schema))
+        versions.write_segment(storage, record, versions.SegmentRecord(
+            members, record.shards, record.schema), seq=seq)
         _crash_hook(seq)
         segments.append(segment)
         if lease is not None:

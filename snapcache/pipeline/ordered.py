@@ -34,7 +34,7 @@ from snapcache.store.order import EpochOrder, Share, ranges_length
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import SnapshotReader, load_manifest
-from snapcache.store.streams import stream_shards
+from snapcache.store.protocol import stream_shards
 
 STATE_FORMAT = "snapcache-iterator"
 STATE_VERSION = 1

@@ -109,7 +109,7 @@ def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
     its fingerprint's folder, or for a delta snapshot the version built from exactly the
     pipeline's files."""
     from snapcache.pipeline.delta_exec import source_units
-    from snapcache.store import versions
+    from snapcache.store.protocol import versions
     from snapcache.store.fs import Storage
     from snapcache.store.reader import load_manifest
 

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
-import os
 import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterator
 
-from snapcache.errors import CorruptSnapshotError, RandomnessWarning
+from snapcache.errors import CorruptSnapshotError, LeaseLostError, RandomnessWarning
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
-from snapcache.store.cache import ShardCache
-from snapcache.store.coordinator import negotiate
 from snapcache.store.fs import Storage
-from snapcache.store.lease import ReadLease
-from snapcache.store.manifest import Manifest, now_iso
-from snapcache.store.reader import SnapshotReader, load_manifest
+from snapcache.store.manifest import Manifest
+from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as _open
 from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
-from snapcache.store.streams import StreamRecord, commit_fields, try_commit
-from snapcache.store.versions import manifest_file
+from snapcache.store.protocol import (
+    ReadLease, StreamRecord, commit_fields, discard, negotiate, record_last_use, try_commit)
+from snapcache.store.protocol.versions import manifest_file
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -44,7 +42,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     run_id = layout.new_run_id()
     # Streams may each write their share only if that gives the same examples as one writer:
     # an element-wise upstream. Otherwise one stream writes everything, the others wait.
-    alone = spec.count > 1 and not splittable(op.parent)
+    alone = spec.count > 1 and not ops.splittable(op.parent)
     writing = streams.StreamSpec() if alone else spec
     decision = negotiate(storage, run_id=run_id, stream=writing.index, streams=writing.count,
                          on_busy="wait" if alone else options.coordination.on_busy,
@@ -62,14 +60,21 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                      options.coordination.lease_ttl)
     if decision.action == "replay":
         assert decision.resume is not None
+        if alone:
+            # One writer wrote everything and recorded its stream but crashed (or is just
+            # about to commit): commit it, then read this stream's share like every stream.
+            try_commit(storage, writing.count, **fields())
+            return _write_then_read(iter(()), storage, options, run_id, spec)
         return _replay(storage, decision.resume, options, writing.count, fields)
     if decision.action == "compute":
         log.info("snapshot %s is being written by another process: computing without writing",
                  storage.url)
         return iterate(op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
     resume = decision.resume
-    if resume is not None and not resumable(op.parent):
-        _discard(storage, resume, writing)
+    if resume is not None and not ops.resumable(op.parent):
+        log.info("snapshot %s stream %d restarts: its upstream cannot skip examples",
+                 storage.url, writing.index)
+        discard(storage, resume)
         resume = None
     skip = resume.rows if resume is not None else 0
     if skip:
@@ -81,9 +86,20 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                             stream=writing.index, streams=writing.count, run_id=run_id,
                             resume=resume, lease=decision.lease)
     source = iterate(op.parent, epoch, streams.StreamSpec(writing.index, writing.count, skip))
+
+    def committed_by_another(done: int) -> Iterator[Any] | None:
+        """After this writer lost its lease: the rest of its share from the snapshot another
+        writer committed, when skipping ``done`` examples is exact (else None)."""
+        manifest = load_manifest(storage)
+        if manifest is None or (done and not ops.resumable(op.parent)):
+            return None
+        share = _read(open_reader(storage, manifest, options), run_id, writing,
+                      options.coordination.lease_ttl)
+        return itertools.islice(share, done, None)
+
     written = _write(source, writer, decision.lease,
                      SnapshotReader(storage, _partial_manifest(resume, tree.digest))
-                     if resume is not None else None)
+                     if resume is not None else None, committed_by_another)
     if alone:
         return _write_then_read(written, storage, options, run_id, spec)
     return written
@@ -91,11 +107,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
     """A reader of a committed snapshot configured by the snapshot's read options."""
-    read = options.read
-    cache = _shard_cache(read.local_cache, read.local_cache_limit) \
-        if read.local_cache is not None and not storage.local else None
-    return SnapshotReader(storage, manifest, verify=read.verify,
-                          prefetch_bytes=read.prefetch_bytes, cache=cache)
+    return _open(storage, manifest, options.read)
 
 
 def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
@@ -119,23 +131,6 @@ def _replay(storage: Storage, record: StreamRecord, options, count: int,
     partial = _partial_manifest(record, fields["fingerprint"])
     yield from SnapshotReader(storage, partial, verify=options.read.verify).examples()
     try_commit(storage, count, **fields)
-
-
-def splittable(op: ops.Op | None) -> bool:
-    """True if running the pipeline up to ``op`` as N streams yields the same examples as one
-    run: a source followed only by element-wise ops (derived from the ops' traits)."""
-    return ops.splittable(op)
-
-
-_caches: dict[tuple[str, int], ShardCache] = {}
-
-
-def _shard_cache(directory: str, limit: int) -> ShardCache:
-    """One cache object per folder and limit in a process (it holds the per-key locks)."""
-    key = (os.path.abspath(directory), limit)
-    if key not in _caches:
-        _caches[key] = ShardCache(directory, limit)
-    return _caches[key]
 
 
 def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
@@ -173,15 +168,29 @@ def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[No
             lease.release()
 
 
-def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None
-           ) -> Iterator[Any]:
+def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None,
+           committed_by_another: Callable[[int], Iterator[Any] | None]) -> Iterator[Any]:
+    done = 0
     try:
         if resumed is not None:  # the examples of finished shards: read back, not recomputed
-            yield from resumed.examples()
-        for item in source:
-            writer.write(item)
-            yield item
-        writer.commit()
+            for item in resumed.examples():
+                done += 1
+                yield item
+        try:
+            for item in source:
+                writer.write(item)
+                done += 1
+                yield item
+            writer.commit()
+        except LeaseLostError as lost:
+            # Fenced out: this writer commits nothing. If the one that took over has committed
+            # meanwhile, the epoch goes on with its snapshot instead of failing.
+            rest = committed_by_another(done)
+            if rest is None:
+                raise
+            log.warning("%s; the snapshot was committed by the other writer: this epoch goes "
+                        "on reading it", lost)
+            yield from rest
     finally:
         writer.abort()  # no-op after a commit; otherwise keeps finished shards for a resume
         close = getattr(source, "close", None)
@@ -197,32 +206,13 @@ def _partial_manifest(resume: StreamRecord, fingerprint: str) -> Manifest:
                     compression="", created_at="", committed_at="", writer={})
 
 
-def _discard(storage: Storage, resume: StreamRecord, spec: streams.StreamSpec) -> None:
-    """Restart a stream whose upstream cannot skip examples: drop the earlier run's files
-    (no manifest lists them, and this process holds the stream's lease)."""
-    log.info("snapshot %s stream %d restarts: its upstream cannot skip examples",
-             storage.url, spec.index)
-    for name in storage.listdir():
-        if name.startswith(layout.progress_prefix(spec.count, spec.index)):
-            storage.remove(name)
-    for shard in resume.shards:
-        storage.remove(shard.path)
-
-
-def resumable(op: ops.Op | None) -> bool:
-    """True if the pipeline up to ``op`` can start at any example: an indexable source and
-    only one-to-one, order-preserving ops after it (derived from the ops' traits; after a
-    ``map(deterministic=False)`` a resume restarts the stream instead of skipping by count)."""
-    return ops.resumable(op)
-
-
 def _touch_last_used(reader: SnapshotReader) -> None:
     url = reader.storage.url
     now = time.monotonic()
     if now - _last_used.get(url, -1e9) < LAST_USED_INTERVAL:
         return
     _last_used[url] = now
-    reader.storage.write_atomic(layout.LAST_USED, f'{{"at": "{now_iso()}"}}'.encode())
+    record_last_use(reader.storage)
 
 
 def _warn_randomness(op: ops.SnapshotOp, labelled) -> None:

@@ -18,6 +18,7 @@ import queue
 import threading
 from typing import Any, Callable, Iterable, Iterator
 
+from snapcache import lifecycle
 from snapcache.runtime.errors import annotate
 
 _END = object()
@@ -153,6 +154,14 @@ def _parallel(fn, items, cycle_length, block_length, parallelism, deterministic,
     end_of_input = False
     started: list[_Producer] = []
 
+    def stop_all(timeout: float) -> None:
+        stop.set()
+        for producer in started:
+            producer.thread.join(timeout=timeout)
+
+    # At interpreter exit the producers must leave library code before finalization starts.
+    forget = lifecycle.at_exit(lambda: stop_all(lifecycle.JOIN_TIMEOUT))
+
     def refill_ahead() -> None:
         nonlocal consumed, end_of_input
         while not end_of_input and len(ahead) < cycle_length:
@@ -210,9 +219,9 @@ def _parallel(fn, items, cycle_length, block_length, parallelism, deterministic,
                 else:
                     yield item
     finally:
-        stop.set()
-        for producer in started:
-            producer.thread.join(timeout=1.0)
+        stop_all(1.0)
+        if not any(producer.thread.is_alive() for producer in started):
+            forget()
         close = getattr(source, "close", None)
         if close is not None:
             close()

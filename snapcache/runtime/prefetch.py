@@ -6,6 +6,7 @@ import queue
 import threading
 from typing import Any, Iterable, Iterator
 
+from snapcache import lifecycle
 from snapcache.runtime.autotune import BufferTuner
 
 _DONE = object()
@@ -70,6 +71,8 @@ def prefetch(items: Iterable[Any], buffer_size: int, tuner: BufferTuner | None =
 
     thread = threading.Thread(target=produce, name="snapcache-prefetch", daemon=True)
     thread.start()
+    # At interpreter exit the producer must leave library code before finalization starts.
+    forget = lifecycle.at_exit(lambda: (stop.set(), thread.join(lifecycle.JOIN_TIMEOUT)))
     try:
         while True:
             item = buffer.get()
@@ -81,3 +84,5 @@ def prefetch(items: Iterable[Any], buffer_size: int, tuner: BufferTuner | None =
     finally:
         stop.set()
         thread.join(timeout=0.2)
+        if not thread.is_alive():
+            forget()

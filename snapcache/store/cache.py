@@ -269,3 +269,17 @@ def _remove(path: str) -> bool:
     except PermissionError:
         log.debug("shard cache: cannot remove %s now", path)
         return False
+
+
+_shared: dict[tuple[str, int], ShardCache] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_cache(directory: str | os.PathLike, limit_bytes: int) -> ShardCache:
+    """One :class:`ShardCache` object per folder and limit in a process (it holds the per-key
+    locks, so every reader of the process must share it)."""
+    key = (os.path.abspath(os.path.expanduser(os.fspath(directory))), limit_bytes)
+    with _shared_lock:
+        if key not in _shared:
+            _shared[key] = ShardCache(directory, limit_bytes)
+        return _shared[key]

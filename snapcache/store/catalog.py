@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from snapcache.errors import CorruptSnapshotError
-from snapcache.store import layout, versions
+from snapcache.store import layout
+from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest

@@ -22,7 +22,7 @@ FORMAT = "snapcache-snapshot"
 FORMAT_VERSION = 2
 """The newest format this version reads. Ordinary snapshots are still written as version 1
 (readable by every snapcache); a delta snapshot's versioned manifests (``manifest-<v>.json``,
-see :mod:`snapcache.store.versions`) are version 2, which older readers refuse with a clear
+see :mod:`snapcache.store.protocol.versions`) are version 2, which older readers refuse with a clear
 error."""
 DELTA_FORMAT_VERSION = 2
 CHECKSUM_ALGORITHM = "xxh3_64"

@@ -79,7 +79,7 @@ class ReadOptions:
 
 @dataclass(frozen=True)
 class CoordinationOptions:
-    """How processes share one snapshot (leases, waiting; :mod:`snapcache.store.coordinator`)."""
+    """How processes share one snapshot (leases, waiting; :mod:`snapcache.store.protocol`)."""
 
     on_busy: str = "wait"
     """When another process is writing the snapshot: ``"wait"`` for its commit and then read,

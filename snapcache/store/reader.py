@@ -15,10 +15,11 @@ import xxhash
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
-from snapcache.store.cache import ShardCache
+from snapcache.store.cache import ShardCache, shared_cache
 from snapcache.store.codec import Decoder, Schema
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.store.options import ReadOptions
 
 
 def load_manifest(storage: Storage) -> Manifest | None:
@@ -210,3 +211,13 @@ class SnapshotReader:
                 problems.append(str(e))
         return problems
 
+
+def open_reader(storage: Storage, manifest: Manifest, read: ReadOptions | None = None
+                ) -> SnapshotReader:
+    """A reader of a committed snapshot configured by ``read`` (checksums, prefetch, and the
+    node-local cache of remote shards)."""
+    read = read or ReadOptions()
+    cache = shared_cache(read.local_cache, read.local_cache_limit) \
+        if read.local_cache is not None and not storage.local else None
+    return SnapshotReader(storage, manifest, verify=read.verify,
+                          prefetch_bytes=read.prefetch_bytes, cache=cache)

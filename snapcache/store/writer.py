@@ -3,7 +3,7 @@
 The consumer's thread only validates and buffers examples (cheap); compression and I/O run on a
 background thread, fed through a bounded queue so memory stays bounded when storage is slow.
 Nothing is visible as a snapshot until the manifest is committed (see
-:mod:`snapcache.store.streams` for how several streams commit exactly once).
+:mod:`snapcache.store.protocol` for how several streams commit exactly once).
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from typing import Any
 import pyarrow as pa
 import xxhash
 
-from snapcache.errors import StoreError
+from snapcache.errors import LeaseLostError, StoreError
 from snapcache.store.options import WriteOptions
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease
+from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
 from snapcache.store.schema import merge_schemas
-from snapcache.store.streams import (
+from snapcache.store.protocol import (
     StreamRecord, commit_fields, try_commit, write_marker, write_progress)
 
 log = logging.getLogger(__name__)
@@ -221,8 +221,14 @@ class SnapshotWriter:
 
     # -- consumer side -------------------------------------------------------------------------
     def write(self, example: Any) -> None:
-        """Add one example. Raises if the example cannot be stored or the writer failed."""
+        """Add one example. Raises if the example cannot be stored or the writer failed, and
+        LeaseLostError once its lease's heartbeat found the stream taken over."""
         self._check_open()
+        if self._lease is not None:
+            if self._lease.lost is not None:
+                self.abort()
+                raise LeaseLostError(self._lease.lost)
+            self._lease.touch()
         if self._encoder is None:
             self._encoder = Encoder(infer_schema(example))
             self.storage.makedirs()
@@ -246,9 +252,7 @@ class SnapshotWriter:
         self._check_open()
         try:
             record = self._flush()
-            if self._lease is not None:
-                self._lease.check()
-            write_marker(self.storage, record)
+            write_marker(self.storage, record, self._lease)  # fenced: see streams.fence
             manifest = try_commit(self.storage, self._streams, **commit_fields(
                 self.options, key=self._key, name=self._name, fingerprint=self.fingerprint,
                 fingerprint_tree=self._tree,
@@ -263,7 +267,7 @@ class SnapshotWriter:
 
     def finish(self) -> StreamRecord:
         """Finish writing without committing anything: the shards written, in order, and their
-        schema (what a delta snapshot's segment holds; see :mod:`snapcache.store.versions`)."""
+        schema (what a delta snapshot's segment holds; see :mod:`snapcache.store.protocol.versions`)."""
         self._check_open()
         try:
             record = self._flush()
@@ -330,6 +334,13 @@ class SnapshotWriter:
         """Storage failures (a full disk, a failed upload) become one clear StoreError."""
         if not isinstance(error, OSError):
             return error
+        if self._lease is not None:  # files vanishing under a writer that lost its stream
+            try:
+                self._lease.check()
+            except LeaseLostError as lost:
+                return lost
+            except OSError:
+                pass
         return StoreError(
             f"writing snapshot {self.fingerprint[:12]} to {self.storage.url} failed: {error}. "
             "Nothing was committed; finished shards are kept for the next run "

@@ -220,6 +220,22 @@ def test_ray_data_reads_a_locally_written_snapshot(ray_cluster, tmp_path):
     assert batch["x"].shape == (8, 2, 3)
 
 
+def test_ray_read_takes_a_root_with_an_id_or_name_a_handle_or_a_dataset(ray_cluster, tmp_path):
+    ds = sc.Dataset.range(N).map(make_example).snapshot(str(tmp_path), name="train",
+                                                        progress=False)
+    list(ds)
+    other = sc.Dataset.range(3).snapshot(str(tmp_path), progress=False)
+    list(other)
+    snap = ds.open_snapshot()
+    for source, id in [(str(tmp_path), snap.id[:8]), (str(tmp_path), "train"), (snap, None),
+                       (ds, None)]:
+        assert sorted(row["i"] for row in scr.read(source, id).take_all()) == list(range(N))
+    with pytest.raises(sc.SnapshotNotFoundError, match="holds 2 snapshots"):
+        scr.read(str(tmp_path))
+    with pytest.raises(sc.SnapshotStateError, match="absent"):
+        scr.read(sc.Dataset.range(5).snapshot(str(tmp_path)))
+
+
 # -- without a cluster -------------------------------------------------------------------------
 def test_read_tasks_group_consecutive_shards(tmp_path):
     ds = sc.Dataset.range(N).map(make_example).snapshot(str(tmp_path), shard_size=512,
@@ -235,7 +251,7 @@ def test_read_tasks_group_consecutive_shards(tmp_path):
     files = [f for t in tasks for f in t.metadata.input_files]
     assert files == [f"{folder}/{s.path}" for s in manifest.shards]
     assert len(scr.SnapshotDatasource(folder).get_read_tasks(3)) == 3
-    with pytest.raises(FileNotFoundError, match="no committed snapshot"):
+    with pytest.raises(sc.SnapshotNotFoundError, match="does not exist"):
         scr.SnapshotDatasource(str(tmp_path / "missing"))
 
 

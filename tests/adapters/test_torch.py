@@ -247,7 +247,7 @@ def test_from_torch_unhashable_dataset_points_to_key(root):
 
 
 def test_from_torch_is_resumable():
-    from snapcache.pipeline.snapshot_exec import resumable
+    from snapcache.pipeline.ops import resumable
 
     assert resumable(sc.Dataset.from_torch(Squares(3)).map(lambda e: e)._op)
 

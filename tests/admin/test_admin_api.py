@@ -146,7 +146,7 @@ def test_purge_deletes_the_manifest_first(root, three, monkeypatch):
 
 def test_purge_puts_the_manifest_back_if_a_reader_arrives(root, three, monkeypatch):
     purge_module = importlib.import_module("snapcache.admin.purge")
-    from snapcache.store.lease import LeaseInfo
+    from snapcache.store.protocol import LeaseInfo
 
     calls = []
     reader = LeaseInfo("read", "r", "host", 1, 0.0, 30.0, name="reader-r.json")

@@ -166,4 +166,5 @@ def test_datasets_are_immutable():
 def test_public_names_are_pinned():
     assert sorted(sc.__all__) == sorted([
         "AUTOTUNE", "CorruptSnapshotError", "Dataset", "FingerprintError", "SnapcacheError",
-        "SnapshotOptions", "UnsupportedValueError", "__version__", "ls", "purge"])
+        "Snapshot", "SnapshotNotFoundError", "SnapshotOptions", "SnapshotStateError",
+        "UnsupportedValueError", "__version__", "ls", "open_snapshot", "purge"])

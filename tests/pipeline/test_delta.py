@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import snapcache as sc
-from snapcache.store import versions
+from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
 
 CALLS: list[str] = []

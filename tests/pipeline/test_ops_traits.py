@@ -10,7 +10,7 @@ import pytest
 import snapcache
 from snapcache.pipeline import ops, plan
 from snapcache.pipeline.ops import base
-from snapcache.pipeline.snapshot_exec import resumable, splittable
+from snapcache.pipeline.ops import resumable, splittable
 
 ALL_OPS = [cls for cls in vars(ops).values()
            if isinstance(cls, type) and issubclass(cls, ops.Op) and cls is not ops.Op]

@@ -94,7 +94,7 @@ def test_sigkill_resume_after_an_unordered_map_commits_every_id_once(tmp_path):
 
 def test_an_ordered_map_still_resumes_by_count(tmp_path):
     """The restart is reserved for unordered upstreams: an ordered map keeps skipping."""
-    from snapcache.pipeline.snapshot_exec import resumable
+    from snapcache.pipeline.ops import resumable
 
     ds = sc.Dataset.range(10).map(str)
     assert resumable(ds._op)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import snapcache as sc
-from snapcache.pipeline.snapshot_exec import resumable
+from snapcache.pipeline.ops import resumable
 from snapcache.store import parquet
 
 ROWS_PER_FILE = 12

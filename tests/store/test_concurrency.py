@@ -19,7 +19,7 @@ import snapcache as sc
 from snapcache.errors import LeaseTimeoutError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import LeaseInfo, WriteLease, live_leases
+from snapcache.store.protocol import LeaseInfo, WriteLease, live_leases
 from snapcache.store.reader import SnapshotReader, load_manifest
 
 WORKER = textwrap.dedent('''
@@ -88,7 +88,8 @@ def test_on_busy_compute_computes_without_writing(tmp_path):
     ds = sc.Dataset.range(50).map(lambda i: i * 3)
     folder = Storage(root).child(ds.fingerprint())
     lease = WriteLease.acquire(folder, run_id="deadbeef", ttl=60)
-    try:
+    lease.thread = None  # as if another thread held it (a thread never waits on its own
+    try:                 # leases: see tests/pipeline/test_lifecycle.py)
         out = list(ds.snapshot(root, on_busy="compute"))
         assert out == [i * 3 for i in range(50)]
         assert load_manifest(folder) is None
@@ -122,9 +123,9 @@ def test_waiter_reads_once_the_writer_commits(tmp_path, counter):
     assert counter.count == 200
 
 
-def dead_lease(folder, *, host, pid, age, ttl=5.0, generation=1):
+def dead_lease(folder, *, host, pid, age, ttl=1.0, generation=1, **where):
     info = LeaseInfo("write", "0badc0de", host, pid, time.time() - age, ttl, 0, 1, generation,
-                     name=f"lease-0001-0000-{generation:06d}.json")
+                     name=f"lease-0001-0000-{generation:06d}.json", **where)
     folder.makedirs()
     folder.write_atomic(info.name, info.dumps())
     return info
@@ -136,13 +137,15 @@ def test_dead_writer_lease_is_taken_over(tmp_path):
     folder = Storage(root).child(ds.fingerprint())
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True)
-    from snapcache.store.lease import HOST
+    from snapcache.store.protocol import BOOT, HOST, PIDNS
 
-    dead_lease(folder, host=HOST, pid=int(proc.stdout), age=0)  # fresh heartbeat, dead pid
-    assert list(ds.snapshot(root, wait_timeout=5)) == list(range(10))
+    # fresh heartbeat, dead pid of this machine, pid namespace and boot: taken over at once
+    dead_lease(folder, host=HOST, pid=int(proc.stdout), age=0, ttl=3600, pidns=PIDNS, boot=BOOT)
+    assert list(ds.snapshot(root, wait_timeout=60)) == list(range(10))
+    # another host: taken over once it has not changed for its ttl by our clock
     dead_lease(Storage(root).child(sc.Dataset.range(11).fingerprint()), host="elsewhere",
-               pid=1, age=60)  # another host, heartbeat older than the ttl
-    assert list(sc.Dataset.range(11).snapshot(root, wait_timeout=5)) == list(range(11))
+               pid=1, age=60)
+    assert list(sc.Dataset.range(11).snapshot(root, wait_timeout=60)) == list(range(11))
     assert len(committed(root)) == 2
     assert not [lease for name in committed(root) for lease in
                 live_leases(Storage(root).child(name))]

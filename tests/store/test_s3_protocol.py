@@ -14,7 +14,7 @@ import numpy as np
 import snapcache as sc
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease
+from snapcache.store.protocol import WriteLease
 from snapcache.store.reader import load_manifest
 
 from test_concurrency import KILLABLE, WORKER, expected, run_many

@@ -36,10 +36,11 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import xxhash
 
-from snapcache.errors import CorruptSnapshotError
+from snapcache.errors import CorruptSnapshotError, StoreError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease, live_leases
+from snapcache.store.protocol.lease import WriteLease, live_leases
+from snapcache.store.protocol.records import missing_shards
 from snapcache.store.manifest import Manifest, ShardInfo
 
 log = logging.getLogger(__name__)
@@ -207,8 +208,11 @@ class SegmentRecord:
         return cls(units, shards, doc.get("schema"))
 
 
-def write_segment(storage: Storage, run_id: str, seq: int, record: SegmentRecord) -> None:
-    storage.write_atomic(segment_name(run_id, seq), record.dumps())
+def write_segment(storage: Storage, written: Any, record: SegmentRecord, *, seq: int) -> None:
+    """Record a finished segment (``written``: the writer's stream record of its shards), in
+    place of the writer's progress record."""
+    storage.write_atomic(segment_name(written.run_id, seq), record.dumps())
+    storage.remove(layout.progress_name(written.streams, written.stream, written.run_id))
 
 
 def finished_segments(storage: Storage, names: Sequence[str]) -> list[SegmentRecord]:
@@ -241,14 +245,14 @@ def commit_version(storage: Storage, manifest: Manifest, units: Sequence[Unit], 
     name = units_name(manifest.version, run_id)
     storage.write_atomic(name, record)
     manifest = _with_record(manifest, name, record)
-    present = set(storage.listdir())
-    for shard in manifest.shards:
-        if shard.path not in present or storage.size(shard.path) != shard.bytes:
-            raise CorruptSnapshotError(
-                f"{storage.url}: shard {shard.path} of version {manifest.version} is missing or "
-                "has the wrong size at commit time (deleted by a purge meanwhile?); run again")
     if lease is not None:
         lease.check()
+    missing = missing_shards(storage, manifest.shards)
+    if missing:
+        raise StoreError(
+            f"delta snapshot {storage.url}: {len(missing)} shard(s) of version "
+            f"{manifest.version} are gone ({', '.join(missing[:3])}); purged or damaged while "
+            "building. Nothing was committed; run the pipeline again")
     if storage.create_exclusive(manifest_name(manifest.version), manifest.dumps()):
         log.info("committed version %d of %s: %d examples in %d shards", manifest.version,
                  storage.url, manifest.num_examples, len(manifest.shards))

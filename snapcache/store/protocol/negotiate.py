@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from snapcache.errors import LeaseTimeoutError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import WriteLease, live_leases
+from snapcache.store.protocol.lease import WriteLease, live_leases, stalled_here
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
-from snapcache.store.streams import StreamRecord, best_progress, load_markers
+from snapcache.store.protocol.records import StreamRecord, best_progress, load_markers
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,12 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
                                 resume=best_progress(storage, stream, streams))
         if on_busy == "compute":
             return Decision("compute")
+        if not mine_done and _stalled_here(storage, stream, streams, lease_ttl):
+            # An unfinished iteration of this very process holds it (of this thread, or not
+            # advanced for the ttl): waiting for it could wait forever.
+            log.info("snapshot %s is being written by an unfinished iteration of this "
+                     "process: computing without writing", storage.url)
+            return Decision("compute")
         now = time.monotonic()
         if mine_done:
             # Our stream is complete; the others must finish before anyone can read.
@@ -89,6 +95,12 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
                 "on_busy='compute' to compute without writing")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
+
+
+def _stalled_here(storage: Storage, stream: int, streams: int, ttl: float) -> bool:
+    return any(lease.kind == "write" and stalled_here(lease, ttl) and
+               ((lease.streams, lease.stream) == (streams, stream) or lease.streams != streams)
+               for lease in live_leases(storage))
 
 
 def _pending_without_writer(storage: Storage, streams: int) -> bool:

@@ -14,10 +14,10 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from snapcache.errors import CorruptSnapshotError
+from snapcache.errors import CorruptSnapshotError, LeaseLostError, StoreError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.lease import live_leases
+from snapcache.store.protocol.lease import WriteLease, live_leases
 from snapcache.store.options import WriteOptions
 from snapcache.store.manifest import Manifest, ShardInfo, now_iso, writer_identity
 from snapcache.store.schema import Schema, merge_schemas
@@ -64,8 +64,56 @@ def write_progress(storage: Storage, record: StreamRecord) -> None:
                          record.dumps())
 
 
-def write_marker(storage: Storage, record: StreamRecord) -> None:
-    storage.write_atomic(layout.marker_name(record.streams, record.stream), record.dumps())
+def discard(storage: Storage, record: StreamRecord) -> None:
+    """Drop an earlier run's progress on ``record``'s stream and the shards it lists (no
+    manifest lists them; the caller holds the stream's write lease): a stream whose upstream
+    cannot skip examples restarts from its first one."""
+    for name in storage.listdir():
+        if name.startswith(layout.progress_prefix(record.streams, record.stream)):
+            storage.remove(name)
+    for shard in record.shards:
+        storage.remove(shard.path)
+
+
+def missing_shards(storage: Storage, shards: "tuple[ShardInfo, ...] | list[ShardInfo]"
+                   ) -> list[str]:
+    """The shards (of this folder) that are not there with their recorded size: one listing."""
+    if not shards:
+        return []
+    sizes = {f.path: f.size for f in storage.walk()}
+    return [s.path for s in shards if sizes.get(s.path) != s.bytes]
+
+
+def fence(storage: Storage, record: StreamRecord, lease: WriteLease | None) -> None:
+    """What must hold, at commit time, before a stream marker or manifest is written: the
+    writer still holds the newest generation of its lease (LeaseLostError otherwise), and every
+    shard it lists exists with its recorded size (StoreError otherwise: nothing is committed
+    that cannot be read)."""
+    if lease is not None:
+        lease.check()
+    missing = missing_shards(storage, record.shards)
+    if missing:
+        raise StoreError(
+            f"snapshot {storage.url}: {len(missing)} shard(s) this writer finished are gone "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); the folder was "
+            "purged or damaged while writing. Nothing was committed; run the pipeline again")
+
+
+def write_marker(storage: Storage, record: StreamRecord, lease: WriteLease | None = None) -> None:
+    """Record stream ``record.stream`` as complete, once: the marker is created exclusively
+    after :func:`fence`, so a writer that lost its stream never replaces the marker of the
+    writer that took it over. LeaseLostError if another run's marker is there already."""
+    fence(storage, record, lease)
+    name = layout.marker_name(record.streams, record.stream)
+    if storage.create_exclusive(name, record.dumps()):
+        return
+    existing = _load(storage, name)
+    if existing is not None and existing.run_id == record.run_id:
+        return  # ours, from an earlier attempt of this run
+    raise LeaseLostError(
+        f"snapshot {storage.url}: stream {record.stream} of {record.streams} was completed by "
+        f"another writer (run {existing.run_id if existing else '?'}) while this one was "
+        "stopped: it commits nothing")
 
 
 def _load(storage: Storage, name: str) -> StreamRecord | None:
@@ -161,6 +209,16 @@ def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: An
     if len(markers) < streams:
         return None
     manifest = assemble(markers, streams, fingerprint=fingerprint, **fields)
+    missing = missing_shards(storage, manifest.shards)
+    if missing:  # a stream's shards vanished after its marker: never commit what cannot be read
+        from snapcache.store.reader import load_manifest as committed
+
+        if committed(storage) is not None:
+            return committed(storage)
+        raise StoreError(
+            f"snapshot {storage.url}: {len(missing)} shard(s) listed by the streams' markers "
+            f"are gone ({', '.join(missing[:3])}); nothing was committed. Run `snapcache purge "
+            "--incomplete` and the pipeline again")
     if storage.create_exclusive(layout.MANIFEST, manifest.dumps()):
         log.info("committed snapshot %s: %d examples in %d shards", fingerprint,
                  manifest.num_examples, len(manifest.shards))

@@ -1,0 +1,91 @@
+"""Stopping background work before the interpreter stops.
+
+Readers, prefetchers, writers and lease heartbeats run on threads. A daemon thread still inside
+pyarrow while the interpreter finalizes aborts the process ("terminate called without an active
+exception"), and a lease that is never released blocks other jobs until it expires. So every
+piece of background work registers how to stop it here, and at exit, before the interpreter
+joins its threads and before ``concurrent.futures`` shuts its pools down, the live ones are
+stopped and joined, newest first: open iterators are closed (releasing their leases and
+finishing or discarding their writes), then any thread still registered is stopped.
+
+A leaf module (standard library only) so every layer may use it.
+
+Example::
+
+    stop = threading.Event()
+    thread = threading.Thread(target=work, args=(stop,), daemon=True)
+    thread.start()
+    forget = lifecycle.at_exit(lambda: (stop.set(), thread.join(JOIN_TIMEOUT)))
+    ...                    # when the work ends normally:
+    forget()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures.thread  # noqa: F401  its exit hook is registered before ours runs
+import itertools
+import logging
+import threading
+import weakref
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT = 60.0
+"""Seconds to wait at exit for one thread to finish the item it is working on."""
+
+_lock = threading.Lock()
+_closers: dict[int, Callable[[], Any]] = {}
+_ids = itertools.count()
+_exiting = False
+
+
+def exiting() -> bool:
+    """True once the interpreter has started to shut down."""
+    return _exiting
+
+
+def at_exit(close: Callable[[], Any]) -> Callable[[], None]:
+    """Run ``close()`` at interpreter exit unless the returned function is called first."""
+    key = next(_ids)
+    with _lock:
+        _closers[key] = close
+
+    def forget() -> None:
+        with _lock:
+            _closers.pop(key, None)
+
+    return forget
+
+
+def close_at_exit(obj: Any) -> Callable[[], None]:
+    """``obj.close()`` at exit while ``obj`` is alive (held weakly: registering does not keep it
+    alive, and a collected object's own finalizer has already run)."""
+    ref = weakref.ref(obj)
+
+    def close() -> None:
+        target = ref()
+        if target is not None:
+            target.close()
+
+    return at_exit(close)
+
+
+def _shutdown() -> None:
+    global _exiting
+    _exiting = True
+    while True:
+        with _lock:
+            if not _closers:
+                return
+            key = max(_closers)
+            close = _closers.pop(key)
+        try:
+            close()
+        except BaseException as e:  # keep stopping the others
+            log.debug("stopping background work at exit: %r", e)
+
+
+# Runs before threading joins non-daemon threads and, registered after concurrent.futures'
+# hook, before that hook shuts the thread pools down (they run in reverse order).
+threading._register_atexit(_shutdown)  # type: ignore[attr-defined]

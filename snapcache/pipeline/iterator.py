@@ -1,0 +1,110 @@
+"""The iterator ``iter(ds)`` and ``ds.iterate()`` return, and its lifecycle.
+
+Nothing runs before the first ``next()``: no fingerprint I/O, no lease, no read, no thread.
+The epoch's generator chain is built then, and everything it holds (write and read leases,
+writer and reader threads, prefetch threads, open shards) is given back when the iterator is
+exhausted, closed (``close()``, ``with``), garbage-collected, or when the interpreter exits
+(see :mod:`snapcache.lifecycle`), whichever comes first.
+
+Example::
+
+    with ds.iterate() as it:
+        for step, batch in zip(range(100), it):
+            train_step(batch)
+        saved = it.state_dict()         # resumable pipelines: ds.iterate(state=saved)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from snapcache import lifecycle
+
+
+class Deferred:
+    """An iterator that builds its source with ``start()`` at the first ``next()``."""
+
+    def __init__(self, start: Callable[[], Iterator[Any]]):
+        self._start: Callable[[], Iterator[Any]] | None = start
+        self._it: Iterator[Any] | None = None
+
+    def __iter__(self) -> "Deferred":
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            if self._start is None:
+                raise StopIteration
+            start, self._start = self._start, None
+            self._it = iter(start())
+        return next(self._it)
+
+    @property
+    def started(self) -> bool:
+        return self._it is not None
+
+    def close(self) -> None:
+        self._start = None
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+class DatasetIterator:
+    """One epoch of a pipeline (see the module docstring for what it holds and when it lets
+    go). ``state_dict()`` says where it is, for pipelines that can be resumed."""
+
+    def __init__(self, items: Iterator[Any]):
+        self._items = items
+        self._closed = False
+        self._forget = lifecycle.close_at_exit(self)
+
+    def __iter__(self) -> "DatasetIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        try:
+            return next(self._items)
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException:
+            self.close()  # an epoch that failed holds nothing
+            raise
+
+    def state_dict(self) -> dict:
+        """Where this iterator is: a small JSON-serialisable dict for
+        ``Dataset.iterate(state=...)``. ValueError if this pipeline cannot be resumed exactly
+        (the message says why)."""
+        get = getattr(self._items, "state_dict", None)
+        if get is None:
+            raise ValueError(
+                "this iteration cannot be resumed exactly: only pipelines snapshot -> map / "
+                "filter / shuffle / batch / prefetch keep a position")
+        return get()
+
+    def close(self) -> None:
+        """Stop the epoch: release its leases, stop its threads, discard a shard being
+        written (finished shards stay for the next run). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        self._forget()
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> "DatasetIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing to report to at collection time
+            pass

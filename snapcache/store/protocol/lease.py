@@ -1,0 +1,379 @@
+"""Leases: which process writes (or reads) a snapshot right now.
+
+A write lease claims one *stream* of a snapshot folder (a single writer is stream 0 of 1). It is
+a small JSON file ``lease-<streams>-<stream>-<generation>.json`` created exclusively (see
+:meth:`Storage.create_exclusive`), so of several processes creating the same generation exactly
+one wins; the generation is the lease's fencing token: whoever takes a stream over creates the
+next one, and a writer commits only while its own generation is the stream's newest and its
+file is still there (:meth:`WriteLease.check`). The holder rewrites the file every ``ttl / 4``
+seconds (its heartbeat), counting its beats.
+
+Liveness never trusts another machine's clock or pid. A writer deciding whether to take over
+judges a lease expired when its content has not changed for ``ttl`` seconds of the observer's
+own monotonic clock, or when its holder is provably a dead process of this machine (the same
+host, pid namespace and boot). A one-shot observer (``ls``, ``purge``) that has not watched it
+uses the file's modification time, set by the storage, not by the holder. A lease file that
+cannot be parsed is a *corrupt lease*: held until it ages out like any other, never an error
+for the rest of the root.
+
+A read lease (``reader-<run>.json``) tells ``purge`` that a snapshot is being read; it has the
+same heartbeat and expiry, and no exclusivity.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+
+from snapcache import lifecycle
+from snapcache.errors import LeaseLostError
+from snapcache.store.fs import Storage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TTL = 30.0
+_WRITE_RE = re.compile(r"^lease-(\d{4})-(\d{4})-(\d{6})\.json$")
+_READ_RE = re.compile(r"^reader-([0-9a-f]+)\.json$")
+HOST = socket.gethostname()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+PIDNS = _pid_namespace()
+BOOT = _read_text("/proc/sys/kernel/random/boot_id")
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    kind: str            # "write" or "read"
+    owner: str           # the holder's run id
+    host: str
+    pid: int
+    heartbeat_at: float  # seconds since the epoch, holder's clock (shown, never compared)
+    ttl: float
+    stream: int = 0
+    streams: int = 1
+    generation: int = 0
+    name: str = ""       # file name inside the snapshot folder
+    beat: int = 0        # heartbeats so far: the content changes even if clocks stand still
+    pidns: str = ""      # the holder's pid namespace and boot: a pid is checked only if both
+    boot: str = ""       # match this process's
+    problem: str = ""    # why the file could not be parsed (a corrupt lease), else ""
+
+    @property
+    def corrupt(self) -> bool:
+        return bool(self.problem)
+
+    def provably_dead(self) -> bool:
+        """The holder is a process of this very machine and pid namespace, and it is gone."""
+        return (not self.corrupt and self.host == HOST and bool(self.pidns) and
+                self.pidns == PIDNS and bool(self.boot) and self.boot == BOOT and
+                not pid_alive(self.pid))
+
+    def dumps(self) -> bytes:
+        doc = asdict(self)
+        doc.pop("problem")
+        return json.dumps(doc).encode()
+
+
+_FIELDS = {"kind": str, "owner": str, "host": str, "pid": int, "heartbeat_at": (int, float),
+           "ttl": (int, float), "stream": int, "streams": int, "generation": int, "beat": int,
+           "pidns": str, "boot": str}
+_REQUIRED = ("kind", "owner", "host", "pid", "heartbeat_at", "ttl")
+
+
+def parse(data: bytes, name: str) -> LeaseInfo:
+    """A lease file's content, as untrusted input: a wrong type, a missing field or garbage
+    gives a corrupt lease (``problem`` says what), never an exception."""
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        fields = {}
+        for key, types in _FIELDS.items():
+            if key not in doc:
+                if key in _REQUIRED:
+                    raise ValueError(f"no {key!r}")
+                continue
+            value = doc[key]
+            if isinstance(value, bool) or not isinstance(value, types):
+                raise ValueError(f"{key!r} is {value!r}")
+            fields[key] = value
+        if not (fields["ttl"] > 0 and fields["ttl"] < 1e9):
+            raise ValueError(f"'ttl' is {fields['ttl']!r}")
+        return LeaseInfo(**fields, name=name)
+    except (ValueError, TypeError, RecursionError) as e:
+        kind = "read" if name.startswith("reader-") else "write"
+        return LeaseInfo(kind, "?", "?", -1, 0.0, DEFAULT_TTL, name=name,
+                         problem=f"corrupt lease {name}: {e}")
+
+
+def _load(storage: Storage, name: str) -> LeaseInfo | None:
+    try:
+        data = storage.read_bytes(name)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        kind = "read" if name.startswith("reader-") else "write"
+        return LeaseInfo(kind, "?", "?", -1, 0.0, DEFAULT_TTL, name=name,
+                         problem=f"unreadable lease {name}: {e}")
+    info = parse(data, name)
+    _observe(storage, info, data)
+    return info
+
+
+# -- liveness by the observer's own clock -------------------------------------------------------
+_seen: dict[tuple[str, str], tuple[bytes, float]] = {}   # (folder, file) -> (content, since)
+_seen_lock = threading.Lock()
+
+
+def _observe(storage: Storage, info: LeaseInfo, data: bytes) -> None:
+    key = (storage.url, info.name)
+    with _seen_lock:
+        if key not in _seen or _seen[key][0] != data:
+            _seen[key] = (data, time.monotonic())
+
+
+def unchanged_for(storage: Storage, info: LeaseInfo) -> float | None:
+    """Seconds (this process's monotonic clock) since the lease's content last changed, as
+    far as this process has watched it; None if it never read it."""
+    with _seen_lock:
+        seen = _seen.get((storage.url, info.name))
+    return None if seen is None else time.monotonic() - seen[1]
+
+
+def expired(storage: Storage, info: LeaseInfo, *, one_shot: bool = False) -> bool:
+    """Is ``info`` (read from ``storage``) dead? See the module docstring. ``one_shot``:
+    an observer that will not look again (``ls``, ``purge``) also accepts the file's
+    modification time, which the storage sets, as the time of the last heartbeat."""
+    if info.provably_dead():
+        return True
+    watched = unchanged_for(storage, info)
+    if watched is not None and watched > info.ttl:
+        return True
+    if one_shot:
+        modified = storage.modified(info.name)
+        return modified is not None and time.time() - modified > info.ttl
+    return False
+
+
+def write_leases(storage: Storage) -> list[LeaseInfo]:
+    """Every write lease file in a snapshot folder (expired and corrupt ones included)."""
+    leases = []
+    for name in storage.listdir():
+        match = _WRITE_RE.match(name)
+        if match:
+            info = _load(storage, name)
+            if info is not None:
+                streams, stream, generation = map(int, match.groups())
+                leases.append(replace(info, streams=streams, stream=stream,
+                                      generation=generation))
+    return leases
+
+
+def read_leases(storage: Storage) -> list[LeaseInfo]:
+    return [info for name in storage.listdir() if _READ_RE.match(name)
+            for info in [_load(storage, name)] if info is not None]
+
+
+def live_leases(storage: Storage) -> list[LeaseInfo]:
+    """The write and read leases of a snapshot folder that are not expired, judged once (see
+    :func:`expired` with ``one_shot``): what ``ls`` shows and ``purge`` respects."""
+    return [lease for lease in write_leases(storage) + read_leases(storage)
+            if not expired(storage, lease, one_shot=True)]
+
+
+def _heartbeat(storage: Storage, info: LeaseInfo) -> LeaseInfo:
+    """Rewrite a lease file with a fresh heartbeat; return what was written."""
+    info = replace(info, heartbeat_at=time.time(), beat=info.beat + 1)
+    storage.write_atomic(info.name, info.dumps())
+    return info
+
+
+class _Heartbeat:
+    def __init__(self, beat, interval: float, name: str):
+        self._beat, self._interval = beat, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self._forget = lifecycle.at_exit(self.stop)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._beat()
+            except LeaseLostError as e:
+                log.warning("%s", e)
+                return
+            except Exception as e:  # a transient storage error: try again next beat
+                log.warning("lease heartbeat failed: %s", e)
+
+    def stop(self) -> None:
+        self._forget()
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+# The write leases this process holds, by (pid, run id) so a forked child inherits none.
+_held_here: dict[tuple[int, str], "WriteLease"] = {}
+
+
+def stalled_here(lease: LeaseInfo, ttl: float) -> bool:
+    """True if ``lease`` is held by this very process and waiting for it could never end: it
+    was taken by the calling thread (an unfinished iterator of this thread), or its writer has
+    not written for ``ttl`` seconds (an iterator left unadvanced). Another thread of this
+    process that is writing is waited for like any other writer."""
+    holder = _held_here.get((os.getpid(), lease.owner))
+    if holder is None:
+        return False
+    return holder.thread == threading.get_ident() or \
+        time.monotonic() - holder.active_at > ttl
+
+
+class WriteLease:
+    """This process's claim on stream ``stream`` of ``streams`` of a snapshot folder.
+
+    Example::
+
+        lease = WriteLease.acquire(folder, run_id="ab12cd34")
+        if lease is None:
+            ...  # someone else is writing: wait or compute without writing
+        try:
+            ...  # write shards; lease.check() before committing
+        finally:
+            lease.release()
+    """
+
+    def __init__(self, storage: Storage, info: LeaseInfo):
+        self.storage, self.info = storage, info
+        self.lost: str | None = None   # why this process no longer holds it, once it does not
+        self.thread = threading.get_ident()
+        self.active_at = time.monotonic()
+        _held_here[(os.getpid(), info.owner)] = self
+        self._heartbeat = _Heartbeat(self.renew, max(0.05, info.ttl / 4), "snapcache-lease")
+
+    @classmethod
+    def acquire(cls, storage: Storage, *, run_id: str, stream: int = 0, streams: int = 1,
+                ttl: float = DEFAULT_TTL) -> "WriteLease | None":
+        """Take the lease if no live process holds it (or any stream of another layout).
+        A corrupt lease file counts as held until it has not changed for ``ttl``."""
+        current = 0
+        for lease in write_leases(storage):
+            judged = replace(lease, ttl=ttl) if lease.corrupt else lease
+            if expired(storage, judged):
+                if (lease.streams, lease.stream) == (streams, stream):
+                    current = max(current, lease.generation)
+                continue
+            if (lease.streams, lease.stream) == (streams, stream) or lease.streams != streams:
+                return None
+        generation = current + 1
+        info = LeaseInfo("write", run_id, HOST, os.getpid(), time.time(), ttl, stream, streams,
+                         generation, name=f"lease-{streams:04d}-{stream:04d}-{generation:06d}.json",
+                         pidns=PIDNS, boot=BOOT)
+        if not storage.create_exclusive(info.name, info.dumps()):
+            return None
+        for lease in write_leases(storage):  # the expired generations we replaced
+            if (lease.streams, lease.stream) == (streams, stream) and \
+                    lease.generation < generation:
+                storage.remove(lease.name)
+        log.debug("acquired %s", storage.url_of(info.name))
+        return cls(storage, info)
+
+    def check(self) -> None:
+        """The fence: raise LeaseLostError unless this lease is still the stream's newest
+        generation and its file is still ours (not taken over, not purged)."""
+        if self.lost is not None:
+            raise LeaseLostError(self.lost)
+        mine = None
+        for lease in write_leases(self.storage):
+            if (lease.streams, lease.stream) != (self.info.streams, self.info.stream):
+                continue
+            if lease.generation > self.info.generation:
+                when = datetime.fromtimestamp(lease.heartbeat_at, timezone.utc) \
+                    .isoformat(timespec="seconds") if not lease.corrupt else "an unknown time"
+                holder = f"{lease.host} pid {lease.pid}" if not lease.corrupt else "a writer"
+                self._lose(f"snapshot {self._id}: taken over by {holder} at {when} "
+                           f"(generation {lease.generation}; this writer held generation "
+                           f"{self.info.generation} and stopped heart-beating for longer than "
+                           f"{self.info.ttl:g} s): it commits nothing")
+            if lease.name == self.info.name:
+                mine = lease
+        if (mine is None or mine.owner != self.info.owner) and self.storage.exists("manifest.json"):
+            self._lose(f"snapshot {self._id}: taken over by another writer, which has committed "
+                       f"it (this writer held generation {self.info.generation} and stopped "
+                       f"heart-beating for longer than {self.info.ttl:g} s): it commits nothing")
+        if mine is None or mine.owner != self.info.owner:
+            self._lose(f"snapshot {self._id}: this writer's lease {self.info.name} is gone "
+                       "(the snapshot folder was purged or the lease removed while this "
+                       "process was not heart-beating): it commits nothing")
+
+    @property
+    def _id(self) -> str:
+        return self.storage.url.rstrip("/").rsplit("/", 1)[-1][:12]
+
+    def _lose(self, why: str) -> None:
+        self.lost = why
+        raise LeaseLostError(why)
+
+    def touch(self) -> None:
+        """The writer made progress (see :func:`stalled_here`)."""
+        self.active_at = time.monotonic()
+
+    def renew(self) -> None:
+        self.check()
+        self.info = _heartbeat(self.storage, self.info)
+
+    def release(self) -> None:
+        self._heartbeat.stop()
+        _held_here.pop((os.getpid(), self.info.owner), None)
+        if self.lost is None:
+            self.storage.remove(self.info.name)
+
+
+class ReadLease:
+    """Tells ``purge`` that this process is reading a snapshot. Not exclusive."""
+
+    def __init__(self, storage: Storage, *, run_id: str, ttl: float = DEFAULT_TTL):
+        self.storage = storage
+        self.info = LeaseInfo("read", run_id, HOST, os.getpid(), time.time(), ttl,
+                              name=f"reader-{run_id}.json", pidns=PIDNS, boot=BOOT)
+        storage.write_atomic(self.info.name, self.info.dumps())
+        self._heartbeat = _Heartbeat(self.renew, max(0.05, ttl / 4), "snapcache-read-lease")
+
+    def renew(self) -> None:
+        self.info = _heartbeat(self.storage, self.info)
+
+    def release(self) -> None:
+        self._heartbeat.stop()
+        self.storage.remove(self.info.name)
