@@ -265,3 +265,72 @@ def test_info_summarises_the_source_and_lists_files(src, tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert sorted(os.path.basename(f["path"]) for f in doc["files"]) == sorted(os.listdir(src))
     assert doc["versions"] == [1, 2]
+
+
+# -- crashes and concurrent builds, with real processes ----------------------------------------
+import json
+import signal
+import subprocess
+import sys
+
+CHILD = os.path.join(os.path.dirname(__file__), "delta_child.py")
+
+
+def start(src, root, out, calls, pause=None):
+    env = dict(os.environ, DELTA_CALLS=str(calls))
+    env.pop("SNAPCACHE_TEST_DELTA_PAUSE", None)
+    if pause is not None:
+        env["SNAPCACHE_TEST_DELTA_PAUSE"] = str(pause)
+    return subprocess.Popen([sys.executable, CHILD, str(src), str(root), str(out)], env=env)
+
+
+def wait_for(path, proc):
+    while not os.path.exists(path):
+        assert proc.poll() is None, "the child ended before reaching the pause point"
+        time.sleep(0.01)
+
+
+def called(calls):
+    return sorted(open(calls).read().split()) if os.path.exists(calls) else []
+
+
+def test_a_build_killed_after_a_segment_is_resumed_by_the_next(src, tmp_path):
+    root, calls, pause = tmp_path / "root", tmp_path / "calls", tmp_path / "pause"
+    first = start(src, root, tmp_path / "out0", calls)
+    assert first.wait(timeout=120) == 0                  # version 1: 3 segments of 4 files
+    for i in range(100, 110):                            # 10 new files: 3 new segments
+        write(src, i)
+    os.remove(calls)
+    child = start(src, root, tmp_path / "out1", calls, pause=pause)
+    wait_for(pause, child)                               # its first segment is recorded
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    storage = lineage(root)
+    assert versions.versions(storage) == [1]             # nothing committed
+    assert sorted(called(calls)) == [f"f{i:04d}.txt" for i in range(100, 104)]
+    os.remove(calls)
+    again = start(src, root, tmp_path / "out2", calls)
+    assert again.wait(timeout=120) == 0
+    assert called(calls) == [f"f{i:04d}.txt" for i in range(104, 110)]  # the rest only
+    got = json.load(open(tmp_path / "out2"))
+    assert [tuple(x) for x in got] == expected(src)
+    assert versions.versions(storage) == [1, 2]
+    assert not [n for n in storage.listdir() if n.startswith(("segment-", "progress-"))]
+
+
+def test_two_concurrent_delta_builds_compute_the_new_files_once(src, tmp_path):
+    root, calls, pause = tmp_path / "root", tmp_path / "calls", tmp_path / "pause"
+    assert start(src, root, tmp_path / "out0", calls).wait(timeout=120) == 0
+    for i in range(200, 206):
+        write(src, i)
+    os.remove(calls)
+    a = start(src, root, tmp_path / "a", calls, pause=pause)
+    wait_for(pause, a)                                   # a holds the build lease, mid-build
+    b = start(src, root, tmp_path / "b", calls)          # b waits for a's version
+    time.sleep(0.5)  # not a timing assertion: b may or may not have started waiting yet
+    os.remove(pause)
+    assert a.wait(timeout=120) == 0 and b.wait(timeout=120) == 0
+    assert called(calls) == [f"f{i:04d}.txt" for i in range(200, 206)]  # once, by a
+    for out in ("a", "b"):
+        assert [tuple(x) for x in json.load(open(tmp_path / out))] == expected(src)
+    assert versions.versions(lineage(root)) == [1, 2]
