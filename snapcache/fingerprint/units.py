@@ -31,12 +31,10 @@ _IDENTITY_FIELDS = ("size", "mtime_ns", "etag", "xxh3_128")
 
 def unit_key(identity: Mapping[str, Any]) -> str:
     """The 32-hex-digit key of one file unit, from its identity mapping."""
-    h = xxhash.xxh3_128()
-    h.update(str(identity["path"]).encode("utf-8", "surrogatepass"))
-    for name in _IDENTITY_FIELDS:
-        value = identity.get(name)
-        h.update(b"\x00" + name.encode() + b"=" + ("" if value is None else str(value)).encode())
-    return h.hexdigest()
+    get = identity.get
+    text = "\x00".join((str(identity["path"]), *(
+        f"{name}={'' if get(name) is None else get(name)}" for name in _IDENTITY_FIELDS)))
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
 
 
 def units_digest(keys: Iterable[str]) -> str:

@@ -423,6 +423,14 @@ class Dataset:
         if snap is None:
             raise ValueError(f"{plan.describe_pipeline(self._op)} has no .snapshot(): add one "
                              "to get a snapshot handle")
+        source = plan.delta_source(snap)
+        if source is not None:  # a delta snapshot: the version built from this pipeline's files
+            from snapcache.pipeline.delta_exec import source_units
+
+            folder = Storage(snap.path, snap.options.storage_options).child(
+                plan.lineage_tree(snap).digest)
+            return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap),
+                            source_digest=source_units(source).digest)
         folder = Storage(snap.path, snap.options.storage_options).child(
             plan.snapshot_tree(snap).digest)
         return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap))

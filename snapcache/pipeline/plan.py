@@ -104,6 +104,17 @@ def lineage_tree(op: ops.SnapshotOp) -> FingerprintNode:
     return op.memo("lineage_tree", compute)
 
 
+def snapshot_id(op: ops.SnapshotOp) -> str:
+    """The id iterator states record (``Manifest.snapshot_id`` of what ``op`` reads): cheap
+    for a delta snapshot (its lineage and the digest of its files, no per-file tree)."""
+    source = delta_source(op)
+    if source is None:
+        return snapshot_tree(op).digest
+    from snapcache.pipeline.delta_exec import source_units
+
+    return f"{lineage_tree(op).digest}:{source_units(source).digest}"
+
+
 def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
     """Where ``op``'s snapshot lives and its committed manifest, if any: ``manifest.json`` of
     its fingerprint's folder, or for a delta snapshot the version built from exactly the

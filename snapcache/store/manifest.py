@@ -85,6 +85,14 @@ class Manifest:
     ``shards`` shards of ``shards``."""
 
     @property
+    def snapshot_id(self) -> str:
+        """What iterator states name this snapshot by: the fingerprint, and for a delta
+        snapshot's version also the digest of the files it was built from."""
+        if self.version is None or not self.source:
+            return self.fingerprint
+        return f"{self.fingerprint}:{self.source.get('digest')}"
+
+    @property
     def num_examples(self) -> int:
         return sum(s.rows for s in self.shards)
 

@@ -334,3 +334,25 @@ def test_two_concurrent_delta_builds_compute_the_new_files_once(src, tmp_path):
     for out in ("a", "b"):
         assert [tuple(x) for x in json.load(open(tmp_path / out))] == expected(src)
     assert versions.versions(lineage(root)) == [1, 2]
+
+
+def test_the_snapshot_handle_of_a_delta_pipeline_is_its_own_version(src, tmp_path):
+    from snapcache.errors import SnapshotStateError
+
+    root = tmp_path / "root"
+    ds = pipeline(src, root)
+    snap = ds.open_snapshot()
+    assert snap.state == "absent"
+    run(src, root)
+    assert snap.state == "committed" and len(snap) == 12
+    assert sorted(snap.take(range(12)), key=lambda x: x["name"])[0]["name"] == "f0000.txt"
+    write(src, 90)
+    grown = pipeline(src, root)
+    assert grown.open_snapshot().state == "absent"     # its version is not built yet
+    assert sum(1 for _ in grown) == 13
+    assert grown.open_snapshot().num_examples == 13
+    assert ds.open_snapshot().num_examples == 12        # the old pipeline's version
+    by_path = sc.open_snapshot(str(root))               # the lineage: its newest version
+    assert by_path.state == "committed" and by_path.num_examples == 13
+    with pytest.raises(SnapshotStateError, match="delta snapshot"):
+        grown.open_snapshot().write_stream(0, 2)
