@@ -356,3 +356,33 @@ def test_the_snapshot_handle_of_a_delta_pipeline_is_its_own_version(src, tmp_pat
     assert by_path.state == "committed" and by_path.num_examples == 13
     with pytest.raises(SnapshotStateError, match="delta snapshot"):
         grown.open_snapshot().write_stream(0, 2)
+
+
+def test_s3_identities_come_from_the_paginated_listing(s3_root, s3_server):
+    """One ListObjectsV2 request per 1,000 keys, no request per object; and a delta build of
+    files on S3 (units keyed by ETag) reuses its shards when files are added."""
+    from snapcache.store.fs import _filesystem, file_identities
+
+    folder = s3_root.rsplit("/", 1)[0] + "/many"
+    admin = s3_server.filesystem()
+    admin.pipe({f"{folder[5:]}/f{i:05d}.txt": str(i).encode() for i in range(1500)})
+    urls = [f"{folder}/f{i:05d}.txt" for i in range(1500)]
+    fs, _ = _filesystem(folder, None)
+    fs.ls(folder[5:], refresh=True)   # connects the client
+    operations: list[str] = []
+    fs.s3.meta.events.register("before-call.s3", lambda event_name, **_: operations.append(
+        event_name.rsplit(".", 1)[-1]))
+    identities = file_identities(urls)
+    assert operations == ["ListObjectsV2", "ListObjectsV2"]
+    assert [i["path"] for i in identities] == urls
+    assert all(i["size"] == len(str(n)) and i["etag"] for n, i in enumerate(identities))
+
+    def pipe(root):
+        return (sc.Dataset.from_files(f"{folder}/f0000*.txt").map(lambda p: {"p": p})
+                .snapshot(root, delta=True, progress=False))
+
+    assert sum(1 for _ in pipe(s3_root)) == 10
+    admin.pipe({f"{folder[5:]}/f0000z.txt": b"new"})
+    assert sorted(x["p"] for x in pipe(s3_root))[-1].endswith("f0000z.txt")
+    (snap,) = sc.ls(s3_root)
+    assert snap.versions == (1, 2) and snap.num_examples == 11
