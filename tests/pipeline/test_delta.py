@@ -386,3 +386,29 @@ def test_s3_identities_come_from_the_paginated_listing(s3_root, s3_server):
     assert sorted(x["p"] for x in pipe(s3_root))[-1].endswith("f0000z.txt")
     (snap,) = sc.ls(s3_root)
     assert snap.versions == (1, 2) and snap.num_examples == 11
+
+
+def test_interleave_over_files_is_built_by_file(tmp_path):
+    folder = tmp_path / "lines"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"part-{i}.txt").write_text("\n".join(f"{i}-{k}" for k in range(3)))
+    opened = []
+
+    def lines(path):
+        opened.append(os.path.basename(path))
+        return sc.Dataset.from_iterable(open(path).read().split("\n"))
+
+    def make():
+        opened.clear()
+        return (sc.Dataset.from_files(str(folder / "*.txt"))
+                .interleave(lines, cycle_length=2).map(lambda s: {"line": s})
+                .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+
+    assert sorted(x["line"] for x in make()) == sorted(f"{i}-{k}" for i in range(6)
+                                                       for k in range(3))
+    (folder / "part-9.txt").write_text("9-0\n9-1")
+    ds = make()
+    got = sorted(x["line"] for x in ds)
+    assert got == sorted([f"{i}-{k}" for i in range(6) for k in range(3)] + ["9-0", "9-1"])
+    assert opened == ["part-9.txt"]

@@ -73,15 +73,17 @@ def known_length(op: Op | None) -> int | None:
 
 def delta_source(op: Op | None) -> Op | None:
     """The source of the pipeline up to ``op`` if a delta snapshot can build it unit by unit:
-    a source made of units (files) followed only by element-wise ops that keep no copy
-    (each example then comes from one file alone). None otherwise."""
+    a source made of units (files) followed only by ops whose every output comes from one
+    input alone (element-wise, or ``per_input`` such as interleave) and that keep no copy.
+    None otherwise."""
     if op is None:
         return None
     chain = lineage(op)
     source = chain[0]
     if not source.traits.units:
         return None
-    if all(node.traits.element_wise and not node.traits.keeps_copy for node in chain[1:]):
+    if all((node.traits.element_wise or node.traits.per_input) and not node.traits.keeps_copy
+           for node in chain[1:]):
         return source
     return None
 
