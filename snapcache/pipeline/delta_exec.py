@@ -21,6 +21,7 @@ The epoch that builds a version yields its examples once it is committed, in its
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -45,15 +46,19 @@ MAX_SEGMENTS_PER_BUILD = 9_000
 
 @dataclass(frozen=True)
 class SourceUnits:
-    """A unit source's files as the delta build sees them: identity and key of each, in order."""
+    """A unit source's files as the delta build sees them: identity of each, in order; their
+    keys are computed when a build or ``explain`` compares them with a version."""
 
     kind: str
     identities: tuple[dict, ...]
-    keys: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
-        return units_digest(self.keys)
+        return units_digest(self.identities)
+
+    @functools.cached_property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(unit_key(i) for i in self.identities)
 
     @property
     def size(self) -> int:
@@ -67,7 +72,7 @@ def source_units(source: ops.Op) -> SourceUnits:
     """The units of ``source`` (taken once per source op object)."""
     def compute() -> SourceUnits:
         identities = tuple(source.unit_identities())
-        return SourceUnits(source.kind, identities, tuple(unit_key(i) for i in identities))
+        return SourceUnits(source.kind, identities)
 
     return source.memo("source_units", compute)
 
