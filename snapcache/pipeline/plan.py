@@ -160,7 +160,7 @@ def _run_snapshot(op: ops.SnapshotOp, epoch: int) -> Iterator[Any]:
 
         return run_delta(op, epoch, source=source, lineage=lineage_tree(op),
                          describe=describe_pipeline(op.parent))
-    return run_snapshot(op, epoch, runners.with_progress(op, iterate), tree=snapshot_tree(op),
+    return run_snapshot(op, epoch, iterate, tree=snapshot_tree(op),
                         labelled=labelled_ops(op), describe=describe_pipeline(op.parent))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import logging
 import time
@@ -18,8 +19,10 @@ from snapcache.store.manifest import Manifest
 from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as _open
 from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
+from snapcache.runtime.progress import EpochProgress
 from snapcache.store.protocol import (
-    ReadLease, StreamRecord, commit_fields, discard, negotiate, record_last_use, try_commit)
+    ReadLease, StreamRecord, best_progress, commit_fields, discard, negotiate,
+    record_last_use, try_commit)
 from snapcache.store.protocol.versions import manifest_file
 from snapcache.store.writer import SnapshotWriter
 
@@ -86,6 +89,9 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
                             stream=writing.index, streams=writing.count, run_id=run_id,
                             resume=resume, lease=decision.lease)
     source = iterate(op.parent, epoch, streams.StreamSpec(writing.index, writing.count, skip))
+    progress = epoch_progress(op, storage, writing, skip)
+    if progress is not None:
+        source = progress.wrap(source)
 
     def committed_by_another(done: int) -> Iterator[Any] | None:
         """After this writer lost its lease: the rest of its share from the snapshot another
@@ -99,10 +105,34 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
     written = _write(source, writer, decision.lease,
                      SnapshotReader(storage, _partial_manifest(resume, tree.digest))
-                     if resume is not None else None, committed_by_another)
+                     if resume is not None else None, committed_by_another, progress)
     if alone:
         return _write_then_read(written, storage, options, run_id, spec)
     return written
+
+
+def epoch_progress(op: ops.SnapshotOp, storage: Storage, writing: streams.StreamSpec,
+                   skip: int) -> EpochProgress | None:
+    """The progress report of this stream of the writing epoch (None with progress=False):
+    the whole epoch's length, a tick folder shared by the epoch's streams on this machine,
+    and the snapshot folder's progress records for the streams elsewhere."""
+    setting = op.options.progress
+    if setting is False:
+        return None
+
+    def remote() -> dict[int, int]:
+        found = {}
+        for i in range(writing.count):
+            record = best_progress(storage, i, writing.count)
+            if record is not None:
+                found[i] = record.rows
+        return found
+
+    key = hashlib.sha1(f"{storage.url}|{writing.count}".encode()).hexdigest()[:16]
+    return EpochProgress(op.options.name or storage.url, ops.known_length(op.parent),
+                         stream=writing.index, streams=writing.count, key=key, resumed=skip,
+                         callback=setting if callable(setting) else None,
+                         remote=remote if writing.count > 1 else None)
 
 
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
@@ -169,7 +199,8 @@ def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[No
 
 
 def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None,
-           committed_by_another: Callable[[int], Iterator[Any] | None]) -> Iterator[Any]:
+           committed_by_another: Callable[[int], Iterator[Any] | None],
+           progress: EpochProgress | None = None) -> Iterator[Any]:
     done = 0
     try:
         if resumed is not None:  # the examples of finished shards: read back, not recomputed
@@ -181,7 +212,10 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
                 writer.write(item)
                 done += 1
                 yield item
-            writer.commit()
+            manifest = writer.commit()
+            if progress is not None and manifest is not None and \
+                    manifest.writer.get("run_id") == writer.run_id:  # we committed it
+                progress.finish()
         except LeaseLostError as lost:
             # Fenced out: this writer commits nothing. If the one that took over has committed
             # meanwhile, the epoch goes on with its snapshot instead of failing.
