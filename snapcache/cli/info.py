@@ -15,6 +15,7 @@ from snapcache.admin.inventory import delta_versions, parse_time, source_files
 from snapcache.admin.purge import describe_leases
 from snapcache.admin.units import format_size
 from snapcache.cli import common
+from snapcache.store.protocol.versions import shard_bytes
 from snapcache.store.schema import Schema
 
 MAX_SHARD_ROWS = 20
@@ -61,18 +62,10 @@ def files_table(files: list[dict]) -> Table:
 
 def delta_rows(facts: Table, snap: SnapshotInfo) -> None:
     """A delta snapshot: its versions, the bytes they share, and its source in brief."""
-    manifests = delta_versions(snap)
-    unique: dict[str, int] = {}
-    listed = 0
-    for manifest in manifests:
-        for shard in manifest.shards:
-            unique[shard.path] = shard.bytes
-            listed += shard.bytes
-    shared = sum(b for path, b in unique.items()
-                 if sum(path in {s.path for s in m.shards} for m in manifests) > 1)
+    on_disk, shared = shard_bytes(delta_versions(snap))
     numbers = ", ".join(str(v) for v in snap.versions)
     facts.add_row("versions", f"{numbers} (newest {snap.versions[-1]}); shards "
-                              f"{format_size(sum(unique.values()))} on disk, "
+                              f"{format_size(on_disk)} on disk, "
                               f"{format_size(shared)} of them shared by several versions")
     m = snap.manifest
     source = (m.source or {}) if m is not None else {}

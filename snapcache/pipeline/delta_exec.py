@@ -33,7 +33,9 @@ from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest, ShardInfo
-from snapcache.store.protocol import WriteLease, commit_fields, live_leases, versions
+from snapcache.store.protocol import WriteLease, commit_fields, versions
+from snapcache.store.protocol.negotiate import writers
+from snapcache.store.protocol.versions import SegmentRecord as Segment
 from snapcache.store.schema import Schema, merge_schemas
 from snapcache.store.writer import SnapshotWriter
 
@@ -75,19 +77,6 @@ def source_units(source: ops.Op) -> SourceUnits:
         return SourceUnits(source.kind, identities)
 
     return source.memo("source_units", compute)
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A group of units and the shards holding their examples."""
-
-    units: tuple[tuple[str, dict], ...]   # (key, identity) in order
-    shards: tuple[ShardInfo, ...]
-    schema: dict | None
-
-    @property
-    def rows(self) -> int:
-        return sum(s.rows for s in self.shards)
 
 
 def base_segments(storage: Storage, base: Manifest | None) -> list[Segment]:
@@ -202,11 +191,9 @@ def _negotiate(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUn
             return None
         if coordination.wait_timeout is not None and \
                 time.monotonic() - start > coordination.wait_timeout:
-            holders = ", ".join(f"{lease.host} pid {lease.pid}" for lease in
-                                live_leases(storage) if lease.kind == "write") or "nobody"
             raise LeaseTimeoutError(
                 f"waited {coordination.wait_timeout:.0f} s for a version of delta snapshot "
-                f"{storage.url} (being built by {holders}); raise wait_timeout, or pass "
+                f"{storage.url} (being built by {writers(storage)}); raise wait_timeout, or pass "
                 "on_busy='compute' to compute without writing")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
@@ -219,8 +206,7 @@ def build(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, 
     names = storage.listdir()
     base = versions.newest(storage, names)
     segments = base_segments(storage, base)
-    recovered = [Segment(r.units, r.shards, r.schema)
-                 for r in versions.finished_segments(storage, names)]
+    recovered = versions.finished_segments(storage, names)
     plan = plan_build(units, base, segments, recovered)
     log.info("delta snapshot %s: %s", storage.url, plan.describe())
     new = _compute(op, epoch, storage, units, plan.compute, run_id=run_id, source=source,
@@ -265,8 +251,7 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
                 close()
         members = tuple((units.keys[i], units.identities[i]) for i in chunk)
         segment = Segment(members, record.shards, record.schema)
-        versions.write_segment(storage, record, versions.SegmentRecord(
-            members, record.shards, record.schema), seq=seq)
+        versions.write_segment(storage, record, segment, seq=seq)
         _crash_hook(seq)
         segments.append(segment)
         if lease is not None:

@@ -29,18 +29,18 @@ import io
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import xxhash
 
-from snapcache.errors import CorruptSnapshotError, StoreError
+from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import WriteLease, live_leases
-from snapcache.store.protocol.records import missing_shards
+from snapcache.store.protocol.records import StreamRecord, fence
 from snapcache.store.manifest import Manifest, ShardInfo
 
 log = logging.getLogger(__name__)
@@ -184,15 +184,11 @@ class SegmentRecord:
     shards: tuple[ShardInfo, ...]
     schema: dict | None
 
-    @property
-    def rows(self) -> int:
-        return sum(s.rows for s in self.shards)
+    rows = StreamRecord.rows
 
     def dumps(self) -> bytes:
-        return json.dumps({"units": [[k, i] for k, i in self.units],
-                           "shards": [s.__dict__ | {"batch_rows": list(s.batch_rows)
-                                                    if s.batch_rows else s.batch_rows}
-                                      for s in self.shards],
+        return json.dumps({"units": [list(u) for u in self.units],
+                           "shards": [asdict(s) for s in self.shards],
                            "schema": self.schema}).encode()
 
     @classmethod
@@ -245,14 +241,7 @@ def commit_version(storage: Storage, manifest: Manifest, units: Sequence[Unit], 
     name = units_name(manifest.version, run_id)
     storage.write_atomic(name, record)
     manifest = _with_record(manifest, name, record)
-    if lease is not None:
-        lease.check()
-    missing = missing_shards(storage, manifest.shards)
-    if missing:
-        raise StoreError(
-            f"delta snapshot {storage.url}: {len(missing)} shard(s) of version "
-            f"{manifest.version} are gone ({', '.join(missing[:3])}); purged or damaged while "
-            "building. Nothing was committed; run the pipeline again")
+    fence(storage, manifest, lease)  # the lease generation, then every listed shard
     if storage.create_exclusive(manifest_name(manifest.version), manifest.dumps()):
         log.info("committed version %d of %s: %d examples in %d shards", manifest.version,
                  storage.url, manifest.num_examples, len(manifest.shards))
@@ -343,15 +332,16 @@ def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = Fa
     return manifests + others
 
 
-def shard_bytes(storage: Storage, manifests: Sequence[Manifest]) -> tuple[int, int]:
-    """(bytes of the shards the manifests list, counted once; bytes counted per manifest)."""
-    unique: dict[str, int] = {}
-    total = 0
+def shard_bytes(manifests: Sequence[Manifest]) -> tuple[int, int]:
+    """(bytes of the shards the manifests list, each shard counted once; bytes of the shards
+    that more than one of them lists)."""
+    sizes: dict[str, int] = {}
+    listed: dict[str, int] = {}
     for manifest in manifests:
         for shard in manifest.shards:
-            unique[shard.path] = shard.bytes
-            total += shard.bytes
-    return sum(unique.values()), total
+            sizes[shard.path] = shard.bytes
+            listed[shard.path] = listed.get(shard.path, 0) + 1
+    return sum(sizes.values()), sum(sizes[p] for p, n in listed.items() if n > 1)
 
 
 def version_source(kind: str, units: int, size: int, digest: str) -> dict[str, Any]:
