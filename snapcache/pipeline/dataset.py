@@ -278,6 +278,8 @@ class Dataset:
             local_cache=os.fspath(local_cache) if local_cache is not None else None,
             local_cache_limit=local_cache_limit, storage_options=storage_options,
             delta=delta)
+        if delta:
+            _check_delta(self._op, key)
         root = os.fspath(path) if path is not None else default_root()
         return self._then(ops.SnapshotOp, path=root, options=options)
 
@@ -465,6 +467,24 @@ class Dataset:
             root = os.fspath(path) if path is not None else default_root()
             options = storage_options or {}
         return explain_tree(tree, Storage(root, options))
+
+
+def _check_delta(op: ops.Op, key: str | None) -> None:
+    """``snapshot(delta=True)`` on a pipeline that cannot be built file by file is an error,
+    not a silent ordinary snapshot."""
+    if key is not None:
+        raise ValueError("snapshot(delta=True) builds versions keyed by the source's files; "
+                         "with key=... you name the version yourself: pass one or the other")
+    if ops.delta_source(op) is None:
+        steps = [node.describe() for node in ops.lineage(op)
+                 if not (node.traits.source and node.traits.units) and not (
+                     (node.traits.element_wise or node.traits.per_input)
+                     and not node.traits.keeps_copy)]
+        raise ValueError(
+            f"snapshot(delta=True) needs a file source (from_files or from_parquet) followed "
+            f"only by ops whose every output comes from one file (map, filter, interleave, "
+            f"prefetch); {plan.describe_pipeline(op)} has {', '.join(steps)}. Drop delta=True, "
+            "or move those ops after the snapshot")
 
 
 # A Dataset captured by a function (an interleave source, a closure) counts by its pipeline's

@@ -32,7 +32,7 @@ def take_fingerprints(dataset: Any) -> None:
     fills while they run cannot change it."""
     for node in ops.lineage(dataset._op):
         if isinstance(node, ops.SnapshotOp):
-            plan.snapshot_tree(node)
+            plan.snapshot_id(node)  # a delta snapshot: its lineage and files, no per-file tree
 
 
 def batch_dims(dataset: Any) -> int:

@@ -412,3 +412,13 @@ def test_interleave_over_files_is_built_by_file(tmp_path):
     got = sorted(x["line"] for x in ds)
     assert got == sorted([f"{i}-{k}" for i in range(6) for k in range(3)] + ["9-0", "9-1"])
     assert opened == ["part-9.txt"]
+
+
+def test_delta_on_a_pipeline_that_cannot_be_built_by_file_is_an_error(src, tmp_path):
+    files = sc.Dataset.from_files(str(src / "*.txt"))
+    with pytest.raises(ValueError, match="batch"):
+        files.map(load).batch(4).snapshot(str(tmp_path), delta=True)
+    with pytest.raises(ValueError, match="from_iterable"):
+        sc.Dataset.from_iterable([1, 2]).snapshot(str(tmp_path), delta=True)
+    with pytest.raises(ValueError, match="key"):
+        files.snapshot(str(tmp_path), delta=True, key="v1")
