@@ -422,3 +422,26 @@ def test_delta_on_a_pipeline_that_cannot_be_built_by_file_is_an_error(src, tmp_p
         sc.Dataset.from_iterable([1, 2]).snapshot(str(tmp_path), delta=True)
     with pytest.raises(ValueError, match="key"):
         files.snapshot(str(tmp_path), delta=True, key="v1")
+
+
+def test_streams_read_disjoint_shares_of_the_version(src, tmp_path):
+    root = tmp_path / "root"
+    ds = pipeline(src, root)
+    parts = [[x["name"] for x in ds.iterate(stream=(k, 3))] for k in range(3)]
+    assert sorted(sum(parts, [])) == sorted(os.listdir(src)) and all(parts)
+    write(src, 95)
+    grown = pipeline(src, root)
+    parts = [[x["name"] for x in grown.iterate(stream=(k, 2))] for k in range(2)]
+    assert sorted(sum(parts, [])) == sorted(os.listdir(src))
+    assert CALLS == ["f0095.txt"]
+
+
+def test_to_torch_with_two_workers_sees_each_example_once(src, tmp_path):
+    torch = pytest.importorskip("torch")
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 96)
+    ds = (sc.Dataset.from_files(str(src / "*.txt")).map(load)
+          .snapshot(str(root), delta=True, progress=False).map(lambda x: x["value"]))
+    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    assert sorted(int(v) for v in loader) == sorted(v for _, v in expected(src))
