@@ -84,14 +84,18 @@ def base_segments(storage: Storage, base: Manifest | None) -> list[Segment]:
     if base is None:
         return []
     units = versions.read_units(storage, base)
-    grouped: list[list[tuple[str, dict]]] = [[] for _ in base.segments or ()]
+    grouped: list[list[versions.Unit]] = [[] for _ in base.segments or ()]
     for unit in units:
-        grouped[unit.segment].append((unit_key(unit.identity), unit.identity))
+        grouped[unit.segment].append(unit)
     segments, start = [], 0
     for spec, members in zip(base.segments or (), grouped):
         shards = tuple(base.shards[start:start + spec["shards"]])
         start += spec["shards"]
-        segments.append(Segment(tuple(members), shards, base.schema if shards else None))
+        rows = [u.rows for u in members]
+        known = None not in rows and sum(rows) == sum(s.rows for s in shards)  # type: ignore
+        segments.append(Segment(tuple((unit_key(u.identity), u.identity) for u in members),
+                                shards, base.schema if shards else None,
+                                tuple(rows) if known else None))  # type: ignore[arg-type]
     return segments
 
 
@@ -104,14 +108,18 @@ class Plan:
     reused: tuple[Segment, ...]
     compute: tuple[int, ...]          # indices into the source's units, in source order
     total: int
+    copied: tuple[tuple[Segment, tuple[int, ...]], ...] = ()
+    """Segments with removed or changed files whose other files' rows are copied (their
+    indices in the segment), not recomputed: the rows of each file are known."""
 
     @property
     def reused_rows(self) -> int:
-        return sum(s.rows for s in self.reused)
+        return sum(s.rows for s in self.reused) + sum(
+            s.unit_rows[i] for s, kept in self.copied for i in kept)  # type: ignore[index]
 
     @property
     def reused_units(self) -> int:
-        return sum(len(s.units) for s in self.reused)
+        return sum(len(s.units) for s in self.reused) + sum(len(k) for _, k in self.copied)
 
     def reused_share(self) -> float:
         """Reused examples over the examples expected (units computed are estimated at the
@@ -129,19 +137,29 @@ class Plan:
 def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Segment],
                recovered: Sequence[Segment] = ()) -> Plan:
     """Which segments of the base version (and of crashed builds) stay, which units to compute.
-    A segment stays when every one of its units is still in the source, unchanged."""
+    A segment stays when every one of its units is still in the source, unchanged; a segment
+    that lost some, whose rows per unit are known, has its other units' rows copied."""
     current = set(units.keys)
     old = {str(identity["path"]): key for seg in segments for key, identity in seg.units}
     diff = diff_units(old, list(zip((str(i["path"]) for i in units.identities), units.keys)))
     reused: list[Segment] = []
+    copied: list[tuple[Segment, tuple[int, ...]]] = []
     covered: set[str] = set()
     for seg in list(segments) + list(recovered):
         keys = {key for key, _ in seg.units}
         if keys and keys <= current and not keys & covered:
             reused.append(seg)
             covered |= keys
+    for seg in segments:  # then what can be salvaged from the base version's other segments
+        if seg in reused or seg.unit_rows is None:
+            continue
+        kept = tuple(i for i, (key, _) in enumerate(seg.units)
+                     if key in current and key not in covered)
+        if kept:
+            copied.append((seg, kept))
+            covered |= {seg.units[i][0] for i in kept}
     compute = tuple(i for i, key in enumerate(units.keys) if key not in covered)
-    return Plan(base, diff, tuple(reused), compute, len(units.keys))
+    return Plan(base, diff, tuple(reused), compute, len(units.keys), tuple(copied))
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -211,11 +229,19 @@ def build(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, 
     log.info("delta snapshot %s: %s", storage.url, plan.describe())
     new = _compute(op, epoch, storage, units, plan.compute, run_id=run_id, source=source,
                    lease=lease)
-    ordered = list(plan.reused) + new
+    copies = {id(seg): _copy(storage, seg, kept, op.options, run_id=run_id, lease=lease,
+                             seq=len(new) + n)
+              for n, (seg, kept) in enumerate(plan.copied)}
+    reused = {id(seg) for seg in plan.reused}
+    # The base version's order: its kept segments, and its salvaged ones where they were; then
+    # the segments of crashed builds and the new ones, in source order.
+    ordered = [seg if id(seg) in reused else copies[id(seg)] for seg in segments
+               if id(seg) in reused or id(seg) in copies]
+    ordered += [seg for seg in plan.reused if seg not in segments] + new
     manifest = _assemble(ordered, storage, units, lineage, base, run_id=run_id,
                          describe=describe, options=op.options)
-    unit_rows = [versions.Unit(identity, i) for i, seg in enumerate(ordered)
-                 for _, identity in seg.units]
+    unit_rows = [versions.Unit(identity, i, seg.unit_rows[k] if seg.unit_rows else None)
+                 for i, seg in enumerate(ordered) for k, (_, identity) in enumerate(seg.units)]
     if not versions.commit_version(storage, manifest, unit_rows, run_id=run_id, lease=lease):
         return None
     versions.cleanup(storage, run_id)
@@ -233,6 +259,7 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     """Run the upstream on the files ``indices`` only, a segment at a time."""
     segments = []
     chunks = _chunks(indices, units)
+    per_unit = rows_per_unit(op.parent, source)
     for seq, chunk in enumerate(chunks):
         urls = [str(units.identities[i]["path"]) for i in chunk]
         writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
@@ -250,13 +277,61 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
             if close is not None:
                 close()
         members = tuple((units.keys[i], units.identities[i]) for i in chunk)
-        segment = Segment(members, record.shards, record.schema)
+        unit_rows = (per_unit,) * len(chunk) if per_unit is not None and \
+            per_unit * len(chunk) == record.rows else None
+        segment = Segment(members, record.shards, record.schema, unit_rows)
         versions.write_segment(storage, record, segment, seq=seq)
         _crash_hook(seq)
         segments.append(segment)
         if lease is not None:
             lease.check()
     return segments
+
+
+def rows_per_unit(upstream: ops.Op, source: ops.Op) -> int | None:
+    """Examples each file yields, when the ops say it without running (a source of known
+    length per file, then order-preserving ops with a length rule: from_files -> map), so the
+    rows of each file in a segment are known; None otherwise (a filter, Parquet files)."""
+    if not all(node.traits.order_preserving for node in ops.lineage(upstream)):
+        return None
+    identities = source.unit_identities()
+    if not identities:
+        return None
+    return ops.known_length(ops.rebase(upstream, source.with_units(
+        [str(identities[0]["path"])])))
+
+
+def _copy(storage: Storage, segment: Segment, kept: Sequence[int], options, *, run_id: str,
+          lease: WriteLease | None, seq: int) -> Segment:
+    """A new segment holding the rows of ``segment``'s units ``kept`` only, copied from its
+    shards (read back, checksums verified, and written again): a removed or changed file costs
+    no recomputation of the others."""
+    from snapcache.store.reader import SnapshotReader
+
+    assert segment.unit_rows is not None
+    keep_rows = [False] * segment.rows
+    start = 0
+    for i, rows in enumerate(segment.unit_rows):
+        if i in set(kept):
+            keep_rows[start:start + rows] = [True] * rows
+        start += rows
+    partial = Manifest(fingerprint=storage.url.rsplit("/", 1)[-1], schema=segment.schema,
+                       shards=segment.shards, compression="", created_at="", committed_at="",
+                       writer={})
+    writer = SnapshotWriter(storage, fingerprint=partial.fingerprint, options=options.write,
+                            stream=seq, streams=seq + 1, run_id=run_id, lease=lease)
+    try:
+        for keep, example in zip(keep_rows, SnapshotReader(storage, partial).examples()):
+            if keep:
+                writer.write(example)
+        record = writer.finish()
+    finally:
+        writer.abort()
+    members = tuple(segment.units[i] for i in kept)
+    copy = Segment(members, record.shards, record.schema,
+                   tuple(segment.unit_rows[i] for i in kept))
+    versions.write_segment(storage, record, copy, seq=seq)
+    return copy
 
 
 def _crash_hook(seq: int) -> None:

@@ -196,10 +196,13 @@ def test_explain_says_what_the_next_run_computes_and_reuses(src, tmp_path):
     os.remove(src / "f0011.txt")
     explanation = pipeline(src, root).explain()
     assert not explanation.hit and explanation.version == 1
-    # the 12 first files form one segment: the change and the removals recompute its other 9
-    assert explanation.delta == ("source: 3 files added, 1 changed, 2 removed; computing 13 "
-                                 "of 13 units, reusing 0 (0.0% of examples)")
+    # only the added and changed files are computed; the other 9 rows of their segment are
+    # copied (each file's rows are known: one example a file, then a map)
+    assert explanation.delta == ("source: 3 files added, 1 changed, 2 removed; computing 4 "
+                                 "of 13 units, reusing 9 (69.2% of examples)")
     assert "the next run builds version 2" in str(explanation)
+    assert run(src, root) == expected(src)
+    assert sorted(CALLS) == ["f0004.txt", "f0050.txt", "f0051.txt", "f0052.txt"]
 
 
 def test_explain_wording_with_many_segments(src, tmp_path, monkeypatch):
@@ -211,10 +214,34 @@ def test_explain_wording_with_many_segments(src, tmp_path, monkeypatch):
     write(src, 60)
     os.remove(src / "f0000.txt")
     explanation = pipeline(src, root).explain()
-    assert explanation.delta == ("source: 1 file added, 1 removed; computing 4 of 12 units, "
-                                 "reusing 8 (66.7% of examples)")
+    assert explanation.delta == ("source: 1 file added, 1 removed; computing 1 of 12 units, "
+                                 "reusing 11 (91.7% of examples)")
     assert run(src, root) == expected(src)
-    assert sorted(CALLS) == ["f0001.txt", "f0002.txt", "f0003.txt", "f0060.txt"]
+    assert CALLS == ["f0060.txt"]
+    storage = lineage(root)
+    v1, v2 = versions.load_version(storage, 1), versions.load_version(storage, 2)
+    assert [s.path for s in v1.shards[1:]] == [s.path for s in v2.shards[1:3]]  # in place
+    assert v1.shards[0].path != v2.shards[0].path     # the first segment's rows, copied
+
+
+def test_when_rows_per_file_are_unknown_a_segment_with_a_removed_file_is_recomputed(
+        src, tmp_path, monkeypatch):
+    from snapcache.pipeline import delta_exec
+
+    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+
+    def make():
+        CALLS.clear()
+        return (sc.Dataset.from_files(str(src / "*.txt")).map(load)
+                .filter(lambda x: x["value"] != 5)
+                .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+
+    assert sorted(x["value"] for x in make()) == [v for v in range(12) if v != 5]
+    os.remove(src / "f0000.txt")
+    ds = make()
+    assert "computing 3 of 11 units, reusing 8" in ds.explain().delta
+    assert sorted(x["value"] for x in ds) == [v for v in range(1, 12) if v != 5]
+    assert sorted(CALLS) == ["f0001.txt", "f0002.txt", "f0003.txt"]
 
 
 def test_purge_old_versions_keeps_shared_shards_and_ls_counts_them_once(src, tmp_path):

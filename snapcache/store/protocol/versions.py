@@ -49,10 +49,12 @@ _MANIFEST_RE = re.compile(r"^manifest-(\d{6})\.json$")
 _UNITS_RE = re.compile(r"^units-(\d{6})-([0-9a-f]{8})\.arrow$")
 _SEGMENT_RE = re.compile(r"^segment-([0-9a-f]{8})-(\d{6})\.json$")
 
-UNIT_COLUMNS = ("path", "size", "mtime_ns", "etag", "xxh3_128", "segment")
+UNIT_COLUMNS = ("path", "size", "mtime_ns", "etag", "xxh3_128", "rows", "segment")
+_IDENTITY_COLUMNS = UNIT_COLUMNS[:5]
 _UNIT_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()),
                           ("mtime_ns", pa.int64()), ("etag", pa.string()),
-                          ("xxh3_128", pa.string()), ("segment", pa.int32())])
+                          ("xxh3_128", pa.string()), ("rows", pa.int64()),
+                          ("segment", pa.int32())])
 
 
 def manifest_name(version: int) -> str:
@@ -119,13 +121,15 @@ class Unit:
 
     identity: dict     # path, size, and mtime_ns / etag / xxh3_128 when known
     segment: int
+    rows: int | None = None   # its examples (consecutive in its segment), when known
 
 
 def encode_units(units: Sequence[Unit]) -> bytes:
     columns: dict[str, list] = {name: [] for name in UNIT_COLUMNS}
     for unit in units:
-        for name in UNIT_COLUMNS[:-1]:
+        for name in _IDENTITY_COLUMNS:
             columns[name].append(unit.identity.get(name))
+        columns["rows"].append(unit.rows)
         columns["segment"].append(unit.segment)
     table = pa.Table.from_pydict(columns, schema=_UNIT_SCHEMA)
     sink = io.BytesIO()
@@ -161,13 +165,13 @@ def read_units(storage: Storage, manifest: Manifest) -> list[Unit]:
     segments = len(manifest.segments or ())
     units = []
     for i in range(table.num_rows):
-        identity = {name: columns[name][i] for name in UNIT_COLUMNS[:-1]
+        identity = {name: columns[name][i] for name in _IDENTITY_COLUMNS
                     if columns[name][i] is not None}
         segment = columns["segment"][i]
         if not 0 <= segment < segments:
             raise CorruptSnapshotError(f"{where}: row {i} names segment {segment} of "
                                        f"{segments}")
-        units.append(Unit(identity, segment))
+        units.append(Unit(identity, segment, columns["rows"][i]))
     return units
 
 
@@ -183,13 +187,18 @@ class SegmentRecord:
     units: tuple[tuple[str, dict], ...]   # (unit key, identity)
     shards: tuple[ShardInfo, ...]
     schema: dict | None
+    unit_rows: tuple[int, ...] | None = None
+    """Examples of each unit, consecutive in unit order, when the pipeline makes that known
+    (then a removed or changed file's rows can be left out by copying the others)."""
 
     rows = StreamRecord.rows
 
     def dumps(self) -> bytes:
         return json.dumps({"units": [list(u) for u in self.units],
                            "shards": [asdict(s) for s in self.shards],
-                           "schema": self.schema}).encode()
+                           "schema": self.schema,
+                           "unit_rows": list(self.unit_rows) if self.unit_rows else None}
+                          ).encode()
 
     @classmethod
     def loads(cls, data: bytes, *, where: str) -> "SegmentRecord":
@@ -201,7 +210,11 @@ class SegmentRecord:
             raise CorruptSnapshotError(f"{where}: unreadable segment record ({e})") from None
         if not all(layout.is_safe_shard_path(s.path) for s in shards):
             raise CorruptSnapshotError(f"{where}: unsafe shard path in a segment record")
-        return cls(units, shards, doc.get("schema"))
+        rows = doc.get("unit_rows")
+        if rows is not None and (len(rows) != len(units) or
+                                 sum(rows) != sum(s.rows for s in shards)):
+            rows = None  # inconsistent: the segment is still usable whole
+        return cls(units, shards, doc.get("schema"), tuple(rows) if rows else None)
 
 
 def write_segment(storage: Storage, written: Any, record: SegmentRecord, *, seq: int) -> None:
