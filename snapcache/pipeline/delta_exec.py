@@ -309,12 +309,8 @@ def _copy(storage: Storage, segment: Segment, kept: Sequence[int], options, *, r
     from snapcache.store.reader import SnapshotReader
 
     assert segment.unit_rows is not None
-    keep_rows = [False] * segment.rows
-    start = 0
-    for i, rows in enumerate(segment.unit_rows):
-        if i in set(kept):
-            keep_rows[start:start + rows] = [True] * rows
-        start += rows
+    wanted = set(kept)
+    keep_rows = [i in wanted for i, rows in enumerate(segment.unit_rows) for _ in range(rows)]
     partial = Manifest(fingerprint=storage.url.rsplit("/", 1)[-1], schema=segment.schema,
                        shards=segment.shards, compression="", created_at="", committed_at="",
                        writer={})
