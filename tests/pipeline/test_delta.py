@@ -472,3 +472,20 @@ def test_to_torch_with_two_workers_sees_each_example_once(src, tmp_path):
           .snapshot(str(root), delta=True, progress=False).map(lambda x: x["value"]))
     loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2)
     assert sorted(int(v) for v in loader) == sorted(v for _, v in expected(src))
+
+
+def test_local_glob_by_scandir_matches_glob_glob(tmp_path):
+    import glob as glob_module
+
+    from snapcache.store.fs import _local_glob
+
+    for name in ("a.txt", "b.txt", ".hidden.txt", "c.jpg", "[x].txt"):
+        (tmp_path / name).write_text("1")
+    (tmp_path / "d.txt").mkdir()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "e.txt").write_text("1")
+    for pattern in ("*.txt", "*", ".*", "?.txt", "[ab].txt", "*/*.txt", "**", "nothing*",
+                    "missing/*.txt"):
+        path = str(tmp_path / pattern)
+        want = sorted(m for m in glob_module.glob(path, recursive=True) if not os.path.isdir(m))
+        assert _local_glob(path) == want, pattern
