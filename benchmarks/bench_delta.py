@@ -1,7 +1,8 @@
 """Delta snapshots: what the run after a source grows costs, and million-file sources.
 
 Run: python -m benchmarks.bench_delta [--write-doc] [--files 10000] [--big 100000]
-(``--render RUN.jsonl`` writes the section from the two JSON lines a run printed on stderr.)
+(``--render RUN.jsonl`` writes the section from the three JSON lines a run printed on stderr;
+``--s3 N`` runs the S3 part alone.)
 
 1. A source of ``--files`` small files, ``map`` sleeping 5 ms per file (a decode that waits,
    so the machine's two shared cores stay free), ``snapshot(delta=True)``. The first epoch
@@ -11,6 +12,8 @@ Run: python -m benchmarks.bench_delta [--write-doc] [--files 10000] [--big 10000
 2. A source of ``--big`` empty files: the time to fingerprint it (one ``stat`` a file, a key
    each, the lineage tree) in a fresh process, and the bytes of a version's manifest and its
    source record (the side file listing every file).
+3. ``--s3-files`` (5,000) objects on the loopback S3 server: the requests (counted through
+   botocore's events) and time to read their identities from the paginated listing.
 """
 
 from __future__ import annotations
@@ -116,7 +119,50 @@ def big_source(files: int) -> dict:
             "segments": len(manifest.segments), "shards": len(manifest.shards)}
 
 
-def render(g: dict, b: dict) -> str:
+def s3_listing(files: int) -> dict | None:
+    """``files`` objects in one folder of the loopback S3 server: the requests and time it
+    takes to read their identities (``store.fs.file_identities``, what ``from_files`` on S3
+    fingerprints), counted by botocore's events."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        from tests import s3server
+    except ImportError:
+        return None
+    if s3server.missing_requirements() is not None:
+        return None
+    from snapcache.store.fs import _filesystem, file_identities
+
+    with tempfile.TemporaryFile() as log:
+        server = s3server.start(log)
+        try:
+            os.environ.update(server.env)
+            admin = server.filesystem()
+            bucket = s3server.new_bucket_name()
+            admin.mkdir(bucket)
+            start = time.perf_counter()
+            for first in range(0, files, 5000):
+                admin.pipe({f"{bucket}/src/f{i:07d}.txt": b"x"
+                            for i in range(first, min(files, first + 5000))})
+            put_s = time.perf_counter() - start
+            s3server.clear_filesystem_caches()
+            urls = [f"s3://{bucket}/src/f{i:07d}.txt" for i in range(files)]
+            fs, _ = _filesystem(urls[0], None)
+            fs.ls(f"{bucket}/src", refresh=True)  # connect the client
+            operations: list[str] = []
+            fs.s3.meta.events.register("before-call.s3", lambda event_name, **_:
+                                       operations.append(event_name.rsplit(".", 1)[-1]))
+            start = time.perf_counter()
+            identities = file_identities(urls)
+            seconds = time.perf_counter() - start
+            assert len(identities) == files and all("etag" in i for i in identities)
+        finally:
+            s3server.stop(server.process)
+    return {"files": files, "seconds": seconds, "put_s": put_s,
+            "list_requests": operations.count("ListObjectsV2"),
+            "other_requests": len(operations) - operations.count("ListObjectsV2")}
+
+
+def render(g: dict, b: dict, s3: dict | None = None) -> str:
     calls_pct = 100 * g["delta_calls"] / g["full_calls"]
     time_pct = 100 * g["delta_s"] / g["full_s"]
     return (
@@ -145,18 +191,28 @@ def render(g: dict, b: dict) -> str:
         f"{b['segments']:,} segments, {b['shards']:,} shards, built in {b['build_s']:.1f} s) "
         f"has a manifest of **{b['manifest_bytes'] / 1e6:.2f} MB** and a source record (the "
         f"side file listing every file) of **{b['record_bytes'] / 1e6:.2f} MB** (target for "
-        f"the manifest: < 2 MB).\n{END}\n")
+        f"the manifest: < 2 MB).\n"
+        + (f"\n{s3['files']:,} objects in one folder of the loopback S3 server (moto; it "
+           f"stores ~{s3['files'] / s3['put_s']:.0f} objects/s, so 100,000 were not created): "
+           f"their identities (size, ETag) take **{s3['list_requests']} ListObjectsV2 "
+           f"requests** and {s3['other_requests']} other requests ({s3['seconds']:.1f} s): one "
+           "request per 1,000 keys, none per object, so 100 for 100,000 files.\n" if s3 else
+           "\nThe S3 part did not run (moto or s3fs missing).\n")
+        + f"{END}\n")
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--s3"]:  # only the S3 listing part
+        print(json.dumps(s3_listing(int(sys.argv[2]))))
+        return
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(fingerprint_child(sys.argv[2])))
         return
     if sys.argv[1:2] == ["--render"]:  # the doc section from a run's two JSON lines
-        g, b = (json.loads(line) for line in open(sys.argv[2]).read().splitlines()[:2])
+        g, b, s3 = (json.loads(line) for line in open(sys.argv[2]).read().splitlines()[:3])
         from benchmarks.run_all import write_doc
 
-        write_doc(render(g, b), START, END)
+        write_doc(render(g, b, s3), START, END)
         return
     args = sys.argv[1:]
     files = int(args[args.index("--files") + 1]) if "--files" in args else 10_000
@@ -165,7 +221,12 @@ def main() -> None:
     print(json.dumps(g), file=sys.stderr)
     b = big_source(big)
     print(json.dumps(b), file=sys.stderr)
-    text = render(g, b)
+    # moto stores ~60 objects/s here: 100,000 would take half an hour to create, so the S3 part
+    # lists fewer (the request count is one per 1,000 keys whatever the total).
+    s3_files = int(args[args.index("--s3-files") + 1]) if "--s3-files" in args else 5_000
+    s3 = s3_listing(s3_files) if "--no-s3" not in args else None
+    print(json.dumps(s3), file=sys.stderr)
+    text = render(g, b, s3)
     print(text)
     if "--write-doc" in args:
         from benchmarks.run_all import write_doc
