@@ -178,7 +178,7 @@ def run_delta(op: ops.SnapshotOp, epoch: int, *, source: ops.Op, lineage, descri
     if manifest is None:  # on_busy="compute": another process builds it
         return ops.run(op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
     return _read(open_reader(storage, manifest, options), run_id, spec,
-                 options.coordination.lease_ttl)
+                 options.coordination.lease_ttl, holder=op)  # held while ``op`` can read
 
 
 def _negotiate(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, *,
