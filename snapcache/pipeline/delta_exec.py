@@ -259,7 +259,8 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     """Run the upstream on the files ``indices`` only, a segment at a time."""
     segments = []
     chunks = _chunks(indices, units)
-    per_unit = rows_per_unit(op.parent, source)
+    known = all(node.traits.order_preserving and node.traits.length != "unknown"
+                for node in ops.lineage(op.parent)[1:])
     for seq, chunk in enumerate(chunks):
         urls = [str(units.identities[i]["path"]) for i in chunk]
         writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
@@ -277,8 +278,9 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
             if close is not None:
                 close()
         members = tuple((units.keys[i], units.identities[i]) for i in chunk)
-        unit_rows = (per_unit,) * len(chunk) if per_unit is not None and \
-            per_unit * len(chunk) == record.rows else None
+        unit_rows = unit_rows_of(op.parent, source, urls) if known else None
+        if unit_rows is not None and sum(unit_rows) != record.rows:
+            unit_rows = None  # the ops' length rules disagree with what was written
         segment = Segment(members, record.shards, record.schema, unit_rows)
         versions.write_segment(storage, record, segment, seq=seq)
         _crash_hook(seq)
@@ -288,17 +290,26 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     return segments
 
 
-def rows_per_unit(upstream: ops.Op, source: ops.Op) -> int | None:
-    """Examples each file yields, when the ops say it without running (a source of known
-    length per file, then order-preserving ops with a length rule: from_files -> map), so the
-    rows of each file in a segment are known; None otherwise (a filter, Parquet files)."""
-    if not all(node.traits.order_preserving for node in ops.lineage(upstream)):
+def unit_rows_of(upstream: ops.Op, source: ops.Op, urls: Sequence[str]) -> tuple[int, ...] | None:
+    """Examples each of ``urls`` yields through the upstream, in order, when the ops say it
+    without running them: the source knows each file's length (from_files: one; Parquet: its
+    footer), then only order-preserving ops with a length rule (map). None otherwise (a filter,
+    an interleave): the rows of each file in a segment are then unknown."""
+    chain = ops.lineage(upstream)[1:]
+    if not all(node.traits.order_preserving and node.traits.length != "unknown"
+               for node in chain):
         return None
-    identities = source.unit_identities()
-    if not identities:
+    lengths = source.unit_lengths(urls)
+    if lengths is None:
         return None
-    return ops.known_length(ops.rebase(upstream, source.with_units(
-        [str(identities[0]["path"])])))
+    rows = []
+    for n in lengths:
+        for node in chain:
+            n = node.length(n)
+            if n is None:
+                return None
+        rows.append(n)
+    return tuple(rows)
 
 
 def _copy(storage: Storage, segment: Segment, kept: Sequence[int], options, *, run_id: str,

@@ -182,6 +182,11 @@ def test_parquet_files_are_units(tmp_path):
     assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)] + \
         [2 * x for x in range(100, 105)]
     assert sorted(seen) == list(range(100, 105))
+    os.remove(folder / "part-1.parquet")          # its rows leave; the others' are copied
+    seen.clear()
+    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(10)] + \
+        [2 * x for x in range(20, 30)] + [2 * x for x in range(100, 105)]
+    assert seen == []
 
 
 def test_format_2_manifest_refused_by_a_format_1_reader(src, tmp_path, monkeypatch):

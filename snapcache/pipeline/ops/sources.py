@@ -41,6 +41,10 @@ class UnitSource:
         """This source restricted to ``urls`` (a subset of its files, in order)."""
         return dataclasses.replace(self, urls=tuple(urls))
 
+    def unit_lengths(self, urls: Any) -> list[int] | None:
+        """Examples each of ``urls`` yields, in order (None: not known without reading them)."""
+        return [1] * len(urls)
+
 
 SEEKABLE = Traits(source=True, seekable=True, length="rule")
 """A source that can start at any example and whose length is known up front."""
@@ -171,6 +175,9 @@ class ParquetSource(UnitSource, Op):
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
         return [source_fp.hash_files_source(self.unit_identities()),
                 hash_value(self.columns, "argument `columns`", where=where)]
+
+    def unit_lengths(self, urls: Any) -> list[int] | None:
+        return parquet.file_rows(list(urls), self.storage_options)  # footers only
 
     def lineage_children(self, where: str) -> list[FingerprintNode]:
         return [source_fp.files_lineage_node(strict=False),
