@@ -97,7 +97,7 @@ def iterate(op: ops.Op, epoch: int, stream: StreamSpec | None = None) -> Iterato
 
 @ops.runs(ops.SnapshotOp)
 def _run_snapshot(op: ops.SnapshotOp, epoch: int) -> Iterator[Any]:
-    return run_snapshot(op, epoch, runners.with_progress(op, iterate), tree=snapshot_tree(op),
+    return run_snapshot(op, epoch, iterate, tree=snapshot_tree(op),
                         labelled=labelled_ops(op), describe=describe_pipeline(op.parent))
 
 

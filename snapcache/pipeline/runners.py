@@ -1,4 +1,4 @@
-"""The fast ways of reading a committed snapshot, and the progress of a writing epoch.
+"""The fast ways of reading a committed snapshot.
 
 Each op module registers its runner (see :mod:`snapcache.pipeline.ops`); this module registers,
 in place of the example-by-example ``batch`` and ``shuffle`` runners, ones that read this
@@ -14,7 +14,6 @@ from typing import Any, Callable, Iterator
 
 from snapcache.pipeline import ops, ordered, plan, snapshot_exec, streams
 from snapcache.pipeline.ops import batch as batch_op, shuffle as shuffle_op
-from snapcache.runtime.progress import DefaultDisplay, track
 from snapcache.runtime.shuffle import epoch_rng
 from snapcache.store import batched_read, layout
 from snapcache.store.order import EpochOrder
@@ -40,7 +39,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
 
     def chunks() -> Iterator[dict]:
         with snapshot_exec.read_session(reader, layout.new_run_id(),
-                                        snapshot.options.coordination.lease_ttl):
+                                        snapshot.options.coordination.lease_ttl, snapshot):
             pieces = ordered_pieces(reader, order, share.pieces(), mode="columns",
                                     piece=max(1024, unit))
             try:
@@ -91,29 +90,3 @@ def run_shuffle(op: ops.ShuffleOp, epoch: int) -> Iterator[Any]:
             chunks.close()
 
     return body()
-
-
-def known_length(op: ops.Op | None) -> int | None:
-    """How many items one epoch of the pipeline up to ``op`` yields, when that is knowable
-    without running it (for the progress bar's ETA); see :func:`snapcache.pipeline.ops.known_length`."""
-    return ops.known_length(op)
-
-
-def with_progress(op: ops.SnapshotOp, iterate: Callable[..., Iterator[Any]]
-                  ) -> Callable[..., Iterator[Any]]:
-    """``iterate`` for a snapshot's upstream, reporting progress as it computes (the writing
-    epoch: a committed snapshot never runs its upstream)."""
-    setting = op.options.progress
-    if setting is False:
-        return iterate
-    label = op.options.name or op.path
-
-    def iterate_tracked(node: ops.Op, epoch: int, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        spec = streams.current()
-        total = known_length(node)
-        if total is not None and not spec.trivial:
-            total = len(range(spec.index, total, spec.count)) - spec.skip
-        callback = setting if callable(setting) else DefaultDisplay()
-        return track(iterate(node, epoch, *args, **kwargs), label, total, callback)
-
-    return iterate_tracked

@@ -9,15 +9,20 @@ of the network::
                        lambda: storage.read_bytes(shard.path))
 
 Layout: the cache owns ``<directory>/snapcache-shards-v1/`` and, inside it, only the files named
-``<key>.cached`` (complete copies) and ``<key>.cached.<id>.part`` (being written). It never
-touches anything else, so pointing it at a folder that holds other files is harmless.
+``<key>.cached`` (complete copies), ``<key>.cached.<id>.part`` (being written) and
+``locks/NN.lock`` (a fixed set of lock files, never removed). It never touches anything else,
+so pointing it at a folder that holds other files is harmless.
 
 A copy's modification time is its last use: ``get`` sets it on every hit, and eviction removes
 the oldest copies first. The folder is the only state, which makes the cache safe to share
 between processes: copies are written to a temporary file and renamed into place, eviction
 tolerates files that another process removed first, and every eviction pass re-reads the folder
-so it counts what other processes added. Within a process a lock serialises bookkeeping and
-concurrent misses of the same key fetch once.
+so it counts what other processes added. Concurrent misses of the same key fetch once per node:
+within a process under a per-key lock, across processes under an exclusive ``flock`` on the
+key's lock file (one of :data:`LOCK_STRIPES`, picked by a hash of the key), taken before the
+cache is checked again and held until the copy is in place. Eviction removes the least recently
+used copies; a process still reading a removed copy keeps its memory map (POSIX semantics), and
+the copies are of remote files, so eviction never removes the only copy of anything.
 
 Copies are not fsynced: a copy truncated by a crash is caught by its size on the next ``get``
 and fetched again; readers still verify checksums, and call :meth:`ShardCache.discard` to drop a
@@ -27,6 +32,7 @@ copy that fails them.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import threading
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import pyarrow as pa
+import xxhash
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +50,8 @@ SUBDIR = "snapcache-shards-v1"
 SUFFIX = ".cached"
 PART_SUFFIX = ".part"
 STALE_PART_SECONDS = 3600.0  # a temporary file this old belongs to a writer that died
+LOCK_STRIPES = 64
+"""Lock files shared by all keys (a key's is picked by a hash): bounded, never deleted."""
 
 
 @dataclass(frozen=True)
@@ -107,18 +116,26 @@ class ShardCache:
             buffer = self._open_copy(path, size)
             if buffer is not None:
                 return buffer
-            data = fetch()
-            if len(data) != size:
-                # the remote file is not what the caller expected (it will say so): not cached
-                log.debug("shard cache: %s fetched %d bytes, expected %d; not cached",
-                          key, len(data), size)
-                return pa.py_buffer(data)
-            if size > self.limit_bytes:
-                return pa.py_buffer(data)
-            self._store(path, data)
-            with self._lock:
-                self._evict()
-            buffer = self._open_copy(path, size)
+            with self._node_locked(key):  # another process may be fetching it right now
+                buffer = self._open_copy(path, size)
+                if buffer is not None:
+                    return buffer
+                return self._fetch_and_store(key, path, size, fetch)
+
+    def _fetch_and_store(self, key: str, path: str, size: int,
+                         fetch: Callable[[], bytes]) -> pa.Buffer:
+        data = fetch()
+        if len(data) != size:
+            # the remote file is not what the caller expected (it will say so): not cached
+            log.debug("shard cache: %s fetched %d bytes, expected %d; not cached",
+                      key, len(data), size)
+            return pa.py_buffer(data)
+        if size > self.limit_bytes:
+            return pa.py_buffer(data)
+        self._store(path, data)
+        with self._lock:
+            self._evict()
+        buffer = self._open_copy(path, size)
         # evicted at once by a concurrent process filling the cache: serve from memory
         return buffer if buffer is not None else pa.py_buffer(data)
 
@@ -144,6 +161,19 @@ class ShardCache:
     # -- internals -----------------------------------------------------------------------------
     def _path(self, key: str) -> str:
         return os.path.join(self._root, *validate_key(key)) + SUFFIX
+
+    @contextlib.contextmanager
+    def _node_locked(self, key: str) -> Iterator[None]:
+        """An exclusive lock on ``key`` among the processes of this machine (``flock``)."""
+        stripe = xxhash.xxh3_64_intdigest(key.encode()) % LOCK_STRIPES
+        lock_dir = os.path.join(self._root, "locks")
+        os.makedirs(lock_dir, exist_ok=True)
+        fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     @contextlib.contextmanager
     def _key_locked(self, key: str) -> Iterator[None]:

@@ -7,13 +7,16 @@ Paths handed to its methods are relative to that root and always use ``/``.
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import os
 import posixpath
 import threading
 import uuid
-from typing import IO, TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import fsspec
+import fsspec.asyn
 import xxhash
 from fsspec.core import url_to_fs
 
@@ -50,6 +53,14 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
 
 
 _MEMORY_LOCK = threading.Lock()
+_PARSED: "collections.OrderedDict[tuple[str, str], tuple[tuple, Any]]" = \
+    collections.OrderedDict()
+_PARSED_LOCK = threading.Lock()
+PARSED_ENTRIES = 256
+"""Parsed files (manifests) kept per process by :meth:`Storage.read_parsed`."""
+RANGE_BYTES = 32 << 20
+"""A remote file larger than this whose size is known is fetched in ranges of this size,
+concurrently."""
 
 
 class FileStat(NamedTuple):
@@ -107,12 +118,18 @@ class Storage:
         return int(self.fs.size(self._fresh(self.full(rel))))
 
     def listdir(self, rel: str = "") -> list[str]:
-        """Names (not paths) directly inside ``rel``; empty if it does not exist."""
+        """Names (not paths) directly inside ``rel``; empty if it does not exist. One LIST
+        request on S3 (s3fs's ``ls`` lists the parent too when a folder is empty)."""
+        path = self.full(rel)
         try:
-            entries = self.fs.ls(self.full(rel), detail=False, refresh=True)
+            if self._s3:
+                entries = [e["name"] for e in fsspec.asyn.sync(
+                    self.fs.loop, self.fs._lsdir, path.rstrip("/"), refresh=True)]
+            else:
+                entries = self.fs.ls(path, detail=False, refresh=True)
         except FileNotFoundError:
             return []
-        prefix = self.full(rel).rstrip("/") + "/"
+        prefix = path.rstrip("/") + "/"
         names = []
         for entry in entries:
             entry = entry.rstrip("/")
@@ -121,16 +138,100 @@ class Storage:
                 names.append(name)
         return sorted(set(names))
 
+    @property
+    def _s3(self) -> bool:
+        return self.protocol in ("s3", "s3a") and hasattr(self.fs, "_lsdir")
+
     # -- reads ---------------------------------------------------------------------------------
-    def read_bytes(self, rel: str) -> bytes:
-        """The whole file, in one request on object stores: a file rewritten meanwhile (a
-        lease's heartbeat) reads as either version, never as a failed partial read."""
+    def read_bytes(self, rel: str, size: int | None = None) -> bytes:
+        """The whole file, in one request on object stores (s3fs would first ask for its size:
+        a HEAD, and a LIST when it is missing): a file rewritten meanwhile (a lease's heartbeat)
+        reads as either version, never as a failed partial read. With its ``size`` known (a
+        shard, from the manifest), a large file is fetched as concurrent ranged GETs."""
         if self.local:
             with open(self.full(rel), "rb") as f:
                 return f.read()
-        return self.fs.cat_file(self.full(rel))
+        path = self.full(rel)
+        if not self._s3:
+            return self.fs.cat_file(path)
+        if size is None or size <= RANGE_BYTES:
+            return self.fs.cat_file(path, max_concurrency=1)
+        starts = list(range(0, size, RANGE_BYTES))
+        try:
+            parts = self.fs.cat_ranges([path] * len(starts), starts,
+                                       [min(size, s + RANGE_BYTES) for s in starts],
+                                       on_error="raise")
+        except FileNotFoundError:
+            raise
+        except OSError:  # e.g. a range past the end of a file shorter than said: read it whole
+            return self.fs.cat_file(path, max_concurrency=1)
+        return b"".join(parts)
 
-    def map_file(self, rel: str) -> "tuple[pa.Buffer, mmap.mmap | None]":
+    def version(self, rel: str) -> tuple | None:
+        """What changes whenever the file ``rel`` is replaced, or None if it is missing:
+        (inode, size, mtime) on local disk, (ETag, size) on object stores (one HEAD)."""
+        path = self.full(rel)
+        if self.local:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return None
+            return (st.st_ino, st.st_size, st.st_mtime_ns)
+        try:
+            info = self.fs.info(self._fresh(path))
+        except FileNotFoundError:
+            return None
+        tag = info.get("ETag") or info.get("etag") or info.get("LastModified") or \
+            info.get("mtime") or info.get("created")
+        return (str(tag), info.get("size")) if tag is not None else None
+
+    def read_parsed(self, rel: str, parse: Callable[[bytes], Any]) -> Any:
+        """``parse(self.read_bytes(rel))``, reusing the value this process parsed before from
+        the same bytes: on S3 a later read of an unchanged file (a manifest) is one HEAD (its
+        ETag, the MD5 of its content, compared) instead of a GET and a parse, and a missing one
+        one GET; locally the bytes are read and hashed, not parsed again. FileNotFoundError if
+        the file is missing. Values are shared between callers: ``parse`` must return
+        something immutable."""
+        key = (self.protocol, self.full(rel))
+        with _PARSED_LOCK:
+            known = _PARSED.get(key)
+        if self.local:
+            data = self.read_bytes(rel)
+            version: tuple | None = ("xxh3", xxhash.xxh3_128_digest(data))
+        elif known is not None:
+            version = self.version(rel)
+            if version is None:
+                with _PARSED_LOCK:
+                    _PARSED.pop(key, None)
+                raise FileNotFoundError(self.url_of(rel))
+            if known[0] == version:
+                return known[1]
+            data = self.read_bytes(rel)
+            version = self._content_version(rel, data)
+        else:
+            data = self.read_bytes(rel)
+            version = self._content_version(rel, data)
+        if known is not None and known[0] == version:
+            return known[1]
+        value = parse(data)
+        if version is not None:
+            with _PARSED_LOCK:
+                _PARSED[key] = (version, value)
+                _PARSED.move_to_end(key)
+                while len(_PARSED) > PARSED_ENTRIES:
+                    _PARSED.popitem(last=False)
+        return value
+
+    def _content_version(self, rel: str, data: bytes) -> tuple | None:
+        """The object's version if its ETag is the MD5 of ``data`` (a single-PUT object that
+        has not changed since ``data`` was read), else None (not worth keeping)."""
+        version = self.version(rel)
+        if version is None or str(version[0]).strip('"') != hashlib.md5(data).hexdigest():
+            return None
+        return version
+
+    def map_file(self, rel: str, size: int | None = None
+                 ) -> "tuple[pa.Buffer, mmap.mmap | None]":
         """A whole local file as an Arrow buffer over a read-only shared memory map, and the
         map (so callers can drop resident pages with ``madvise``); elsewhere the downloaded
         bytes and None."""
@@ -139,7 +240,7 @@ class Storage:
         import pyarrow as pa
 
         if not self.local:
-            return pa.py_buffer(self.read_bytes(rel)), None
+            return pa.py_buffer(self.read_bytes(rel, size)), None
         with open(self.full(rel), "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return pa.py_buffer(b""), None
@@ -148,6 +249,8 @@ class Storage:
 
     # -- writes --------------------------------------------------------------------------------
     def makedirs(self, rel: str = "") -> None:
+        if self._s3:
+            return  # no folders on S3; s3fs would check the bucket exists (a HEAD) every time
         self.fs.makedirs(self.full(rel), exist_ok=True)
 
     def open_output(self, rel: str) -> IO[bytes]:

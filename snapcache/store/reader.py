@@ -23,12 +23,14 @@ from snapcache.store.options import ReadOptions
 
 
 def load_manifest(storage: Storage) -> Manifest | None:
-    """The committed manifest of the snapshot folder ``storage``, or None if not committed."""
+    """The committed manifest of the snapshot folder ``storage``, or None if not committed.
+    An unchanged manifest read before in this process is not read and parsed again (one HEAD
+    on S3, see :meth:`Storage.read_parsed`)."""
     try:
-        data = storage.read_bytes(layout.MANIFEST)
+        return storage.read_parsed(layout.MANIFEST,
+                                   lambda data: Manifest.loads(data, where=storage.url))
     except FileNotFoundError:
         return None
-    return Manifest.loads(data, where=storage.url)
 
 
 _READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
@@ -190,9 +192,9 @@ class SnapshotReader:
         try:
             if self.cache is not None and not self.storage.local:
                 buffer = self.cache.get(self._cache_key(shard), shard.bytes,
-                                        lambda: self.storage.read_bytes(shard.path))
+                                        lambda: self.storage.read_bytes(shard.path, shard.bytes))
             else:
-                buffer, mapped = self.storage.map_file(shard.path)
+                buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)})"
                                        ) from None

@@ -215,6 +215,11 @@ class SnapshotWriter:
         self._batch_rows: int | None = None
 
     @property
+    def run_id(self) -> str:
+        """This writer run's id (recorded in the manifest it commits)."""
+        return self._run_id
+
+    @property
     def num_examples(self) -> int:
         """Examples written by this writer (not counting resumed shards)."""
         return self._count

@@ -1,0 +1,363 @@
+"""Snapshots on S3 (a loopback moto server): requests, time and CPU per phase, for snapcache and
+(when installed in the bench venv) LitData and MosaicML streaming.
+
+    python -m benchmarks.bench_s3 [--scale 1.0] [--systems snapcache,litdata,mosaic]
+                                  [--workers 0,2] [--write-doc]
+
+Phases, each in a fresh process; the timed part of each (after imports and set-up) is measured
+for wall time, the process's CPU (with its DataLoader workers) and the requests in the server's
+access log:
+
+- build: the first epoch, writing the snapshot to S3 (identity map over the workload's example
+  maker; 64 MB shards);
+- cold read: a new pipeline object and an empty local cache, batches of 256 copied into a
+  staging buffer, checksums verified;
+- warm read: the same, with the local cache filled by the cold read (snapcache: an epoch of a
+  pipeline object held across epochs; peers: their own local cache kept).
+
+The server runs in its own process on the same 2 cores (its CPU time is reported apart).
+Requests are counted from the server's access log, so every system is counted the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+START, END = "<!-- s3-benchmark:start -->", "<!-- s3-benchmark:end -->"
+SHARD = 64 << 20
+BATCH = 256
+_LINE = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/[\d.]+" (\d+)')
+
+
+# -- the server and its request log ------------------------------------------------------------
+class Server:
+    def __init__(self, workdir: str):
+        sys.path.insert(0, os.path.join(ROOT, "tests"))
+        import s3server  # the tests' moto server launcher
+
+        self._mod = s3server
+        self.log_path = os.path.join(workdir, "moto.log")
+        self._log = open(self.log_path, "w+b")
+        self.server = s3server.start(self._log)
+        self.env = dict(self.server.env)
+        self.endpoint = self.server.endpoint
+
+    def cpu_seconds(self) -> float:
+        try:
+            with open(f"/proc/{self.server.process.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            return float("nan")
+
+    def make_bucket(self, name: str) -> None:
+        self.server.filesystem().mkdir(name)
+
+    def stop(self) -> None:
+        self._mod.stop(self.server.process)
+        self._log.close()
+
+
+def classify(requests) -> dict:
+    out = collections.Counter()
+    for method, path, status in requests:
+        if method == "GET" and ("list-type=" in path or "prefix=" in path):
+            out["LIST"] += 1
+        else:
+            out[method] += 1
+    out["total"] = len(requests)
+    return dict(out)
+
+
+# -- the child: one system, one phase ----------------------------------------------------------
+class Meter:
+    """Wall time, this process's CPU (and its reaped children's: DataLoader workers) and the
+    server's requests over the timed part of a phase."""
+
+    def __init__(self, log_path: str):
+        self.log_path = log_path
+
+    def start(self) -> None:
+        self.since = os.path.getsize(self.log_path)
+        self.cpu = _cpu()
+        self.t = time.perf_counter()
+
+    def stop(self) -> dict:
+        seconds = time.perf_counter() - self.t
+        cpu = _cpu() - self.cpu
+        time.sleep(0.3)  # let the server write its last lines
+        with open(self.log_path, "rb") as f:
+            f.seek(self.since)
+            text = f.read().decode(errors="replace")
+        reqs = [(m.group(1), m.group(2), int(m.group(3))) for m in _LINE.finditer(text)]
+        return {"seconds": seconds, "cpu_s": cpu, "requests": classify(reqs)}
+
+
+def _cpu() -> float:
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    return total
+
+
+def child(system: str, phase: str, workload: str, n: int, url: str, cache: str,
+          workers: int, log_path: str) -> dict:
+    from benchmarks.workloads import MAKERS, consume, staging
+    stage = staging(workload, BATCH)
+    make = MAKERS[workload]
+    meter = Meter(log_path)
+    if system != "snapcache":
+        return PEERS[system](phase, workload, n, url, cache, workers, stage, make, meter)
+    import snapcache as sc
+    ds = sc.Dataset.range(n).map(make).snapshot(url, progress=False, shard_size=SHARD,
+                                                local_cache=cache)
+    rows = 0
+    if phase == "build":
+        meter.start()
+        for _ in ds:
+            rows += 1
+        return {**meter.stop(), "rows": rows}
+    batched = ds.batch(BATCH)
+    if workers:
+        import torch
+        loader = torch.utils.data.DataLoader(batched.to_torch(), batch_size=None,
+                                             num_workers=workers)
+    else:
+        loader = batched
+    if phase == "warm":  # the pipeline object held across epochs, the cache filled
+        for b in loader:
+            consume(stage, b)
+    meter.start()
+    for b in loader:
+        rows += consume(stage, b)
+    return {**meter.stop(), "rows": rows}
+
+
+def run_child(server: Server, system: str, phase: str, workload: str, n: int, url: str,
+              cache: str, workers: int) -> dict:
+    env = {**os.environ, **server.env, "PYTHONPATH": ROOT}
+    cpu0 = server.cpu_seconds()
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_s3", "--child", system,
+                          phase, workload, str(n), url, cache, str(workers), server.log_path],
+                         capture_output=True, text=True, cwd=ROOT, env=env)
+    result = {"server_cpu_s": server.cpu_seconds() - cpu0}
+    if out.returncode:
+        lines = (out.stderr or "failed").strip().splitlines()
+        result["error"] = lines[-1] if lines else "failed"
+        return result
+    for line in out.stderr.splitlines():
+        if line.startswith("NOTE: "):
+            result.setdefault("notes", []).append(line[6:])
+    result.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    return result
+
+
+# -- peers -------------------------------------------------------------------------------------
+def note(text: str) -> None:
+    print("NOTE: " + text, file=sys.stderr, flush=True)
+
+
+def _loader(dataset, workers: int):
+    import torch
+    return torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=workers)
+
+
+def _read_epoch(phase, loader, stage, meter) -> dict:
+    """cold: the meter runs from before the dataset was opened; warm: the loader (held across
+    epochs, as snapcache's pipeline object is) reads one epoch first, then one is measured."""
+    from benchmarks.workloads import consume
+
+    def epoch() -> int:
+        rows = 0
+        for b in loader:
+            rows += consume(stage, {k: v.numpy() if hasattr(v, "numpy") else v
+                                    for k, v in b.items()})
+        return rows
+
+    if phase == "warm":
+        epoch()
+        meter.start()
+    rows = epoch()
+    return {**meter.stop(), "rows": rows}
+
+
+def _litdata(phase, workload, n, url, cache, workers, stage, make, meter):
+    # obstore (LitData's chunk transfers) refuses http:// endpoints unless allowed; LitData
+    # does not pass allow_http: add it to the client options LitData gives obstore.
+    import litdata as ld
+    from litdata.streaming import downloader
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS,
+                                          "allow_http": True}
+    note("LitData: allow_http added to the client options LitData passes to obstore "
+         "(litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS); obstore refuses the "
+         "loopback server's plain http:// endpoint otherwise")
+    if phase == "build":
+        meter.start()
+        ld.optimize(fn=make, inputs=list(range(n)), output_dir=url, chunk_bytes="64MB",
+                    num_workers=1, mode="overwrite")
+        return {**meter.stop(), "rows": n}
+    note("LitData: no checksum verification on read (it has none)")
+    meter.start()  # opening the dataset reads its index: counted
+    ds = ld.StreamingDataset(ld.streaming.resolver.Dir(path=cache, url=url))
+    loader = ld.StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
+    return _read_epoch(phase, loader, stage, meter)
+
+
+def _stand_in_torchvision() -> None:
+    import importlib.machinery
+    import types
+    for name in ("torchvision", "torchvision.datasets", "torchvision.transforms",
+                 "torchvision.transforms.functional"):
+        sys.modules.pop(name, None)
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        mod.__path__ = []
+        sys.modules[name] = mod
+    sys.modules["torchvision.datasets"].VisionDataset = object
+
+    def to_tensor(*_):
+        raise RuntimeError("torchvision stand-in: to_tensor is not available")
+
+    sys.modules["torchvision.transforms.functional"].to_tensor = to_tensor
+
+
+def _mds_columns(workload):
+    if workload == "image":
+        return {"image": "ndarray:uint8:128,128,3", "label": "int64"}
+    return {"tokens": "ndarray:int32:128", "length": "int"}
+
+
+def _mosaic(phase, workload, n, url, cache, workers, stage, make, meter):
+    os.environ["S3_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL_S3"]
+    note("Mosaic streaming: endpoint given by S3_ENDPOINT_URL (its only setting for it)")
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        _stand_in_torchvision()
+        note("Mosaic streaming: `import streaming` imports torchvision, which cannot load "
+             "here (a CUDA build beside the CPU torch): stand-in modules for the two names "
+             "it imports (streaming.vision, unused here) are used")
+    from streaming import MDSWriter, StreamingDataset
+    if phase == "build":
+        meter.start()
+        with MDSWriter(out=url, columns=_mds_columns(workload), size_limit=SHARD,
+                       hashes=["xxh64"], progress_bar=False, exist_ok=True) as w:
+            for i in range(n):
+                w.write(make(i))
+        return {**meter.stop(), "rows": n}
+    from streaming.base.util import clean_stale_shared_memory
+    clean_stale_shared_memory()
+    meter.start()  # opening the dataset reads its index: counted
+    ds = StreamingDataset(remote=url, local=cache, batch_size=BATCH, shuffle=False,
+                          validate_hash="xxh64")
+    return _read_epoch(phase, _loader(ds, workers), stage, meter)
+
+
+PEERS = {"litdata": _litdata, "mosaic": _mosaic}
+
+
+# -- the run -----------------------------------------------------------------------------------
+def measure(args) -> tuple[list[dict], float]:
+    from benchmarks.workloads import example_bytes
+    sizes = {"image": max(200, int(2000 * args.scale)),
+             "token": max(10_000, int(200_000 * args.scale))}
+    rows = []
+    workdir = tempfile.mkdtemp(prefix="snapcache-s3-")
+    server = Server(workdir)
+    try:
+        for workload, n in sizes.items():
+            payload = n * example_bytes(workload)
+            for system in args.systems:
+                bucket = f"bench-{system}-{workload}"
+                server.make_bucket(bucket)
+                url = f"s3://{bucket}/snaps"
+                cache = os.path.join(workdir, f"cache-{system}-{workload}")
+                build = run_child(server, system, "build", workload, n, url, cache, 0)
+                rows.append({"workload": workload, "system": system, "phase": "build",
+                             "workers": 0, "payload": payload, **build})
+                print(f"  {workload} {system} build {json.dumps(build)}", file=sys.stderr,
+                      flush=True)
+                for workers in args.workers:
+                    shutil.rmtree(cache, ignore_errors=True)
+                    for phase in ("cold", "warm"):
+                        r = run_child(server, system, phase, workload, n, url, cache, workers)
+                        rows.append({"workload": workload, "system": system, "phase": phase,
+                                     "workers": workers, "payload": payload, **r})
+                        print(f"  {workload} {system} {phase} w{workers} {json.dumps(r)}",
+                              file=sys.stderr, flush=True)
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return rows, 0.0
+
+
+def render(args, rows, elapsed) -> str:
+    L = [START, "## Snapshots on S3: requests, time and CPU per phase\n"]
+    L.append(f"`python -m benchmarks.bench_s3 --scale {args.scale} --write-doc` (took "
+             f"{elapsed / 60:.1f} min). A moto S3 server in server mode on loopback HTTP, on the "
+             "same 2 cores as the client and shared with other jobs: only ratios within this "
+             "run mean anything. Requests are counted from the server's access log. CPU s/GB: "
+             "the client process's user+system CPU per GB of example payload (the server's "
+             "own CPU in the next column). warm read = a later epoch served from the local "
+             "cache.\n")
+    L.append("| workload | system | phase | workers | s | MB/s | CPU s/GB | server CPU s | "
+             "requests | by kind |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            L.append(f"| {r['workload']} | {r['system']} | {r['phase']} | {r['workers']} | "
+                     f"failed: {r['error']} |||||")
+            continue
+        gb = r["payload"] / 1e9
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["requests"].items()) if k != "total")
+        L.append(f"| {r['workload']} | {r['system']} | {r['phase']} | {r['workers']} | "
+                 f"{r['seconds']:.2f} | {r['payload'] / r['seconds'] / 1e6:,.0f} | "
+                 f"{r['cpu_s'] / gb:.1f} | {r['server_cpu_s']:.1f} | "
+                 f"{r['requests'].get('total', 0)} | {kinds} |")
+    notes = sorted({n for r in rows for n in r.get("notes", [])})
+    if notes:
+        L.append("\nWorkarounds applied by the benchmark:\n")
+        L += [f"- {n}" for n in notes]
+    L.append(END)
+    return "\n".join(L)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--child":
+        system, phase, workload, n, url, cache, workers, log_path = argv[1:9]
+        print(json.dumps(child(system, phase, workload, int(n), url, cache, int(workers),
+                               log_path)))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--systems", default="snapcache,litdata,mosaic")
+    parser.add_argument("--workers", default="0,2")
+    parser.add_argument("--write-doc", action="store_true")
+    args = parser.parse_args(argv)
+    args.systems = args.systems.split(",")
+    args.workers = [int(w) for w in args.workers.split(",")]
+    started = time.perf_counter()
+    rows, _ = measure(args)
+    section = render(args, rows, time.perf_counter() - started)
+    print(section)
+    if args.write_doc:
+        from benchmarks.run_all import write_doc
+        write_doc(section, START, END)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""Requests snapcache makes to S3, counted in the access log of a moto server of this module's
+own: a held pipeline's warm epoch makes one request, a HEAD of its manifest; a build lists the snapshot
+folder as often for many shards as for few; processes sharing a node-local shard cache download
+each shard once between them."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import s3server
+import snapcache as sc
+
+pytestmark = pytest.mark.skipif(s3server.missing_requirements() is not None,
+                                reason=str(s3server.missing_requirements()))
+_LINE = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/[\d.]+" (\d+)')
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class LoggedServer:
+    def __init__(self, log):
+        self.log = log
+        self.server = s3server.start(log)
+
+    def mark(self) -> int:
+        self.log.flush()
+        return os.fstat(self.log.fileno()).st_size
+
+    def requests(self, since: int) -> list[tuple[str, str]]:
+        """(method, path) of the requests logged since ``since``; listings as method LIST."""
+        deadline = time.monotonic() + 5
+        text = ""
+        while time.monotonic() < deadline:  # the server logs a request after answering it
+            self.log.flush()
+            with open(self.log.name, "rb") as f:
+                f.seek(since)
+                new = f.read().decode(errors="replace")
+            if new == text and new:
+                break
+            text = new
+            time.sleep(0.3)
+        out = []
+        for m in _LINE.finditer(text):
+            method, path = m.group(1), m.group(2)
+            if method == "GET" and "list-type=" in path:
+                method = "LIST"
+            out.append((method, path))
+        return out
+
+
+@pytest.fixture(scope="module")
+def logged():
+    with tempfile.NamedTemporaryFile(prefix="snapcache-moto-log-") as log:
+        server = LoggedServer(log)
+        try:
+            yield server
+        finally:
+            s3server.stop(server.server.process)
+
+
+@pytest.fixture
+def bucket_url(logged, monkeypatch):
+    for name in s3server._FOREIGN_AWS_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in logged.server.env.items():
+        monkeypatch.setenv(name, value)
+    bucket = s3server.new_bucket_name()
+    logged.server.filesystem().mkdir(bucket)
+    s3server.clear_filesystem_caches()
+    yield f"s3://{bucket}/snaps"
+    s3server.clear_filesystem_caches()
+
+
+def example(i):
+    """4 KB of noise: shards are stored raw, so their count follows the example count."""
+    return {"x": np.random.default_rng(i).integers(0, 256, 4096, dtype=np.uint8), "i": i}
+
+
+def shard_gets(requests):
+    return [path for method, path in requests if method == "GET" and path.endswith(".arrow")]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["examples", "batches"])
+def test_a_held_pipelines_warm_epoch_makes_one_request_a_manifest_head(logged, bucket_url,
+                                                                        tmp_path, batched):
+    ds = sc.Dataset.range(300).map(example).snapshot(
+        bucket_url, progress=False, shard_size=256 << 10, local_cache=str(tmp_path / "cache"))
+    if batched:
+        ds = ds.batch(64)
+    assert sum(1 for _ in ds) > 0  # build
+    assert sum(1 for _ in ds) > 0  # cold: fills the local cache, takes the read lease
+    since = logged.mark()
+    assert sum(1 for _ in ds) > 0  # warm
+    reqs = logged.requests(since)
+    # The read lease is held by the pipeline object and renewed in the background (every
+    # ttl / 4 = 7.5 s by default: not within this epoch); no last-use record either.
+    assert len(reqs) == 1, reqs
+    method, path = reqs[0]
+    assert method == "HEAD" and path.split("?")[0].endswith("/manifest.json"), reqs
+
+
+def test_a_build_does_not_list_per_shard(logged, bucket_url):
+    lists = {}
+    for n in (40, 400):  # 1 shard and 10 shards of ~160 KB
+        since = logged.mark()
+        ds = sc.Dataset.range(n).map(example).snapshot(f"{bucket_url}-{n}", progress=False,
+                                                       shard_size=160 << 10)
+        assert sum(1 for _ in ds) == n
+        reqs = logged.requests(since)
+        shards = len([p for m, p in reqs if m == "PUT" and p.endswith(".arrow")])
+        lists[shards] = len([r for r in reqs if r[0] == "LIST"])
+    assert len(lists) == 2 and min(lists) < max(lists)
+    few, many = (lists[k] for k in sorted(lists))
+    assert many == few, lists
+
+
+READER = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    import snapcache as sc
+    url, cache, go = sys.argv[1:4]
+    def example(i):
+        return {"x": np.random.default_rng(i).integers(0, 256, 4096, dtype=np.uint8), "i": i}
+    ds = sc.Dataset.range(400).map(example).snapshot(url, progress=False,
+                                                     shard_size=160 << 10, local_cache=cache)
+    while not os.path.exists(go):  # start together
+        time.sleep(0.01)
+    n = sum(int(e["i"]) for e in ds)
+    print(n)
+""")
+
+
+def test_processes_sharing_a_local_cache_download_each_shard_once(logged, bucket_url,
+                                                                   tmp_path):
+    ds = sc.Dataset.range(400).map(example).snapshot(bucket_url, progress=False,
+                                                     shard_size=160 << 10)
+    assert sum(1 for _ in ds) == 400
+    (folder,) = [p for p in logged.server.filesystem().ls(bucket_url[5:])]
+    shards = [p for p in logged.server.filesystem().ls(folder) if p.endswith(".arrow")]
+    assert len(shards) > 3
+    cache, go = str(tmp_path / "cache"), str(tmp_path / "go")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    since = logged.mark()
+    procs = [subprocess.Popen([sys.executable, "-c", READER, bucket_url, cache, go], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    time.sleep(0.5)
+    open(go, "w").close()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [e for _, e in outs]
+    assert [int(o) for o, _ in outs] == [sum(range(400))] * 3
+    gets = shard_gets(logged.requests(since))
+    assert sorted(gets) == sorted(set(gets)), gets  # no shard fetched twice
+    assert len(gets) == len(shards)
