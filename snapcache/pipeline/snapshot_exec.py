@@ -27,6 +27,7 @@ from snapcache.store.protocol import (
     ReadLease, StreamRecord, best_progress, commit_fields, discard, hold_read, negotiate,
     record_last_use, try_commit)
 from snapcache.store.options import WriteOptions
+from snapcache.store.protocol.versions import manifest_file
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -249,7 +250,7 @@ def read_session(reader: SnapshotReader, op: ops.SnapshotOp) -> Iterator[None]:
     except OSError as e:  # read-only storage: reading still works, purge just cannot see us
         log.debug("cannot record the read of %s: %s", storage.url, e)
         fresh = False
-    if fresh and not storage.exists(layout.MANIFEST):
+    if fresh and not storage.exists(manifest_file(reader.manifest)):
         # A purge removed the snapshot between our reading its manifest and taking the lease.
         if lease is not None:
             lease.release()
