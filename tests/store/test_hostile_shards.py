@@ -80,3 +80,16 @@ def test_random_bit_flips_never_escape_as_anything_but_corrupt(tmp_path, codec, 
     assert len(corrupt) > 60  # most flips land in structure, offsets or compressed bytes
     for result in corrupt:
         assert_names_shard_and_way_out(result)
+
+
+def test_verify_finds_a_crafted_shard_whose_checksum_matches(tmp_path):
+    import shard_crafting as crafting
+
+    from snapcache import admin
+
+    storage = crafting.make_snapshot(str(tmp_path), "zstd")
+    assert admin.verify(root=str(tmp_path)).checks[0].problems == ()
+    crafting.crafted_offsets(storage, "zstd", "s", "down")
+    [check] = admin.verify(root=str(tmp_path)).checks
+    [problem] = check.problems
+    assert "is corrupt: record batch 0" in problem and "snapcache purge --root" in problem
