@@ -83,7 +83,7 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
       (``"200GB"`` or an int); abandoned writes go before committed snapshots;
     - ``incomplete=True``: abandoned writes (no manifest, no live lease); also removes
       temporary files (``*.tmp``) and, on S3, aborts multipart uploads under the root, that are
-      older than ``lease_ttl`` (default: the default lease ttl) in folders without a live lease.
+      older than ``lease_ttl`` (default: the default lease ttl) in folders without a live lease;
     - ``old_versions=True``: every version but the newest of delta snapshots that stay (a
       shard the newest version still lists stays: shards are reference-counted); skipped
       while the snapshot has a live read or write lease.

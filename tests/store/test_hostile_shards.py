@@ -40,6 +40,16 @@ def assert_names_shard_and_way_out(result: dict) -> None:
     assert "rerun the pipeline" in message, result
 
 
+def all_corrupt(tmp_path, cases: list[str]) -> list[dict]:
+    """Run ``cases``; each must end in CorruptSnapshotError naming the shard and the way out."""
+    results = run_cases(tmp_path, cases)
+    assert [r["case"] for r in results] == cases
+    for result in results:
+        assert result["outcome"] == "corrupt", result
+        assert_names_shard_and_way_out(result)
+    return results
+
+
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_crafted_offsets_with_recomputed_checksum_are_corrupt(tmp_path, codec):
     """Offsets going up then down, or one far past its buffer, in str, bytes, 1-d and 2-d tensor
@@ -47,22 +57,14 @@ def test_crafted_offsets_with_recomputed_checksum_are_corrupt(tmp_path, codec):
     cases = [f"offsets:{codec}:{column}/{mode}:{verify}"
              for column in ("s", "b", "t", "m") for mode in ("down", "past")
              for verify in ("verify", "noverify")]
-    results = run_cases(tmp_path, cases)
-    assert [r["case"] for r in results] == cases
-    for result in results:
-        assert result["outcome"] == "corrupt", result
-        assert_names_shard_and_way_out(result)
+    for result in all_corrupt(tmp_path, cases):
         assert "record batch 0" in result["message"], result
 
 
 def test_forged_zstd_lengths_are_corrupt(tmp_path):
     cases = [f"zstd-length:zstd:{how}:{verify}" for how in ("huge", "short", "long")
              for verify in ("verify", "noverify")]
-    results = run_cases(tmp_path, cases)
-    assert [r["case"] for r in results] == cases
-    for result in results:
-        assert result["outcome"] == "corrupt", result
-        assert_names_shard_and_way_out(result)
+    all_corrupt(tmp_path, cases)
 
 
 @pytest.mark.parametrize("codec,seed", [("none", 1), ("zstd", 2), ("lz4", 3)])
@@ -78,3 +80,16 @@ def test_random_bit_flips_never_escape_as_anything_but_corrupt(tmp_path, codec, 
     assert len(corrupt) > 60  # most flips land in structure, offsets or compressed bytes
     for result in corrupt:
         assert_names_shard_and_way_out(result)
+
+
+def test_verify_finds_a_crafted_shard_whose_checksum_matches(tmp_path):
+    import shard_crafting as crafting
+
+    from snapcache import admin
+
+    storage = crafting.make_snapshot(str(tmp_path), "zstd")
+    assert admin.verify(root=str(tmp_path)).checks[0].problems == ()
+    crafting.crafted_offsets(storage, "zstd", "s", "down")
+    [check] = admin.verify(root=str(tmp_path)).checks
+    [problem] = check.problems
+    assert "is corrupt: record batch 0" in problem and "snapcache purge --root" in problem
