@@ -283,3 +283,21 @@ def test_a_malformed_lease_is_a_corrupt_lease_for_its_snapshot_only(tmp_path):
     # a writer of that snapshot takes it over once it has not changed for its lease_ttl
     assert list(bad.snapshot(root, lease_ttl=TTL, wait_timeout=120)) == list(range(7))
     assert list(good) == list(range(5))
+
+
+def test_the_commit_cleanup_leaves_another_writers_temporary_files_alone(tmp_path):
+    """A writer may be creating its stream marker (a temporary file, then a link) while the
+    committer cleans up: removing that temporary file made its link fail (FileNotFoundError)."""
+    from snapcache.store.manifest import Manifest
+    from snapcache.store.protocol import cleanup
+
+    folder = Storage(str(tmp_path)).child("f" * 32)
+    folder.makedirs()
+    in_flight = layout.tmp_name("stream-0002-0000.json")
+    for name in ("stream-0002-0001.json", "progress-0002-0001-abcd.json", in_flight):
+        (tmp_path / ("f" * 32) / name).write_bytes(b"{}")
+    manifest = Manifest(fingerprint="f" * 32, schema=None, shards=(), compression="",
+                        created_at="", committed_at="", writer={})
+    removed = cleanup(folder, manifest)
+    assert sorted(removed) == ["progress-0002-0001-abcd.json", "stream-0002-0001.json"]
+    assert (tmp_path / ("f" * 32) / in_flight).exists()

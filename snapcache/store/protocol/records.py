@@ -236,7 +236,9 @@ def cleanup(storage: Storage, manifest: Manifest) -> list[str]:
     for name in storage.listdir():
         run = layout.run_of(name)
         stale_shard = run is not None and name not in keep and run not in live_runs
-        bookkeeping = name.startswith(("progress-", "stream-"))
+        # Another writer's temporary file may be on its way to becoming a marker or a
+        # progress record right now: only purge --incomplete judges those, by age.
+        bookkeeping = name.startswith(("progress-", "stream-")) and not layout.is_tmp(name)
         if stale_shard or bookkeeping:
             storage.remove(name)
             removed.append(name)
