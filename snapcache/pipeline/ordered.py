@@ -427,7 +427,7 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
     from snapcache.pipeline.snapshot_exec import read_session
 
     session = read_session(reader, layout.new_run_id(),
-                           shape.snapshot.options.coordination.lease_ttl)
+                           shape.snapshot.options.coordination.lease_ttl, shape.snapshot)
     session.__enter__()
     items = _items(shape, reader, order, share, skip, epoch, local_shuffle)
     closed = []

@@ -39,7 +39,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
 
     def chunks() -> Iterator[dict]:
         with snapshot_exec.read_session(reader, layout.new_run_id(),
-                                        snapshot.options.coordination.lease_ttl):
+                                        snapshot.options.coordination.lease_ttl, snapshot):
             pieces = ordered_pieces(reader, order, share.pieces(), mode="columns",
                                     piece=max(1024, unit))
             try:

@@ -7,11 +7,13 @@ import hashlib
 import itertools
 import logging
 import os
+import threading
 import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterator
 
+from snapcache import lifecycle
 from snapcache.errors import (
     CorruptSnapshotError, LeaseLostError, OptionConflictWarning, RandomnessWarning, StoreError)
 from snapcache.pipeline import interrupt, ops, streams
@@ -66,7 +68,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     if decision.action == "read":
         assert decision.manifest is not None
         return _read(open_reader(storage, decision.manifest, options), run_id, spec,
-                     options.coordination.lease_ttl)
+                     options.coordination.lease_ttl, holder=op)
     if decision.action == "replay":
         assert decision.resume is not None
         if alone:
@@ -218,13 +220,13 @@ def _replay(storage: Storage, record: StreamRecord, options, count: int,
     try_commit(storage, count, **fields)
 
 
-def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float
-          ) -> Iterator[Any]:
+def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: float,
+          holder: ops.SnapshotOp | None = None) -> Iterator[Any]:
     """This stream's share of a committed snapshot: the rows it wrote, if the snapshot was
     written by as many streams, else chunks of its rows round-robin across the streams."""
     from snapcache.pipeline.ordered import read_share
 
-    with read_session(reader, run_id, ttl):
+    with read_session(reader, run_id, ttl, holder):
         order = EpochOrder(layout_of(reader.manifest), None, 0)
         share = read_share(reader.manifest, spec, shuffled=False)
         for _, _, rows in ordered_pieces(reader, order, share.pieces(), mode="rows"):
@@ -232,8 +234,26 @@ def _read(reader: SnapshotReader, run_id: str, spec: streams.StreamSpec, ttl: fl
 
 
 @contextlib.contextmanager
-def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[None]:
-    """Hold a read lease (so ``purge`` keeps the snapshot) and record the use while reading."""
+def read_session(reader: SnapshotReader, run_id: str, ttl: float,
+                 holder: ops.SnapshotOp | None = None) -> Iterator[None]:
+    """Hold a read lease (so ``purge`` keeps the snapshot) and record the use while reading.
+
+    With a ``holder`` (the snapshot op of the pipeline being read) the lease outlives the
+    epoch: it renews itself in the background and is released when the holder is collected or
+    at exit, so a held pipeline's later epochs take no lease and record nothing."""
+    if holder is not None:
+        _hold_read_lease(holder, reader, run_id, ttl)
+        yield
+        return
+    lease = _open_read_lease(reader, run_id, ttl)
+    try:
+        yield
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _open_read_lease(reader: SnapshotReader, run_id: str, ttl: float) -> ReadLease | None:
     lease = None
     try:
         lease = ReadLease(reader.storage, run_id=run_id, ttl=ttl)
@@ -246,11 +266,63 @@ def read_session(reader: SnapshotReader, run_id: str, ttl: float) -> Iterator[No
         raise CorruptSnapshotError(
             f"snapshot {reader.storage.url} was purged while it was being opened; iterate "
             "again to rebuild it")
-    try:
-        yield
-    finally:
-        if lease is not None:
+    return lease
+
+
+# Read leases held across epochs, per holder (a snapshot op), by (pid, snapshot folder) so a
+# forked child (a DataLoader worker) takes its own and never releases its parent's.
+_held: "weakref.WeakKeyDictionary[ops.SnapshotOp, dict]" = weakref.WeakKeyDictionary()
+_held_lock = threading.Lock()
+
+
+def _hold_read_lease(holder: ops.SnapshotOp, reader: SnapshotReader, run_id: str,
+                     ttl: float) -> None:
+    key = (os.getpid(), reader.storage.url)
+    with _held_lock:
+        leases = _held.get(holder)
+        if leases is None:
+            leases = _held[holder] = {}
+            weakref.finalize(holder, _release_held_later, leases)
+        if key in leases:
+            return
+        lease = _open_read_lease(reader, run_id, ttl)
+        if lease is not None:  # else read-only storage: nothing to hold, try next epoch
+            leases[key] = (lease, lifecycle.at_exit(lambda: _release_held(leases, [key])))
+
+
+def _release_held(leases: dict, keys=None) -> None:
+    """Release the read leases of this process in ``leases`` (or those of ``keys``)."""
+    for key in list(leases) if keys is None else keys:
+        if key[0] != os.getpid():
+            continue
+        held = leases.pop(key, None)
+        if held is None:
+            continue
+        lease, forget = held
+        forget()
+        try:
             lease.release()
+        except Exception as e:  # noqa: BLE001  storage gone: the lease expires after its ttl
+            log.info("could not release the read lease of %s (it expires on its own): %s",
+                     lease.storage.url, e)
+
+
+def _release_held_later(leases: dict) -> None:
+    """The holder was collected: release its leases on a thread of their own (a finalizer may
+    run inside any code, even the storage client's event loop)."""
+    if not any(key[0] == os.getpid() for key in leases):
+        return
+    forget = []
+
+    def run() -> None:
+        try:
+            _release_held(leases)
+        finally:
+            forget[0]()
+
+    thread = threading.Thread(target=run, daemon=True, name="snapcache-release-read-lease")
+    forget.append(lifecycle.at_exit(lambda: thread.join(lifecycle.JOIN_TIMEOUT)))
+    thread.start()
 
 
 def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None,

@@ -196,4 +196,15 @@ def test_fast_batched_path_holds_a_read_lease_and_records_use(tmp_path):
     names = os.listdir(os.path.join(root, folder))
     assert any(n.startswith("reader-") for n in names) and "last-used.json" in names
     list(it)
+    # held by the pipeline object across epochs (renewed in the background) until collected
+    assert any(n.startswith("reader-") for n in os.listdir(os.path.join(root, folder)))
+    import gc
+    import time
+
+    del ds, it
+    gc.collect()
+    deadline = time.monotonic() + 60
+    while any(n.startswith("reader-") for n in os.listdir(os.path.join(root, folder))) and \
+            time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not any(n.startswith("reader-") for n in os.listdir(os.path.join(root, folder)))
