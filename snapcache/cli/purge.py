@@ -26,8 +26,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--max-size", metavar="SIZE",
                         help="delete least recently used snapshots until the root holds at "
                              "most SIZE, e.g. 200GB, 1.5TiB, 500MB")
-    parser.add_argument("--incomplete", action="store_true",
-                        help="abandoned writes: no manifest and no live lease")
+    parser.add_argument("--abandoned", "--incomplete", action="store_true", dest="incomplete",
+                        help="abandoned writes: no manifest and no live lease (state "
+                             "'abandoned' in `snapcache ls`)")
     parser.add_argument("--dry-run", action="store_true",
                         help="show what would be deleted and the space it frees; delete nothing")
     parser.add_argument("--force", action="store_true",
