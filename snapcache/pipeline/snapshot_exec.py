@@ -28,6 +28,7 @@ from snapcache.store.protocol import (
     ReadLease, StreamRecord, best_progress, commit_fields, discard, negotiate,
     record_last_use, try_commit)
 from snapcache.store.options import WriteOptions
+from snapcache.store.protocol.versions import manifest_file
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -143,12 +144,17 @@ def epoch_progress(op: ops.SnapshotOp, storage: Storage, writing: streams.Stream
                          remote=remote if writing.count > 1 else None)
 
 
-def snapshot_storage(op: ops.SnapshotOp, digest: str) -> Storage:
-    """The folder of ``op``'s snapshot; StoreError at once if its local root is a file."""
+def check_root(op: ops.SnapshotOp) -> Storage:
+    """``op``'s snapshot root; StoreError at once if it is a local file."""
     root = Storage(op.path, op.options.storage_options)
     if root.local and os.path.exists(root.root) and not os.path.isdir(root.root):
         raise unusable_root(op.path, NotADirectoryError(20, "Not a directory"))
-    return root.child(digest)
+    return root
+
+
+def snapshot_storage(op: ops.SnapshotOp, digest: str) -> Storage:
+    """The folder of ``op``'s snapshot; StoreError at once if its local root is a file."""
+    return check_root(op).child(digest)
 
 
 def unusable_root(root: str, error: OSError) -> StoreError:
@@ -260,7 +266,7 @@ def _open_read_lease(reader: SnapshotReader, run_id: str, ttl: float) -> ReadLea
         _touch_last_used(reader)
     except OSError as e:  # read-only storage: reading still works, purge just cannot see us
         log.debug("cannot record the read of %s: %s", reader.storage.url, e)
-    if lease is not None and not reader.storage.exists(layout.MANIFEST):
+    if lease is not None and not reader.storage.exists(manifest_file(reader.manifest)):
         # A purge removed the snapshot between our reading its manifest and taking the lease.
         lease.release()
         raise CorruptSnapshotError(

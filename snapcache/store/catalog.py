@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
+from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
 from snapcache.store.protocol import live_leases
@@ -30,6 +31,10 @@ class Entry:
     manifest: Manifest | None   # None: not committed (being written, or abandoned)
     problem: str = ""           # why the manifest could not be read, if it could not
     writing: bool = False       # not committed and a writer holds a live lease
+    versions: tuple[int, ...] = ()
+    """A delta snapshot's committed versions (``manifest`` is the newest)."""
+    referenced: frozenset[str] | None = None
+    """A delta snapshot: every file some version needs (what purge must keep)."""
 
     @property
     def state(self) -> str:
@@ -44,6 +49,12 @@ class Entry:
 def read_entry(folder: Storage, fingerprint: str) -> Entry:
     """One snapshot folder: its manifest, or why it could not be read."""
     try:
+        names = folder.listdir()
+        if versions.is_lineage(names):
+            numbers = tuple(versions.versions(folder, names))
+            return Entry(fingerprint, folder.url, versions.newest(folder, names),
+                         versions=numbers,
+                         referenced=frozenset(versions.referenced(folder, names)))
         manifest = load_manifest(folder)
     except CorruptSnapshotError as e:
         return Entry(fingerprint, folder.url, None, problem=str(e))
