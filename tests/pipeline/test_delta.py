@@ -416,8 +416,8 @@ def test_s3_identities_come_from_the_paginated_listing(s3_root, s3_server):
 
     folder = s3_root.rsplit("/", 1)[0] + "/many"
     admin = s3_server.filesystem()
-    admin.pipe({f"{folder[5:]}/f{i:05d}.txt": str(i).encode() for i in range(1500)})
-    urls = [f"{folder}/f{i:05d}.txt" for i in range(1500)]
+    admin.pipe({f"{folder[5:]}/f{i:05d}.txt": str(i).encode() for i in range(1001)})
+    urls = [f"{folder}/f{i:05d}.txt" for i in range(1001)]
     fs, _ = _filesystem(folder, None)
     fs.ls(folder[5:], refresh=True)   # connects the client
     operations: list[str] = []
