@@ -269,7 +269,8 @@ class Snapshot:
         return self.num_examples
 
     def __getitem__(self, index: int) -> Any:
-        """Example ``index`` (negative counts from the end): decodes one record batch."""
+        """Example ``index`` (negative counts from the end): decodes that example alone (the
+        first example of a shard loads and verifies the shard)."""
         return self._row_access()[index]
 
     def take(self, indices: Sequence[int]) -> list:
