@@ -513,3 +513,29 @@ def test_local_glob_by_scandir_matches_glob_glob(tmp_path):
         path = str(tmp_path / pattern)
         want = sorted(m for m in glob_module.glob(path, recursive=True) if not os.path.isdir(m))
         assert _local_glob(path) == want, pattern
+
+
+def test_snapcache_explain_says_what_the_next_run_computes(src, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os\nimport snapcache as sc\n\n"
+        "def parse(path):\n    return {'name': os.path.basename(path)}\n\n"
+        f"def build():\n    return sc.Dataset.from_files({str(src / '*.txt')!r}).map(parse)"
+        f".snapshot({str(tmp_path / 'root')!r}, delta=True, progress=False)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+         str(tmp_path)])}
+
+    def explain():
+        return subprocess.run([sys.executable, "-m", "snapcache.cli.main", "explain",
+                               "--pipeline", "train:build"], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, timeout=120)
+
+    subprocess.run([sys.executable, "-c", "import train; list(train.build())"], cwd=tmp_path,
+                   env=env, check=True, timeout=120)
+    assert explain().stdout.startswith("hit:")
+    write(src, 500)
+    proc = explain()
+    assert proc.returncode == 1, proc.stderr
+    assert ("source: 1 file added; computing 1 of 13 units, reusing 12 (92.3% of examples)"
+            in proc.stdout)
