@@ -539,3 +539,25 @@ def test_snapcache_explain_says_what_the_next_run_computes(src, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert ("source: 1 file added; computing 1 of 13 units, reusing 12 (92.3% of examples)"
             in proc.stdout)
+
+
+def test_verify_checks_the_shards_of_every_version(src, tmp_path):
+    from snapcache.admin import verify
+
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 3, value=3333)            # version 2 copies the first segment's other rows
+    run(src, root)
+    storage = lineage(root)
+    v1, v2 = versions.load_version(storage, 1), versions.load_version(storage, 2)
+    only_v1 = [s for s in v1.shards if s.path not in {t.path for t in v2.shards}]
+    assert only_v1
+    report = verify(root=str(root))
+    (check,) = report.checks
+    assert check.ok and check.shards_checked == len({s.path for s in v1.shards + v2.shards})
+    path = os.path.join(storage.root, only_v1[0].path)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    (check,) = verify(root=str(root)).checks
+    assert not check.ok and only_v1[0].path in " ".join(check.problems)
