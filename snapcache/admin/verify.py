@@ -92,7 +92,7 @@ def verify(ids: Iterable[str] = (), root: str | os.PathLike | None = None, *,
         for manifest, shard in pairs:
             reader = readers[id(manifest)]
             try:
-                reader.open_shard(shard, verify=True)
+                reader.check_shard(shard)
             except CorruptSnapshotError as e:
                 problems.append(str(e))
             except OSError as e:  # unreadable (permissions, network): not proven sound
