@@ -17,17 +17,13 @@ def add_parser(commands) -> None:
         "ls", help="list the snapshots in a root: state, size, last use, pipeline",
         description="List every snapshot folder in ROOT: committed snapshots, most recently "
                     "used first, then writes in progress, abandoned writes and corrupt ones.")
-    parser.add_argument("root_arg", nargs="?", metavar="ROOT", default=None,
-                        help="snapshot root (same as --root)")
     common.add_root_option(parser)
     common.add_json_option(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.root_arg and args.root and args.root_arg != args.root:
-        raise ValueError(f"two roots given: {args.root_arg!r} and --root {args.root!r}")
-    storage = open_root(args.root_arg or args.root)
+    storage = open_root(args.root, args.storage_options)
     snaps = scan(storage)
     if args.json:
         common.print_json({
@@ -36,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
             "totals": {"snapshots": len(snaps),
                        "num_examples": sum(s.num_examples or 0 for s in snaps),
                        "num_shards": sum(s.num_shards for s in snaps),
-                       "size_bytes": sum(s.size_bytes for s in snaps)},
+                       "size_bytes": sum(s.size_bytes for s in snaps),
+                       "tmp_files": sum(s.tmp_files for s in snaps)},
         })
         return 0
     out = common.console()
@@ -50,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
         size = format_size(sum(s.size_bytes for s in garbage))
         out.print(f"abandoned writes hold {size} ({common.plural(len(garbage), 'folder')}): "
                   "`snapcache purge --incomplete` reclaims it")
+    tmp = sum(s.tmp_files for s in snaps)
+    if tmp:
+        out.print(f"{common.plural(tmp, 'temporary file')} (being written, or left by a killed "
+                  "writer): `snapcache purge --incomplete` removes the stale ones")
     corrupt = [s for s in snaps if s.state == "corrupt"]
     for snap in corrupt:
         out.print(Text.assemble(("corrupt", "bold red"), f" {snap.short_id}: {snap.problem}"))

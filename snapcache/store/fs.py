@@ -14,13 +14,14 @@ import hashlib
 import os
 import posixpath
 import threading
-import uuid
 from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import fsspec
 import fsspec.asyn
 import xxhash
 from fsspec.core import url_to_fs
+
+from snapcache.store import layout
 
 if TYPE_CHECKING:
     import mmap
@@ -73,6 +74,14 @@ class FileStat(NamedTuple):
     mtime: float | None   # seconds since the epoch, if the filesystem reports it
 
 
+class Upload(NamedTuple):
+    """An unfinished multipart upload (object stores) below a Storage."""
+
+    path: str             # relative to the Storage
+    upload_id: str
+    initiated: float      # seconds since the epoch
+
+
 class Storage:
     """A folder on some filesystem, addressed by relative ``/``-separated paths."""
 
@@ -115,6 +124,15 @@ class Storage:
 
     def exists(self, rel: str = "") -> bool:
         return self.fs.exists(self._fresh(self.full(rel)))
+
+    def bucket_exists(self) -> bool:
+        """Whether the bucket holding this root exists (an object store's first path
+        component; for local storage, whether the root itself exists). A prefix with no
+        objects under it does not "exist" on an object store, yet is a valid empty root."""
+        if self.local:
+            return self.exists()
+        bucket = self.root.strip("/").split("/")[0]
+        return not bucket or self.fs.exists(self._fresh(bucket))
 
     def size(self, rel: str) -> int:
         return int(self.fs.size(self._fresh(self.full(rel))))
@@ -257,8 +275,21 @@ class Storage:
 
     def open_output(self, rel: str) -> IO[bytes]:
         if self.local:
-            os.makedirs(os.path.dirname(self.full(rel)), exist_ok=True)
+            return _create(self.full(rel))
         return self.fs.open(self.full(rel), "wb")
+
+    def remove_if_empty(self) -> bool:
+        """Remove this folder if nothing is in it (local disk; object stores have no empty
+        folders); True if it is gone. A folder another process has just written into stays."""
+        if not self.local:
+            return not self.listdir()
+        try:
+            os.rmdir(self.root)
+        except FileNotFoundError:
+            return True
+        except OSError:  # not empty (someone is using it) or not ours to remove
+            return False
+        return True
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Write ``data`` so that readers see either nothing or all of it.
@@ -271,9 +302,9 @@ class Storage:
             return
         target = self.full(rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+        tmp = layout.tmp_name(target)
         try:
-            with open(tmp, "wb") as f:
+            with _create(tmp) as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -296,12 +327,12 @@ class Storage:
         target = self.full(rel)
         if self.local:
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = layout.tmp_name(target)
             try:
+                with _create(tmp) as f:   # a full disk fails here: nothing may stay
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
                 os.link(tmp, target)
                 return True
             except FileExistsError:
@@ -366,11 +397,65 @@ class Storage:
         else:
             self.fs.mv(self.full(src), self.full(dst))
 
+    def incomplete_uploads(self) -> list[Upload]:
+        """Multipart uploads started below this folder and never completed nor aborted (S3; an
+        empty list elsewhere). A writer killed while uploading a large shard leaves one: its
+        parts are billed but no listing shows them."""
+        if self.protocol not in ("s3", "s3a"):
+            return []
+        bucket, _, prefix = self.root.partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        found, markers = [], {}
+        while True:
+            page = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix,
+                                   **markers)
+            for upload in page.get("Uploads", []) or []:
+                initiated = upload.get("Initiated")
+                found.append(Upload(upload["Key"][len(prefix):], upload["UploadId"],
+                                    initiated.timestamp() if initiated is not None else 0.0))
+            if not page.get("IsTruncated"):
+                return found
+            markers = {"KeyMarker": page.get("NextKeyMarker", ""),
+                       "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+
+    def abort_upload(self, upload: Upload) -> None:
+        bucket, _, prefix = self.root.partition("/")
+        key = f"{prefix.rstrip('/')}/{upload.path}" if prefix else upload.path
+        self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
+                        UploadId=upload.upload_id)
+
+    def link_target(self, rel: str = "") -> str | None:
+        """Where ``rel`` points if it is a symbolic link (local disk), else None."""
+        path = self.full(rel)
+        if self.local and os.path.islink(path):
+            return os.path.realpath(path)
+        return None
+
+    def remove_link(self, rel: str = "") -> None:
+        """Remove the symbolic link ``rel`` itself, never what it points to."""
+        path = self.full(rel)
+        if not (self.local and os.path.islink(path)):
+            raise ValueError(f"{self.url_of(rel)} is not a symbolic link")
+        os.unlink(path)
+
     def remove(self, rel: str, recursive: bool = False) -> None:
         try:
             self.fs.rm(self.full(rel), recursive=recursive)
         except FileNotFoundError:
             pass
+
+
+def _create(path: str) -> IO[bytes]:
+    """A new local file, its folder made first; made again if an empty-folder cleanup
+    (:meth:`Storage.remove_if_empty` in another process) removed it in between."""
+    for attempt in range(3):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            return open(path, "wb")
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _silent_remove(path: str) -> None:
