@@ -84,13 +84,13 @@ class SnapshotOptions:
     """Progress of the writing epoch: True (a bar on a terminal, log lines otherwise), False,
     or a callable receiving :class:`snapcache.runtime.progress.ProgressUpdate` objects."""
     storage_options: dict = field(default_factory=dict, compare=False, hash=False)
-    on_corrupt: str = field(default="raise", compare=False)
-    """A corrupt snapshot met while reading: ``"raise"`` CorruptSnapshotError, or
-    ``"rebuild"`` it and carry on (with a warning)."""
     delta: bool = False
     """Build a snapshot of files (``from_files``/``from_parquet`` then element-wise ops) by
     file, so that a grown source computes only its new and changed files (a delta snapshot,
     see docs/format.md)."""
+    on_corrupt: str = field(default="raise", compare=False)
+    """A corrupt snapshot met while reading: ``"raise"`` CorruptSnapshotError, or
+    ``"rebuild"`` it and carry on (with a warning)."""
 
     def __post_init__(self) -> None:
         for name, kind in (("write", WriteOptions), ("read", ReadOptions),
@@ -114,7 +114,7 @@ class SnapshotOptions:
     @classmethod
     def from_keywords(cls, *, key: str | None = None, name: str | None = None,
                       progress: Any = True, storage_options: dict | None = None,
-                      on_corrupt: str = "raise", delta: bool = False,
+                      delta: bool = False, on_corrupt: str = "raise",
                       **keywords: Any) -> "SnapshotOptions":
         """Route ``Dataset.snapshot``'s flat keywords to the part that owns each one."""
         parts: dict[str, dict[str, Any]] = {"write": {}, "read": {}, "coordination": {}}
@@ -127,7 +127,7 @@ class SnapshotOptions:
         return cls(write=WriteOptions(**parts["write"]), read=ReadOptions(**parts["read"]),
                    coordination=CoordinationOptions(**parts["coordination"]), key=key,
                    name=name, progress=progress, storage_options=dict(storage_options or {}),
-                   on_corrupt=on_corrupt, delta=delta)
+                   delta=delta, on_corrupt=on_corrupt)
 
 
 _OWNER = {f.name: part for part, kind in (("write", WriteOptions), ("read", ReadOptions),

@@ -35,7 +35,8 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     snap = info(args.root, args.ids[0], storage_options=args.storage_options)
-    files = source_files(snap, args.storage_options) if getattr(args, "files", False) else None
+    files = source_files(snap, args.storage_options) if getattr(args, "files", False) \
+        else None
     if args.json:
         doc = snap.to_json()
         doc["manifest"] = snap.manifest.to_json() if snap.manifest is not None else None

@@ -26,8 +26,9 @@ def add_parser(commands) -> None:
     parser.add_argument("--max-size", metavar="SIZE",
                         help="delete least recently used snapshots until the root holds at "
                              "most SIZE, e.g. 200GB, 1.5TiB, 500MB")
-    parser.add_argument("--incomplete", action="store_true",
-                        help="abandoned writes: no manifest and no live lease")
+    parser.add_argument("--abandoned", "--incomplete", action="store_true", dest="incomplete",
+                        help="abandoned writes: no manifest and no live lease (state "
+                             "'abandoned' in `snapcache ls`)")
     parser.add_argument("--old-versions", action="store_true",
                         help="delta snapshots: delete every version but the newest (shards "
                              "the newest version shares stay)")
@@ -69,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
     if plan.deleted:  # exactly what was planned (and confirmed), leases checked again
         report = purge(args.root, storage_options=args.storage_options,
-                       ids=[item.snapshot.id for item in plan.deleted], force=args.force,
-                       incomplete=args.incomplete, old_versions=args.old_versions)
+                       ids=[item.snapshot.id for item in plan.deleted],
+                       old_versions=args.old_versions, force=args.force,
+                       incomplete=args.incomplete)
         report = _merge(plan, report)
     else:
         report = purge(args.root, storage_options=args.storage_options, **criteria)

@@ -19,7 +19,6 @@ from snapcache.pipeline.build import SnapshotBuilder
 from snapcache.pipeline.explain import Explanation
 from snapcache.pipeline.iterator import DatasetIterator, Deferred
 from snapcache.pipeline.rebuild import Rebuilding
-from snapcache.pipeline.snapshot_exec import snapshot_storage
 from snapcache.pipeline.streams import StreamSpec
 from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
@@ -245,8 +244,8 @@ class Dataset:
                  progress: bool | Callable[[Any], None] = True,
                  local_cache: str | os.PathLike | None = None,
                  local_cache_limit: int = 50 << 30,
-                 storage_options: dict | None = None,
-                 on_corrupt: str = "raise", delta: bool = False) -> "Dataset":
+                 storage_options: dict | None = None, delta: bool = False,
+                 on_corrupt: str = "raise") -> "Dataset":
         """Persist the examples up to here under ``path`` (a folder or fsspec URL; default
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``) and read them back from then on.
 
@@ -268,13 +267,14 @@ class Dataset:
         For remote roots (``s3://...``), ``local_cache=DIR`` keeps copies of the shards read in
         ``DIR``, at most ``local_cache_limit`` bytes, least recently used evicted first.
 
-        A corrupt snapshot (a shard whose checksum does not match, an unreadable manifest)
-        fails the epoch with ``on_corrupt="raise"``; ``"rebuild"`` withdraws it, warns, and
-        carries on with the snapshot recomputed (see :mod:`snapcache.pipeline.rebuild`).
         ``delta=True`` (files, then element-wise ops): the snapshot is built file by file in a
         folder named by the upstream's code alone; when files are added, changed or removed,
         the next run computes only those and commits a new version that reuses every other
         shard in place (see docs/format.md, "Delta snapshots").
+
+        A corrupt snapshot (a shard whose checksum does not match, an unreadable manifest)
+        fails the epoch with ``on_corrupt="raise"``; ``"rebuild"`` withdraws it, warns, and
+        carries on with the snapshot recomputed (see :mod:`snapcache.pipeline.rebuild`).
         """
         options = SnapshotOptions.from_keywords(
             compression=compression, compression_level=compression_level,
@@ -283,7 +283,7 @@ class Dataset:
             progress=progress,
             local_cache=os.fspath(local_cache) if local_cache is not None else None,
             local_cache_limit=local_cache_limit, storage_options=storage_options,
-            on_corrupt=on_corrupt, delta=delta)
+            delta=delta, on_corrupt=on_corrupt)
         if delta:
             _check_delta(self._op, key)
         root = os.fspath(path) if path is not None else default_root()
@@ -375,7 +375,7 @@ class Dataset:
         snap = plan.last_snapshot(op)
         if snap is not None and snap.options.on_corrupt == "rebuild":
             iterator: Iterator[Any] = Rebuilding(
-                make, lambda: snapshot_storage(snap, plan.snapshot_tree(snap).digest))
+                make, lambda: plan.committed_snapshot(snap)[0])
         else:
             iterator = make()
         self._recorder = recorder

@@ -141,12 +141,17 @@ def epoch_progress(op: ops.SnapshotOp, storage: Storage, writing: streams.Stream
                          remote=remote if writing.count > 1 else None)
 
 
-def snapshot_storage(op: ops.SnapshotOp, digest: str) -> Storage:
-    """The folder of ``op``'s snapshot; StoreError at once if its local root is a file."""
+def check_root(op: ops.SnapshotOp) -> Storage:
+    """``op``'s snapshot root; StoreError at once if it is a local file."""
     root = Storage(op.path, op.options.storage_options)
     if root.local and os.path.exists(root.root) and not os.path.isdir(root.root):
         raise unusable_root(op.path, NotADirectoryError(20, "Not a directory"))
-    return root.child(digest)
+    return root
+
+
+def snapshot_storage(op: ops.SnapshotOp, digest: str) -> Storage:
+    """The folder of ``op``'s snapshot; StoreError at once if its local root is a file."""
+    return check_root(op).child(digest)
 
 
 def unusable_root(root: str, error: OSError) -> StoreError:

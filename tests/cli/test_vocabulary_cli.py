@@ -68,6 +68,14 @@ def test_one_set_of_state_words(root):
     assert sc.open_snapshot(root, fid).state == "committed"
 
 
+def test_purge_names_abandoned_writes_by_their_state_word(root):
+    make_snapshot(root, "train")
+    abandoned_write(root, "ab" * 16)
+    for flag in ("--abandoned", "--incomplete"):
+        doc = json.loads(snapcache("purge", root, flag, "--dry-run", "--json").stdout)
+        assert [item["id"] for item in doc["deleted"]] == ["ab" * 16], doc
+
+
 def test_admin_api_takes_the_root_first(root):
     fid = make_snapshot(root, "train")
     assert [s.id for s in sc.ls(root)] == [fid]

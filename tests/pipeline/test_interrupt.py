@@ -6,10 +6,12 @@ when it has consumed its examples (a line on stdout), so nothing depends on timi
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -104,17 +106,28 @@ def test_a_root_that_is_a_file_gives_one_clear_line(tmp_path):
     assert "pass snapshot() a folder path" in message
 
 
-@pytest.mark.skipif(os.geteuid() == 0 if hasattr(os, "geteuid") else True,
-                    reason="root may write into read-only folders")
+def _make_read_only(path) -> Callable[[], None]:
+    """A folder this process cannot write into: chmod for a user; for root (who ignores
+    permission bits) the immutable attribute. Returns the undo."""
+    if os.geteuid() != 0:
+        path.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        return lambda: path.chmod(stat.S_IRWXU)
+    if shutil.which("chattr") is None or subprocess.run(
+            ["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("cannot make a folder read-only for root here (chattr +i)")
+    return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
 def test_a_read_only_root_gives_one_clear_line(tmp_path):
     path = tmp_path / "snaps"
     path.mkdir()
-    path.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    undo = _make_read_only(path)
     try:
         with pytest.raises(StoreError) as caught:
             list(sc.Dataset.range(3).snapshot(str(path), progress=False))
     finally:
-        path.chmod(stat.S_IRWXU)
+        undo()
     message = str(caught.value)
     assert "\n" not in message
     assert f"snapshot root {path} is not writable (permission denied)" in message
+    assert "a folder you can write to" in message
