@@ -195,20 +195,27 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
     def get(w, s, c, k):
         return tp.get((w, s, c), {}).get(k)
 
-    for workload, factor in (("image", 1.0), ("token", 2.0)):
-        for c in ("none", "zstd"):
-            ours = get(workload, "snapcache", c, "batched_mb_s")
-            peers = [(s, get(workload, s, pc, "batched_mb_s")) for s, pc in
-                     (("tfdata", c), ("hf", "none"))]
-            peers = [(s, v) for s, v in peers if v]
-            if ours is None or not peers:
-                L.append(f"| {workload} {c}: batched >= {factor:g}x best of tf.data/HF | "
-                         "baseline missing | not measured |")
-                continue
-            best_s, best = max(peers, key=lambda p: p[1])
-            L.append(f"| {workload}, {c}: batched reads >= {factor:g}x the faster of tf.data "
-                     f"and HF ({best_s}) | {ours:,.0f} vs {best:,.0f} MB/s = "
-                     f"{ours / best:.2f}x | {verdict(ours >= factor * best)} |")
+    # The slower of compression none and the default (zstd, which the writer drops per shard
+    # where it saves little) against the faster of tf.data and HF datasets.
+    for workload, factor in (("image", 1.2), ("token", 4.0)):
+        ours = [(c, get(workload, "snapcache", c, "batched_mb_s")) for c in ("none", "zstd")]
+        peers = [(s, get(workload, s, pc, "batched_mb_s")) for s, pc in
+                 (("tfdata", "none"), ("hf", "none"))]
+        peers = [(s, v) for s, v in peers if v]
+        if any(v is None for _, v in ours) or not peers:
+            L.append(f"| {workload}: batched (slower of none/default) >= {factor:g}x the faster "
+                     "of tf.data and HF | baseline missing | not measured |")
+            continue
+        slow_c, slow = min(ours, key=lambda p: p[1])
+        best_s, best = max(peers, key=lambda p: p[1])
+        L.append(f"| {workload}: batched reads, slower of none/default ({slow_c}), >= "
+                 f"{factor:g}x the faster of tf.data and HF ({best_s}) | {slow:,.0f} vs "
+                 f"{best:,.0f} MB/s = {slow / best:.2f}x | {verdict(slow >= factor * best)} |")
+    none, default = (get("image", "snapcache", c, "batched_mb_s") for c in ("none", "zstd"))
+    if none and default:
+        L.append(f"| image: default compression not slower than none (5% noise allowed) | "
+                 f"{default:,.0f} vs {none:,.0f} MB/s = {default / none:.2f}x | "
+                 f"{verdict(default >= 0.95 * none)} |")
     single = get("token", "snapcache", "none", "single_ex_s")
     if single:
         L.append(f"| token one-by-one >= 300k examples/s | {single:,.0f} /s | "
