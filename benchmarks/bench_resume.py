@@ -9,7 +9,8 @@
   "replay 90%" column.
 - Random access: ``snap[i]`` latency (``snapcache.open_snapshot(...)[i]``) for random indices, on local
   disk and on the loopback S3 server (moto, as the tests use): the first touch of a shard loads
-  and verifies it; later rows of it decode one record batch.
+  and verifies it; the first of a record batch decodes it once; later rows of it are an index.
+  Against LitData and Mosaic streaming: ``benchmarks/bench_access.py``.
 
 Results go to docs/benchmarks.md between the ``resume-benchmarks`` markers.
 """
@@ -147,7 +148,9 @@ def report(n: int, resume: dict, local: dict, s3: dict | None) -> str:
     L += ["", "The resume target is < 2x the fresh epoch's first batch: a resumed epoch reads the "
           "window it resumes in and nothing before it (no replay).", "",
           "`snap[i]` for random `i` (`snapcache.open_snapshot(root)[i]`; the first access to a shard loads "
-          "and verifies it whole, later rows of that shard decode one record batch):", "",
+          "and verifies it whole, the first to a record batch decodes it once into views kept "
+          "within half the read budget, later rows of a kept batch are an index; cold: the "
+          "first probes of a fresh handle, warm: as many more after them):", "",
           "| storage | shards | cold median | cold p99 | warm median | warm p99 |",
           "|---|---|---|---|---|---|"]
     for name, row in (("local disk", local), ("loopback S3 (moto)", s3)):
@@ -156,8 +159,8 @@ def report(n: int, resume: dict, local: dict, s3: dict | None) -> str:
         L.append(f"| {name} | {row['shards']} | {row['cold_median_ms']:.2f} ms | "
                  f"{row['cold_p99_ms']:.1f} ms | {row['warm_median_ms']:.2f} ms | "
                  f"{row['warm_p99_ms']:.1f} ms |")
-    L += ["", "Not measured: LitData's and Mosaic streaming's `dataset[i]` on the same data.",
-          "", END]
+    L += ["", "Against LitData's and Mosaic streaming's `dataset[i]` on the same data: the next "
+          "section (`python -m benchmarks.bench_access`).", "", END]
     return "\n".join(L)
 
 

@@ -6,7 +6,9 @@ Set-up for the baselines (not dependencies of snapcache)::
 
     python -m venv .bench-venv --system-site-packages
     .bench-venv/bin/pip install -e . -r benchmarks/requirements.txt
+    .bench-venv/bin/pip uninstall -y torchvision  # PyPI's is a CUDA build: see requirements.txt
     .bench-venv/bin/python -m benchmarks
+    .bench-venv/bin/python -m benchmarks.bench_access   # random access vs LitData and Mosaic
 
 A baseline whose package cannot be imported is reported as missing, never estimated.
 """

@@ -84,6 +84,10 @@ class SnapshotOptions:
     """Progress of the writing epoch: True (a bar on a terminal, log lines otherwise), False,
     or a callable receiving :class:`snapcache.runtime.progress.ProgressUpdate` objects."""
     storage_options: dict = field(default_factory=dict, compare=False, hash=False)
+    delta: bool = False
+    """Build a snapshot of files (``from_files``/``from_parquet`` then element-wise ops) by
+    file, so that a grown source computes only its new and changed files (a delta snapshot,
+    see docs/format.md)."""
 
     def __post_init__(self) -> None:
         for name, kind in (("write", WriteOptions), ("read", ReadOptions),
@@ -99,22 +103,25 @@ class SnapshotOptions:
             raise TypeError(f"progress must be True, False or a callable; got {self.progress!r}")
         if not isinstance(self.storage_options, dict):
             raise TypeError("storage_options must be a dict of fsspec options")
+        if not isinstance(self.delta, bool):
+            raise TypeError(f"delta must be True or False; got {self.delta!r}")
 
     @classmethod
     def from_keywords(cls, *, key: str | None = None, name: str | None = None,
                       progress: Any = True, storage_options: dict | None = None,
-                      **keywords: Any) -> "SnapshotOptions":
+                      delta: bool = False, **keywords: Any) -> "SnapshotOptions":
         """Route ``Dataset.snapshot``'s flat keywords to the part that owns each one."""
         parts: dict[str, dict[str, Any]] = {"write": {}, "read": {}, "coordination": {}}
         for keyword, value in keywords.items():
             owner = _OWNER.get(keyword)
             if owner is None:
                 raise TypeError(f"unknown snapshot option {keyword!r}; the options are "
-                                f"{', '.join(sorted(_OWNER) + ['key', 'name', 'progress', 'storage_options'])}")
+                                f"{', '.join(sorted(_OWNER) + ['delta', 'key', 'name', 'progress', 'storage_options'])}")
             parts[owner][keyword] = value
         return cls(write=WriteOptions(**parts["write"]), read=ReadOptions(**parts["read"]),
                    coordination=CoordinationOptions(**parts["coordination"]), key=key,
-                   name=name, progress=progress, storage_options=dict(storage_options or {}))
+                   name=name, progress=progress, storage_options=dict(storage_options or {}),
+                   delta=delta)
 
 
 _OWNER = {f.name: part for part, kind in (("write", WriteOptions), ("read", ReadOptions),

@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 from snapcache.options import default_root
 from snapcache.store import layout
+from snapcache.store.protocol import versions
 from snapcache.store.catalog import read_entry
 from snapcache.store.fs import FileStat, Storage
 from snapcache.store.protocol import LeaseInfo, expired, read_leases, write_leases
@@ -53,6 +54,9 @@ class SnapshotInfo:
     corrupt_leases: tuple[str, ...] = ()  # lease files that cannot be parsed, and why
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
     files: tuple[FileStat, ...] = field(default=(), repr=False, compare=False)
+    versions: tuple[int, ...] = ()   # a delta snapshot's versions (``manifest``: the newest)
+    referenced: frozenset[str] | None = field(default=None, repr=False, compare=False)
+    """A delta snapshot: the files some version needs (shards shared by versions once)."""
 
     @property
     def short_id(self) -> str:
@@ -81,6 +85,7 @@ class SnapshotInfo:
             if self.compression_ratio else None,
             "created_at": iso(self.created_at), "last_used": iso(self.last_used),
             "pipeline": self.pipeline, "problem": self.problem or None,
+            "versions": list(self.versions) or None,
             "corrupt_leases": list(self.corrupt_leases),
             "live_leases": [{"kind": lease.kind, "host": lease.host, "pid": lease.pid,
                              "file": lease.name} for lease in self.live_leases],
@@ -143,7 +148,7 @@ def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
             num_shards=len(manifest.shards), raw_bytes=manifest.raw_bytes or None,
             created_at=parse_time(manifest.created_at) or committed,
             last_used=_last_used(folder, files) or committed, pipeline=manifest.pipeline,
-            manifest=manifest, **common)
+            manifest=manifest, versions=entry.versions, referenced=entry.referenced, **common)
     writing = any(lease.kind == "write" for lease in leases)
     state = "corrupt" if problem else "writing" if writing else "abandoned"
     shards = [f for f in files if f.path.endswith(layout.SHARD_SUFFIX)]
@@ -226,3 +231,20 @@ def info(snapshot_id: str, root: str | os.PathLike | None = None, *,
     """
     storage = open_root(root, storage_options)
     return find(storage, snapshot_id)
+
+
+def delta_versions(snap: SnapshotInfo, storage_options: dict | None = None) -> list[Manifest]:
+    """The committed versions of a delta snapshot (oldest first; empty for other snapshots)."""
+    folder = Storage(snap.url, storage_options)
+    found = (versions.load_version(folder, v) for v in snap.versions)
+    return [m for m in found if m is not None]
+
+
+def source_files(snap: SnapshotInfo, storage_options: dict | None = None) -> list[dict]:
+    """The files a delta snapshot's newest version was built from, in its order: each a dict
+    of ``path``, ``size``, ``mtime_ns`` or ``etag``, and ``segment``."""
+    if not snap.versions or snap.manifest is None:
+        return []
+    folder = Storage(snap.url, storage_options)
+    return [{**unit.identity, "segment": unit.segment}
+            for unit in versions.read_units(folder, snap.manifest)]

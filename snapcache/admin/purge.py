@@ -26,6 +26,7 @@ from typing import Iterable
 from snapcache.admin.inventory import SnapshotInfo, find_all, open_root, scan
 from snapcache.admin.units import format_age, format_size, parse_duration, parse_size
 from snapcache.store import layout
+from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
 from snapcache.store.protocol import LeaseInfo, live_leases, withdraw_manifest
 
@@ -66,15 +67,18 @@ class PurgeReport:
 
 def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
           older_than: str | float | timedelta | None = None, max_size: str | int | None = None,
-          incomplete: bool = False, dry_run: bool = False, force: bool = False,
-          storage_options: dict | None = None) -> PurgeReport:
+          incomplete: bool = False, old_versions: bool = False, dry_run: bool = False,
+          force: bool = False, storage_options: dict | None = None) -> PurgeReport:
     """Delete the snapshots selected by any of:
 
     - ``ids``: unique id prefixes or names;
     - ``older_than``: not used for this long (``"7d"``, seconds or a ``timedelta``);
     - ``max_size``: least recently used first, until the root holds at most this many bytes
       (``"200GB"`` or an int); abandoned writes go before committed snapshots;
-    - ``incomplete=True``: abandoned writes (no manifest, no live lease).
+    - ``incomplete=True``: abandoned writes (no manifest, no live lease);
+    - ``old_versions=True``: every version but the newest of delta snapshots that stay (a
+      shard the newest version still lists stays: shards are reference-counted); skipped
+      while the snapshot has a live read or write lease.
 
     Snapshots with a live lease are kept unless ``force=True``. ``dry_run=True`` deletes nothing
     and reports what would go.
@@ -87,9 +91,9 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     age = parse_duration(older_than) if older_than is not None else None
     budget = parse_size(max_size) if max_size is not None else None
     ids = [ids] if isinstance(ids, str) else list(ids)
-    if not ids and age is None and budget is None and not incomplete:
-        raise ValueError("nothing selected: give snapshot ids, older_than, max_size or "
-                         "incomplete=True")
+    if not ids and age is None and budget is None and not incomplete and not old_versions:
+        raise ValueError("nothing selected: give snapshot ids, older_than, max_size, "
+                         "incomplete=True or old_versions=True")
     storage = open_root(root, storage_options)
     wanted = {info.id for info in find_all(storage, ids)}
     snapshots = scan(storage)
@@ -97,7 +101,10 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     others = [s for s in snapshots if s.state == "committed" and
               s.id not in {item.snapshot.id for item in chosen}]
     leftovers = [(s, name, size) for s in others for name, size in _leftovers(s)]
+    versions_gone = _old_versions(storage, others, force, dry_run, kept) if old_versions \
+        else []
     if dry_run:
+        leftovers += versions_gone
         return PurgeReport(storage.url, True, tuple(chosen), tuple(kept),
                            tuple(f"{s.id}/{name}" for s, name, _ in leftovers),
                            sum(size for *_, size in leftovers),
@@ -109,7 +116,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
             kept.append(PurgeItem(item.snapshot, why_not))
         else:
             deleted.append(item)
-    tidied, tidied_bytes = [], 0
+    tidied = [f"{snap.id}/{name}" for snap, name, _ in versions_gone]  # already removed
+    tidied_bytes = sum(size for *_, size in versions_gone)
     for snap, name, size in leftovers:
         storage.child(snap.id).remove(name)
         tidied.append(f"{snap.id}/{name}")
@@ -182,17 +190,40 @@ def _delete(folder: Storage, force: bool) -> str:
         busy = withdraw_manifest(folder, in_use)
         if busy:
             return busy
+        for version in versions.versions(folder):  # a delta snapshot: its versions first
+            folder.remove(versions.manifest_name(version))
         folder.remove("", recursive=True)
     except OSError as e:
         return f"could not delete {folder.url}: {e}"
     return ""
 
 
+def _old_versions(storage: Storage, snapshots: Iterable[SnapshotInfo], force: bool,
+                  dry_run: bool, kept: list[PurgeItem]) -> list[tuple[SnapshotInfo, str, int]]:
+    """The files of delta snapshots' old versions (deleted unless ``dry_run``): their
+    manifests first, then the files no remaining version refers to."""
+    removed = []
+    for snap in snapshots:
+        if len(snap.versions) < 2:
+            continue
+        folder = storage.child(snap.id)
+        if not force and (leases := live_leases(folder)):
+            kept.append(PurgeItem(snap, f"old versions kept: in use: {describe_leases(leases)}"))
+            continue
+        sizes = {f.path: f.size for f in snap.files}
+        names = versions.delete_versions(folder, snap.versions[:-1], dry_run=dry_run)
+        removed += [(snap, name, sizes.get(name, 0)) for name in names]
+    return removed
+
+
 def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:
     """Files of a committed snapshot that nothing needs: the rule of ``streams.cleanup`` plus
     expired leases."""
     assert snap.manifest is not None
-    listed = {shard.path for shard in snap.manifest.shards}
+    # A delta snapshot's shards are shared by its versions: a file stays while any version
+    # lists it (reference counting), whatever the newest version lists.
+    listed = set(snap.referenced) if snap.referenced is not None else \
+        {shard.path for shard in snap.manifest.shards}
     live_runs = {lease.owner for lease in snap.live_leases if lease.kind == "write"}
     live_files = {lease.name for lease in snap.live_leases}
     result = []
@@ -200,7 +231,8 @@ def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:
         run = layout.run_of(f.path)
         if f.path in listed or "/" in f.path:
             continue
-        stale_shard = run is not None and run not in live_runs
+        owner = run or versions.record_owner(f.path)
+        stale_shard = owner is not None and owner not in live_runs
         bookkeeping = f.path.startswith(("progress-", "stream-"))
         expired_lease = f.path.startswith(("lease-", "reader-")) and f.path.endswith(".json") \
             and f.path not in live_files

@@ -11,10 +11,11 @@ from rich.text import Text
 from rich.tree import Tree
 
 from snapcache.admin import SnapshotInfo, info
-from snapcache.admin.inventory import parse_time
+from snapcache.admin.inventory import delta_versions, parse_time, source_files
 from snapcache.admin.purge import describe_leases
 from snapcache.admin.units import format_size
 from snapcache.cli import common
+from snapcache.store.protocol.versions import shard_bytes
 from snapcache.store.schema import Schema
 
 MAX_SHARD_ROWS = 20
@@ -27,19 +28,53 @@ def add_parser(commands) -> None:
                     "name).")
     parser.add_argument("id", metavar="ID", help="snapshot id prefix or name")
     common.add_root_option(parser)
+    parser.add_argument("--files", action="store_true",
+                        help="delta snapshots: list the source files of the newest version")
     common.add_json_option(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     snap = info(args.id, args.root)
+    files = source_files(snap) if getattr(args, "files", False) else None
     if args.json:
         doc = snap.to_json()
         doc["manifest"] = snap.manifest.to_json() if snap.manifest is not None else None
+        if files is not None:
+            doc["files"] = files
         common.print_json(doc)
         return 0
     common.console().print(render(snap))
+    if files is not None:
+        common.console().print(files_table(files))
     return 0
+
+
+def files_table(files: list[dict]) -> Table:
+    t = Table(title=f"source files ({len(files):,})", title_justify="left", box=None,
+              header_style="bold", pad_edge=False)
+    for column in ("FILE", "SIZE", "SEGMENT"):
+        t.add_column(column, justify="right" if column != "FILE" else "left")
+    for f in files:
+        t.add_row(Text(str(f["path"])), format_size(int(f.get("size") or 0)), str(f["segment"]))
+    return t
+
+
+def delta_rows(facts: Table, snap: SnapshotInfo) -> None:
+    """A delta snapshot: its versions, the bytes they share, and its source in brief."""
+    on_disk, shared = shard_bytes(delta_versions(snap))
+    numbers = ", ".join(str(v) for v in snap.versions)
+    facts.add_row("versions", f"{numbers} (newest {snap.versions[-1]}); shards "
+                              f"{format_size(on_disk)} on disk, "
+                              f"{format_size(shared)} of them shared by several versions")
+    m = snap.manifest
+    source = (m.source or {}) if m is not None else {}
+    segments = len(m.segments or ()) if m is not None else 0
+    facts.add_row("source", f"{source.get('kind', '?')}: "
+                            f"{common.plural(int(source.get('units', 0)), 'file')}, "
+                            f"{format_size(int(source.get('bytes', 0)))}, "
+                            f"{snap.num_examples or 0:,} examples in "
+                            f"{common.plural(segments, 'segment')} (--files lists them)")
 
 
 def render(snap: SnapshotInfo) -> Group:
@@ -63,6 +98,8 @@ def render(snap: SnapshotInfo) -> Group:
         facts.add_row("last change", common.when(snap.last_used))
         return Group(title, facts)
     facts.add_row("pipeline", Text(m.pipeline or "-"))
+    if snap.versions:
+        delta_rows(facts, snap)
     facts.add_row("examples", f"{m.num_examples:,} in {common.plural(len(m.shards), 'shard')}")
     facts.add_row("on disk", f"{size} (shards {format_size(m.total_bytes)}, "
                              f"{m.compression}, ratio {common.ratio(snap)})")

@@ -29,6 +29,9 @@ def add_parser(commands) -> None:
                              "most SIZE, e.g. 200GB, 1.5TiB, 500MB")
     parser.add_argument("--incomplete", action="store_true",
                         help="abandoned writes: no manifest and no live lease")
+    parser.add_argument("--old-versions", action="store_true",
+                        help="delta snapshots: delete every version but the newest (shards "
+                             "the newest version shares stay)")
     parser.add_argument("--dry-run", action="store_true",
                         help="show what would be deleted and the space it frees; delete nothing")
     parser.add_argument("--force", action="store_true",
@@ -44,11 +47,13 @@ def run(args: argparse.Namespace) -> int:
         parse_duration(args.older_than)  # fail on a bad value before touching storage
     if args.max_size is not None:
         parse_size(args.max_size)
-    if not (args.ids or args.older_than or args.max_size or args.incomplete):
-        raise ValueError("say what to purge: snapshot ids, --older-than AGE, --max-size SIZE "
-                         "or --incomplete (add --dry-run to see what would go)")
+    if not (args.ids or args.older_than or args.max_size or args.incomplete or
+            args.old_versions):
+        raise ValueError("say what to purge: snapshot ids, --older-than AGE, --max-size SIZE, "
+                         "--incomplete or --old-versions (add --dry-run to see what would go)")
     criteria = dict(ids=args.ids, older_than=args.older_than, max_size=args.max_size,
-                    incomplete=args.incomplete, force=args.force)
+                    incomplete=args.incomplete, old_versions=args.old_versions,
+                    force=args.force)
     plan = purge(args.root, dry_run=True, **criteria)
     if args.dry_run:
         show(plan, json_output=args.json)
@@ -65,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
     if plan.deleted:  # exactly what was planned (and confirmed), leases checked again
         report = purge(args.root, ids=[item.snapshot.id for item in plan.deleted],
-                       force=args.force)
+                       old_versions=args.old_versions, force=args.force)
         report = _merge(plan, report)
     else:
         report = purge(args.root, **criteria)

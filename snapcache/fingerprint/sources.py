@@ -19,7 +19,7 @@ from snapcache.fingerprint.functions import hash_function
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, combine, leaf, node
 
 __all__ = ["hash_iterable_source", "hash_range_source", "hash_generator_source",
-           "hash_files_source"]
+           "hash_files_source", "files_lineage_node"]
 
 
 def hash_iterable_source(items: Iterable[Any], label: str = "source") -> FingerprintNode:
@@ -84,3 +84,10 @@ def hash_files_source(identities: Sequence[Mapping[str, Any]], *, strict: bool =
     noun = "file" if len(files) == 1 else "files"
     return node("source", "source:files", b"strict" if strict else b"", files,
                 f"{len(files)} {noun}")
+
+
+def files_lineage_node(*, strict: bool) -> FingerprintNode:
+    """A file source as a delta snapshot's lineage counts it: by kind, not by file list (each
+    file is a unit, keyed by :func:`snapcache.fingerprint.units.unit_key`)."""
+    return leaf("source", "source:files-by-unit", b"strict" if strict else b"",
+                "files, each a unit" + (" (strict)" if strict else ""))

@@ -243,7 +243,7 @@ class Dataset:
                  progress: bool | Callable[[Any], None] = True,
                  local_cache: str | os.PathLike | None = None,
                  local_cache_limit: int = 50 << 30,
-                 storage_options: dict | None = None) -> "Dataset":
+                 storage_options: dict | None = None, delta: bool = False) -> "Dataset":
         """Persist the examples up to here under ``path`` (a folder or fsspec URL; default
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``) and read them back from then on.
 
@@ -264,6 +264,11 @@ class Dataset:
 
         For remote roots (``s3://...``), ``local_cache=DIR`` keeps copies of the shards read in
         ``DIR``, at most ``local_cache_limit`` bytes, least recently used evicted first.
+
+        ``delta=True`` (files, then element-wise ops): the snapshot is built file by file in a
+        folder named by the upstream's code alone; when files are added, changed or removed,
+        the next run computes only those and commits a new version that reuses every other
+        shard in place (see docs/format.md, "Delta snapshots").
         """
         options = SnapshotOptions.from_keywords(
             compression=compression, compression_level=compression_level,
@@ -271,7 +276,10 @@ class Dataset:
             wait_timeout=wait_timeout, lease_ttl=lease_ttl, prefetch_bytes=prefetch_bytes,
             progress=progress,
             local_cache=os.fspath(local_cache) if local_cache is not None else None,
-            local_cache_limit=local_cache_limit, storage_options=storage_options)
+            local_cache_limit=local_cache_limit, storage_options=storage_options,
+            delta=delta)
+        if delta:
+            _check_delta(self._op, key)
         root = os.fspath(path) if path is not None else default_root()
         return self._then(ops.SnapshotOp, path=root, options=options)
 
@@ -417,6 +425,14 @@ class Dataset:
         if snap is None:
             raise ValueError(f"{plan.describe_pipeline(self._op)} has no .snapshot(): add one "
                              "to get a snapshot handle")
+        source = plan.delta_source(snap)
+        if source is not None:  # a delta snapshot: the version built from this pipeline's files
+            from snapcache.pipeline.delta_exec import source_units
+
+            folder = Storage(snap.path, snap.options.storage_options).child(
+                plan.lineage_tree(snap).digest)
+            return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap),
+                            source_digest=source_units(source).digest)
         folder = Storage(snap.path, snap.options.storage_options).child(
             plan.snapshot_tree(snap).digest)
         return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap))
@@ -431,6 +447,16 @@ class Dataset:
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``).
         """
         snap = plan.last_snapshot(self._op)
+        source = plan.delta_source(snap) if snap is not None else None
+        if snap is not None and source is not None:
+            from snapcache.pipeline.delta_exec import source_units
+            from snapcache.pipeline.explain import explain_delta
+
+            root = os.fspath(path) if path is not None else snap.path
+            options = storage_options if storage_options is not None else \
+                snap.options.storage_options
+            return explain_delta(plan.lineage_tree(snap), Storage(root, options),
+                                 source_units(source))
         if snap is not None:
             tree = plan.snapshot_tree(snap)
             root = os.fspath(path) if path is not None else snap.path
@@ -441,6 +467,24 @@ class Dataset:
             root = os.fspath(path) if path is not None else default_root()
             options = storage_options or {}
         return explain_tree(tree, Storage(root, options))
+
+
+def _check_delta(op: ops.Op, key: str | None) -> None:
+    """``snapshot(delta=True)`` on a pipeline that cannot be built file by file is an error,
+    not a silent ordinary snapshot."""
+    if key is not None:
+        raise ValueError("snapshot(delta=True) builds versions keyed by the source's files; "
+                         "with key=... you name the version yourself: pass one or the other")
+    if ops.delta_source(op) is None:
+        steps = [node.describe() for node in ops.lineage(op)
+                 if not (node.traits.source and node.traits.units) and not (
+                     (node.traits.element_wise or node.traits.per_input)
+                     and not node.traits.keeps_copy)]
+        raise ValueError(
+            f"snapshot(delta=True) needs a file source (from_files or from_parquet) followed "
+            f"only by ops whose every output comes from one file (map, filter, interleave, "
+            f"prefetch); {plan.describe_pipeline(op)} has {', '.join(steps)}. Drop delta=True, "
+            "or move those ops after the snapshot")
 
 
 # A Dataset captured by a function (an interleave source, a closure) counts by its pipeline's

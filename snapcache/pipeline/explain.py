@@ -23,12 +23,20 @@ class Explanation:
     similarity: float = 0.0
     differences: list[str] = field(default_factory=list)
     num_examples: int | None = None
+    delta: str | None = None     # delta snapshots: what the next build computes and reuses
+    version: int | None = None   # delta snapshots: the version hit, or the one built on
 
     def __str__(self) -> str:
         short = self.fingerprint[:12]
         if self.hit:
-            return (f"hit: the pipeline matches committed snapshot {short} in {self.root} "
-                    f"({self.num_examples} examples); it will be read, not recomputed")
+            which = f" version {self.version}" if self.version is not None else ""
+            return (f"hit: the pipeline matches committed snapshot {short}{which} in "
+                    f"{self.root} ({self.num_examples} examples); it will be read, not "
+                    "recomputed")
+        if self.delta is not None:
+            return (f"delta: snapshot {short} in {self.root} has version {self.version}, built "
+                    f"from other files; the next run builds version {self.version + 1}:\n"
+                    f"  {self.delta}")
         lines = [f"miss: no committed snapshot {short} in {self.root}"]
         if self.state == "incomplete":
             lines.append(f"  a snapshot {short} is being written or was abandoned (no manifest "
@@ -71,3 +79,20 @@ def explain(tree: FingerprintNode, root: Storage) -> Explanation:
                        closest=entry.fingerprint,
                        closest_name=entry.manifest.name if entry.manifest else None,
                        similarity=score, differences=diff_trees(other, tree))
+
+
+def explain_delta(lineage: FingerprintNode, root: Storage, units) -> Explanation:
+    """A delta snapshot (its ``lineage`` tree, the source's ``units``): a hit when a version was
+    built from exactly these files; otherwise, if the lineage has a version, what the next run
+    computes and reuses; otherwise the ordinary comparison with the root's snapshots."""
+    from snapcache.pipeline.delta_exec import explain_delta as plan_delta
+
+    storage = root.child(lineage.digest)
+    hit, plan = plan_delta(storage, units)
+    if hit is not None:
+        return Explanation(root.url, lineage.digest, hit=True, state="committed",
+                           num_examples=hit.num_examples, version=hit.version)
+    if plan is not None:
+        return Explanation(root.url, lineage.digest, hit=False, state="committed",
+                           delta=plan.describe(), version=plan.base.version)
+    return explain(lineage, root)

@@ -26,11 +26,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from snapcache.errors import SnapshotNotFoundError, SnapshotStateError
+from snapcache.errors import CorruptSnapshotError, SnapshotNotFoundError, SnapshotStateError
 from snapcache.store import layout
 from snapcache.store.catalog import read_entry
 from snapcache.store.fs import Storage
 from snapcache.store import protocol
+from snapcache.store.protocol import versions
 from snapcache.store.manifest import Manifest
 from snapcache.store.options import ReadOptions
 from snapcache.store.reader import SnapshotReader, open_reader
@@ -78,8 +79,9 @@ class Snapshot:
     """
 
     def __init__(self, folder: Storage, *, read: ReadOptions | None = None,
-                 builder: Builder | None = None):
+                 builder: Builder | None = None, source_digest: str | None = None):
         self._folder = folder
+        self._source_digest = source_digest  # a delta snapshot: the version of these files
         self._read = read or ReadOptions()
         self._builder = builder
         self._manifest: Manifest | None = None
@@ -116,7 +118,8 @@ class Snapshot:
     def __getstate__(self) -> dict:
         # A copy in another process (a DataLoader or Ray worker) opens its own files. It
         # reads; to build there, open the handle from the pipeline (``ds.open_snapshot()``).
-        return {"_folder": self._folder, "_read": self._read, "_manifest": self._manifest}
+        return {"_folder": self._folder, "_read": self._read, "_manifest": self._manifest,
+                "_source_digest": self._source_digest}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -127,7 +130,18 @@ class Snapshot:
     def state(self) -> str:
         """One of :data:`STATES`, as of now."""
         if self._manifest is not None:
-            return "committed" if self._folder.exists(layout.MANIFEST) else "absent"
+            return "committed" if self._folder.exists(versions.manifest_file(self._manifest)) \
+                else "absent"
+        if self._source_digest is not None:  # a delta snapshot: the version of its files
+            try:
+                self._manifest = versions.find_version(self._folder, self._source_digest)
+            except CorruptSnapshotError:
+                return "corrupt"
+            if self._manifest is not None:
+                return "committed"
+            if any(lease.kind == "write" for lease in protocol.live_leases(self._folder)):
+                return "writing"
+            return "absent"
         entry = read_entry(self._folder, self.id)
         if entry.problem:
             return "corrupt"
@@ -194,6 +208,7 @@ class Snapshot:
         processes iterating ``ds.iterate(epoch=0, stream=(index, count))``. A stream that
         finds every stream complete commits the snapshot."""
         builder = self._need_builder("write a stream")
+        self._not_delta("write a stream")
         status = self.stream_status(count)
         if status.committed is not None:
             return StreamWrite(index, "committed")
@@ -213,6 +228,7 @@ class Snapshot:
         died between its marker and the manifest); the committed manifest, or None while
         streams are missing."""
         builder = self._need_builder("commit")
+        self._not_delta("commit")
         status = self.stream_status(streams)
         if status.committed is not None:
             self._manifest = status.committed
@@ -221,6 +237,13 @@ class Snapshot:
         if manifest is not None:
             self._manifest = manifest
         return manifest
+
+    def _not_delta(self, what: str) -> None:
+        if self._source_digest is not None:
+            raise SnapshotStateError(
+                f"cannot {what} of delta snapshot {self.id[:12]}: a delta snapshot's version "
+                "is built by one process iterating the pipeline (others wait for it); build it "
+                "with snapshot(delta=False) to write it stream by stream")
 
     def _need_builder(self, what: str) -> Builder:
         if self._builder is None:
@@ -246,7 +269,8 @@ class Snapshot:
         return self.num_examples
 
     def __getitem__(self, index: int) -> Any:
-        """Example ``index`` (negative counts from the end): decodes one record batch."""
+        """Example ``index`` (negative counts from the end): decodes that example alone (the
+        first example of a shard loads and verifies the shard)."""
         return self._row_access()[index]
 
     def take(self, indices: Sequence[int]) -> list:

@@ -118,16 +118,16 @@ def known_length(op: ops.Op) -> int | None:
 def _storage(snapshot: ops.SnapshotOp) -> Storage:
     from snapcache.pipeline import plan  # plan imports this module's runner table user
 
-    return Storage(snapshot.path, snapshot.options.storage_options).child(
-        plan.snapshot_tree(snapshot).digest)
+    return plan.committed_snapshot(snapshot)[0]
 
 
 def committed_reader(snapshot: ops.SnapshotOp) -> SnapshotReader | None:
     """A reader of ``snapshot`` if it is committed."""
     from snapcache.pipeline.snapshot_exec import open_reader
 
-    storage = _storage(snapshot)
-    manifest = load_manifest(storage)
+    from snapcache.pipeline import plan
+
+    storage, manifest = plan.committed_snapshot(snapshot)
     if manifest is None:
         return None
     return open_reader(storage, manifest, snapshot.options)
@@ -305,7 +305,7 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
     snapshot, shuffle = shape.snapshot, shape.shuffle
     if reader is None:
         reader = build_then_open(snapshot, epoch, spec)
-    fingerprint = reader.manifest.fingerprint
+    fingerprint = reader.manifest.snapshot_id
     if state is not None and state.get("writing"):
         return _resume_writing(shape, reader, spec, state)
     why_not = None
@@ -374,7 +374,7 @@ def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
     if shape.shuffle is not None:
         why_not = "an unseeded shuffle's writing epoch is not resumable; give it a seed"
     record = {"format": STATE_FORMAT, "version": STATE_VERSION, "writing": True,
-              "snapshot": plan.snapshot_tree(shape.snapshot).digest, "epoch": epoch,
+              "snapshot": plan.snapshot_id(shape.snapshot), "epoch": epoch,
               "seed": None, "window": shape.window, "streams": spec.count,
               "stream": spec.index, "unit": shape.unit, "consumed": 0}
     unit = shape.unit
@@ -392,10 +392,10 @@ def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSp
                     state: dict) -> OrderedIterator:
     """The rest of a writing epoch, now that the snapshot is complete: the stream's rows in
     the order it wrote them, after the first ``consumed``."""
-    if state["snapshot"] != reader.manifest.fingerprint:
+    if state["snapshot"] != reader.manifest.snapshot_id:
         raise ValueError(
             f"the iterator state belongs to snapshot {state['snapshot'][:12]}, but this "
-            f"pipeline reads snapshot {reader.manifest.fingerprint[:12]}; resume with the "
+            f"pipeline reads snapshot {reader.manifest.snapshot_id[:12]}; resume with the "
             "pipeline that saved the state, or start a fresh epoch")
     if state["streams"] != spec.count or state["unit"] != shape.unit:
         raise ValueError(
@@ -410,7 +410,7 @@ def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSp
     order = EpochOrder(layout_of(reader.manifest), None, state["epoch"], 1)
     skip = state["consumed"]
     record = {"format": STATE_FORMAT, "version": STATE_VERSION,
-              "snapshot": reader.manifest.fingerprint, "num_examples": len(order),
+              "snapshot": reader.manifest.snapshot_id, "num_examples": len(order),
               "epoch": state["epoch"], "seed": None, "window": 1,
               "ranges": [list(r) for r in share.ranges], "streams": share.streams,
               "stream": share.index, "chunk": share.chunk, "unit": share.unit,

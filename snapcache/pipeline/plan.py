@@ -14,13 +14,17 @@ data is a new op object, fingerprinted afresh.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from snapcache.fingerprint import FingerprintNode
 from snapcache.fingerprint.tree import combine, leaf, pipeline_root
 from snapcache.pipeline import ops
 from snapcache.pipeline.snapshot_exec import run_snapshot
 from snapcache.pipeline.streams import StreamSpec
+
+if TYPE_CHECKING:
+    from snapcache.store.fs import Storage
+    from snapcache.store.manifest import Manifest
 
 
 # -- fingerprints ------------------------------------------------------------------------------
@@ -76,6 +80,59 @@ def snapshot_tree(op: ops.SnapshotOp) -> FingerprintNode:
     return op.memo("snapshot_tree", lambda: _pipeline_fingerprint(op.parent))
 
 
+def delta_source(op: ops.SnapshotOp) -> ops.Op | None:
+    """The file source a delta snapshot op builds unit by unit, or None when ``op`` is an
+    ordinary snapshot (``delta=False``, a ``key``, or an upstream that is not a unit source
+    followed by element-wise ops)."""
+    if not op.options.delta or op.options.key or op.parent is None:
+        return None
+    return ops.delta_source(op.parent)
+
+
+def lineage_tree(op: ops.SnapshotOp) -> FingerprintNode:
+    """What a delta snapshot's lineage folder is named by: the upstream's code, captured values
+    and parameters, with its file source counted by kind, not by files (taken once per op)."""
+    def compute() -> FingerprintNode:
+        nodes = []
+        for label, node in labelled_ops(op.parent):
+            children = node.lineage_children(label) if node.traits.source else \
+                node.fingerprint_children(label)
+            nodes.append(combine(label, children, kind=f"op:{node.kind}", summary=(
+                f"{node.kind}(files, by unit)" if node.traits.source else node.describe())))
+        return pipeline_root(nodes)
+
+    return op.memo("lineage_tree", compute)
+
+
+def snapshot_id(op: ops.SnapshotOp) -> str:
+    """The id iterator states record (``Manifest.snapshot_id`` of what ``op`` reads): cheap
+    for a delta snapshot (its lineage and the digest of its files, no per-file tree)."""
+    source = delta_source(op)
+    if source is None:
+        return snapshot_tree(op).digest
+    from snapcache.pipeline.delta_exec import source_units
+
+    return f"{lineage_tree(op).digest}:{source_units(source).digest}"
+
+
+def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
+    """Where ``op``'s snapshot lives and its committed manifest, if any: ``manifest.json`` of
+    its fingerprint's folder, or for a delta snapshot the version built from exactly the
+    pipeline's files."""
+    from snapcache.pipeline.delta_exec import source_units
+    from snapcache.store.protocol import versions
+    from snapcache.store.fs import Storage
+    from snapcache.store.reader import load_manifest
+
+    root = Storage(op.path, op.options.storage_options)
+    source = delta_source(op)
+    if source is None:
+        storage = root.child(snapshot_tree(op).digest)
+        return storage, load_manifest(storage)
+    storage = root.child(lineage_tree(op).digest)
+    return storage, versions.find_version(storage, source_units(source).digest)
+
+
 def last_snapshot(op: ops.Op) -> ops.SnapshotOp | None:
     """The snapshot op closest to ``op`` in its lineage, if any."""
     for node in reversed(ops.lineage(op)):
@@ -97,6 +154,12 @@ def iterate(op: ops.Op, epoch: int, stream: StreamSpec | None = None) -> Iterato
 
 @ops.runs(ops.SnapshotOp)
 def _run_snapshot(op: ops.SnapshotOp, epoch: int) -> Iterator[Any]:
+    source = delta_source(op)
+    if source is not None:
+        from snapcache.pipeline.delta_exec import run_delta
+
+        return run_delta(op, epoch, source=source, lineage=lineage_tree(op),
+                         describe=describe_pipeline(op.parent))
     return run_snapshot(op, epoch, iterate, tree=snapshot_tree(op),
                         labelled=labelled_ops(op), describe=describe_pipeline(op.parent))
 

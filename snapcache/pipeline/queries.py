@@ -32,7 +32,7 @@ def take_fingerprints(dataset: Any) -> None:
     fills while they run cannot change it."""
     for node in ops.lineage(dataset._op):
         if isinstance(node, ops.SnapshotOp):
-            plan.snapshot_tree(node)
+            plan.snapshot_id(node)  # a delta snapshot: its lineage and files, no per-file tree
 
 
 def batch_dims(dataset: Any) -> int:
@@ -59,13 +59,11 @@ def snapshot_structure(dataset: Any) -> tuple[Schema, int] | None:
 
 
 def _committed_schema(dataset_type: type, snap: ops.SnapshotOp) -> Schema | None:
-    storage = Storage(snap.path, snap.options.storage_options).child(
-        plan.snapshot_tree(snap).digest)
-    manifest = load_manifest(storage)
+    _, manifest = plan.committed_snapshot(snap)
     if manifest is None:  # build it: the work of the first epoch, done once
         for _ in dataset_type(snap).iterate(epoch=0):
             pass
-        manifest = load_manifest(storage)
+        _, manifest = plan.committed_snapshot(snap)
     if manifest is None or manifest.schema is None:  # computed without writing, or empty
         return None
     return Schema.from_json(manifest.schema)

@@ -26,6 +26,7 @@ from snapcache.runtime.progress import EpochProgress
 from snapcache.store.protocol import (
     ReadLease, StreamRecord, best_progress, commit_fields, discard, negotiate,
     record_last_use, try_commit)
+from snapcache.store.protocol.versions import manifest_file
 from snapcache.store.writer import SnapshotWriter
 
 log = logging.getLogger("snapcache")
@@ -205,7 +206,7 @@ def _open_read_lease(reader: SnapshotReader, run_id: str, ttl: float) -> ReadLea
         _touch_last_used(reader)
     except OSError as e:  # read-only storage: reading still works, purge just cannot see us
         log.debug("cannot record the read of %s: %s", reader.storage.url, e)
-    if lease is not None and not reader.storage.exists(layout.MANIFEST):
+    if lease is not None and not reader.storage.exists(manifest_file(reader.manifest)):
         # A purge removed the snapshot between our reading its manifest and taking the lease.
         lease.release()
         raise CorruptSnapshotError(

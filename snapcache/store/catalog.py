@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
+from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
@@ -19,6 +20,10 @@ class Entry:
     url: str
     manifest: Manifest | None   # None: not committed (being written, or abandoned)
     problem: str = ""           # why the manifest could not be read, if it could not
+    versions: tuple[int, ...] = ()
+    """A delta snapshot's committed versions (``manifest`` is the newest)."""
+    referenced: frozenset[str] | None = None
+    """A delta snapshot: every file some version needs (what purge must keep)."""
 
     @property
     def state(self) -> str:
@@ -30,6 +35,12 @@ class Entry:
 def read_entry(folder: Storage, fingerprint: str) -> Entry:
     """One snapshot folder: its manifest, or why it could not be read."""
     try:
+        names = folder.listdir()
+        if versions.is_lineage(names):
+            numbers = tuple(versions.versions(folder, names))
+            return Entry(fingerprint, folder.url, versions.newest(folder, names),
+                         versions=numbers,
+                         referenced=frozenset(versions.referenced(folder, names)))
         return Entry(fingerprint, folder.url, load_manifest(folder))
     except CorruptSnapshotError as e:
         return Entry(fingerprint, folder.url, None, problem=str(e))

@@ -26,7 +26,7 @@ Decisions:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
 
@@ -331,6 +331,19 @@ class Decoder:
             return zip(*iterators)
         return map(dict, map(partial(zip, self._names), zip(*iterators)))
 
+    def row_reader(self, batch: pa.RecordBatch) -> Callable[[int], Any]:
+        """``get(k)``: example ``k`` of ``batch``, the same as ``list(rows(batch))[k]``. The
+        batch is decoded (and checked) once, as zero-copy views where it can be; each
+        ``get`` then only indexes them."""
+        fields = [col.rows for col in self._decode(batch)]
+        structure = self._schema.structure
+        if structure == "single":
+            return fields[0].__getitem__
+        if structure == "tuple":
+            return lambda k: tuple(f[k] for f in fields)
+        names = self._names
+        return lambda k: {name: f[k] for name, f in zip(names, fields)}
+
 
 def _decode_tensor(
     spec: FieldSpec, dtype: np.dtype, column: pa.Array, shape_column: pa.Array | None
@@ -366,7 +379,7 @@ def _decode_tensor(
             shape = tuple(d or 0 for d in (spec.shape or (0,) * spec.ndim))
         array = values.reshape(n, *shape)
         if spec.ndim == 0:
-            return _Column(array, (array[i, ...] for i in range(n)))
+            return _Column(array, _ZeroDim(array))
         return _Column(array, array)
     bounds = offsets.tolist()
     if spec.ndim == 1:
@@ -377,6 +390,19 @@ def _decode_tensor(
             for a, b, shape in zip(bounds, bounds[1:], map(tuple, shapes.tolist()))
         ]
     return _Column(arrays, arrays)
+
+
+class _ZeroDim:
+    """The rows of a 0-d tensor field: ``array[k, ...]`` (a 0-d view), by index or in order."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return self._array[k, ...]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self._array[k, ...] for k in range(len(self._array)))
 
 
 def _decode_scalar(spec: FieldSpec, dtype: np.dtype, column: pa.Array) -> _Column:

@@ -8,6 +8,8 @@ Paths handed to its methods are relative to that root and always use ``/``.
 from __future__ import annotations
 
 import collections
+import fnmatch
+import glob
 import hashlib
 import os
 import posixpath
@@ -408,7 +410,12 @@ def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike],
         fs.invalidate_cache()  # list what is there now, not what an earlier listing saw
         protocol = _protocol(fs)
         if any(ch in path for ch in "*?["):
-            matches = sorted(m for m in fs.glob(path) if not fs.isdir(m))
+            if is_local(fs):  # the standard library: no fsspec stat a file (10k files: ~20x)
+                matches = _local_glob(path)
+            else:
+                found = fs.glob(path, detail=True)  # types from the listing, no request a match
+                matches = sorted(m for m, info in found.items()
+                                 if info.get("type") != "directory")
         else:
             matches = [path] if fs.exists(path) else []
         if not matches:
@@ -416,6 +423,24 @@ def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike],
         for m in matches:
             urls.append(m if protocol in ("file", "local") else fs.unstrip_protocol(m))
     return urls
+
+
+def _local_glob(path: str) -> list[str]:
+    """Files matching a local glob, sorted. A pattern whose wildcards are all in its last part
+    (``data/*.jpg``) is one ``scandir`` of the folder, directories told apart by the entries'
+    types (no ``stat`` a file); others go through :func:`glob.glob`."""
+    folder, name = os.path.split(path)
+    if any(ch in folder for ch in "*?[") or name == "**":
+        return sorted(m for m in glob.glob(path, recursive=True) if not os.path.isdir(m))
+    hidden = name.startswith(".")  # as glob: a wildcard does not match a leading dot
+    try:
+        with os.scandir(folder or ".") as entries:
+            found = [os.path.join(folder, e.name) for e in entries
+                     if (hidden or not e.name.startswith(".")) and
+                     fnmatch.fnmatchcase(e.name, name) and not e.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(found)
 
 
 def file_identity(url: str, strict: bool = False, storage_options: dict | None = None) -> dict:
@@ -452,6 +477,46 @@ def file_identity(url: str, strict: bool = False, storage_options: dict | None =
                 h.update(chunk)
         identity["xxh3_128"] = h.hexdigest()
     return identity
+
+
+def file_identities(urls: Sequence[str], strict: bool = False,
+                    storage_options: dict | None = None) -> list[dict]:
+    """:func:`file_identity` of many files at once, in order. Local paths: one ``stat`` each,
+    no fsspec call. Object stores: the identities come from one paginated listing of each
+    folder the files are in (on S3 one request per 1,000 keys, not one per file); a file the
+    listing does not show is asked for alone."""
+    urls = [str(u) for u in urls]
+    if strict:
+        return [file_identity(url, True, storage_options) for url in urls]
+    identities: list[dict | None] = [None] * len(urls)
+    remote: dict[str, list[int]] = {}
+    for i, url in enumerate(urls):
+        if "://" not in url or url.startswith("file://"):
+            path = url[len("file://"):] if url.startswith("file://") else url
+            st = os.stat(path)
+            identities[i] = {"path": url, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        else:
+            remote.setdefault(posixpath.dirname(url), []).append(i)
+    for folder, indices in remote.items():
+        if len(indices) == 1:
+            identities[indices[0]] = file_identity(urls[indices[0]], False, storage_options)
+            continue
+        fs, path = _filesystem(folder, storage_options)
+        fs.invalidate_cache(path)
+        try:
+            listing = {posixpath.basename(e["name"].rstrip("/")): e
+                       for e in fs.ls(path, detail=True, refresh=True)}
+        except FileNotFoundError:
+            listing = {}
+        for i in indices:
+            entry = listing.get(posixpath.basename(urls[i]))
+            etag = (entry or {}).get("ETag") or (entry or {}).get("etag")
+            if entry is None or not etag:
+                identities[i] = file_identity(urls[i], False, storage_options)
+            else:
+                identities[i] = {"path": urls[i], "size": int(entry.get("size") or 0),
+                                 "etag": str(etag).strip('"')}
+    return identities  # type: ignore[return-value]
 
 
 def is_dir(url: str, storage_options: dict | None = None) -> bool:

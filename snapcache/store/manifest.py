@@ -19,7 +19,12 @@ from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
 
 FORMAT = "snapcache-snapshot"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest format this version reads. Ordinary snapshots are still written as version 1
+(readable by every snapcache); a delta snapshot's versioned manifests (``manifest-<v>.json``,
+see :mod:`snapcache.store.protocol.versions`) are version 2, which older readers refuse with a clear
+error."""
+DELTA_FORMAT_VERSION = 2
 CHECKSUM_ALGORITHM = "xxh3_64"
 SHARD_COMPRESSIONS = ("zstd", "lz4", "none")
 
@@ -67,8 +72,25 @@ class Manifest:
     key: str | None = None
     name: str | None = None
     library_version: str = __version__
-    format_version: int = FORMAT_VERSION
+    format_version: int = 1
     extra: dict = field(default_factory=dict)
+    version: int | None = None
+    """Delta snapshots: the version number of this manifest in its lineage folder."""
+    source: dict | None = None
+    """Delta snapshots: ``{kind, units, bytes, digest, record, record_bytes, record_checksum}``,
+    the file source this version was built from (the files themselves are listed in the side
+    record ``record``)."""
+    segments: tuple[dict, ...] | None = None
+    """Delta snapshots: ``[{shards, units, rows}]`` in order; segment ``i`` owns the next
+    ``shards`` shards of ``shards``."""
+
+    @property
+    def snapshot_id(self) -> str:
+        """What iterator states name this snapshot by: the fingerprint, and for a delta
+        snapshot's version also the digest of the files it was built from."""
+        if self.version is None or not self.source:
+            return self.fingerprint
+        return f"{self.fingerprint}:{self.source.get('digest')}"
 
     @property
     def num_examples(self) -> int:
@@ -85,6 +107,11 @@ class Manifest:
     # -- serialisation -------------------------------------------------------------------------
     def to_json(self) -> dict:
         d = asdict(self)
+        if self.version is None:  # an ordinary snapshot: the format-1 fields only
+            for name in ("version", "source", "segments"):
+                d.pop(name)
+        else:
+            d["segments"] = list(self.segments or ())
         d["shards"] = [asdict(s) for s in self.shards]
         d["num_examples"] = self.num_examples
         d["total_bytes"] = self.total_bytes
@@ -134,6 +161,7 @@ class Manifest:
             if name in doc and doc[name] != value:
                 raise bad(f"{name} {doc[name]!r} disagrees with the shard list ({value})")
         tree = doc.get("fingerprint_tree")
+        delta = _delta_fields(doc, version, shards, bad)
         return cls(
             fingerprint=fingerprint,
             schema=schema,
@@ -149,7 +177,35 @@ class Manifest:
             library_version=str(doc.get("library_version", "")),
             format_version=version,
             extra=doc.get("extra") if isinstance(doc.get("extra"), dict) else {},
+            **delta,
         )
+
+
+def _delta_fields(doc: dict, version: int, shards: tuple, bad) -> dict:
+    """The fields of a delta snapshot's versioned manifest (format version 2), validated."""
+    if version < DELTA_FORMAT_VERSION or "version" not in doc:
+        return {}
+    number = doc.get("version")
+    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+        raise bad(f"version must be a positive int, got {number!r}")
+    source = doc.get("source")
+    if not isinstance(source, dict) or not isinstance(source.get("digest"), str):
+        raise bad("source must be an object with a digest")
+    segments = doc.get("segments")
+    if not isinstance(segments, list) or not all(
+            isinstance(s, dict) and all(isinstance(s.get(k), int) and not isinstance(
+                s.get(k), bool) and s.get(k) >= 0 for k in ("shards", "units", "rows"))
+            for s in segments):
+        raise bad("segments must be a list of {shards, units, rows} counts")
+    if sum(s["shards"] for s in segments) != len(shards):
+        raise bad("segments do not account for every shard")
+    start = 0
+    for i, segment in enumerate(segments):
+        rows = sum(s.rows for s in shards[start:start + segment["shards"]])
+        if rows != segment["rows"]:
+            raise bad(f"segment {i} holds {rows} rows, not {segment['rows']}")
+        start += segment["shards"]
+    return {"version": number, "source": source, "segments": tuple(segments)}
 
 
 def _typed(doc: dict, key: str, type_: type, bad) -> Any:

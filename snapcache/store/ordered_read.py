@@ -102,26 +102,45 @@ class BlockDecoder:
         return max(1, (shard.raw_bytes or shard.bytes) * int(self.layout.rows[block])
                    // max(1, shard.rows))
 
-    def decode(self, block: int) -> Any:
+    def _first_row(self, block: int) -> tuple[int, Any, list[int], int]:
+        """(shard, its file reader, its record batches' first rows, the block's first row in
+        the shard)."""
         layout = self.layout
         index = int(layout.shard[block])
         file_reader, starts = self.shards.get(index)
-        batch_index, rows = int(layout.batch[block]), int(layout.rows[block])
-        if batch_index >= 0:
-            first = starts[batch_index] + int(layout.offset[block])
-        else:
-            first = int(layout.offset[block])
+        batch_index = int(layout.batch[block])
+        first = int(layout.offset[block]) + (starts[batch_index] if batch_index >= 0 else 0)
+        return index, file_reader, starts, first
+
+    def record_batch(self, index: int, file_reader: Any, starts: list[int], j: int
+                     ) -> pa.RecordBatch:
+        """Record batch ``j`` of shard ``index``, checked against the manifest's row count."""
+        batch = file_reader.get_batch(j)
+        if batch.num_rows != starts[j + 1] - starts[j]:
+            shard = self.reader.manifest.shards[index]
+            raise CorruptSnapshotError(
+                f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r} "
+                f"record batch {j} has {batch.num_rows} rows, the manifest says "
+                f"{starts[j + 1] - starts[j]}. Delete the snapshot folder "
+                f"({self.reader.storage.url}) to rebuild it")
+        return batch
+
+    def locate(self, block: int, offset: int) -> tuple[tuple[int, int], Any, int]:
+        """((shard, record batch), a loader of that verified record batch, row in it) for
+        row ``offset`` of ``block``."""
+        index, file_reader, starts, first = self._first_row(block)
+        row = first + offset
+        j = int(np.searchsorted(starts, row, side="right") - 1)
+        return ((index, j), lambda: self.record_batch(index, file_reader, starts, j),
+                row - starts[j])
+
+    def decode(self, block: int) -> Any:
+        index, file_reader, starts, first = self._first_row(block)
+        rows = int(self.layout.rows[block])
         pieces = []
         j = max(0, np.searchsorted(starts, first, side="right") - 1)
         while rows > sum(p.num_rows for p in pieces):
-            batch = file_reader.get_batch(j)
-            if batch.num_rows != starts[j + 1] - starts[j]:
-                shard = self.reader.manifest.shards[index]
-                raise CorruptSnapshotError(
-                    f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r} "
-                    f"record batch {j} has {batch.num_rows} rows, the manifest says "
-                    f"{starts[j + 1] - starts[j]}. Delete the snapshot folder "
-                    f"({self.reader.storage.url}) to rebuild it")
+            batch = self.record_batch(index, file_reader, starts, j)
             lo = max(0, first - starts[j])
             hi = min(batch.num_rows, first + rows - starts[j])
             pieces.append(batch.slice(lo, hi - lo) if (lo, hi) != (0, batch.num_rows)
@@ -220,9 +239,11 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
 
 class RowAccess:
-    """Random access to the rows of a committed snapshot: a row costs one record batch's
-    decode (the first row of a shard also loads and verifies that shard, which is then kept
-    open, least recently used first out, within ``budget`` bytes).
+    """Random access to the rows of a committed snapshot. The first row of a shard loads and
+    verifies that shard, which is then kept open (least recently used first out, within half
+    of ``budget`` bytes); the first row of a record batch decodes that batch once (zero-copy
+    views where it can be) and keeps it, within the other half; any row of a kept batch is
+    then an index into it.
 
     Example::
 
@@ -230,22 +251,25 @@ class RowAccess:
         rows[17], rows.take([3, 1, 4])
     """
 
-    def __init__(self, reader: "SnapshotReader", *, budget: int | None = None,
-                 cached_blocks: int = 8):
-        self.reader, self._budget, self._cached = reader, budget, max(1, cached_blocks)
+    def __init__(self, reader: "SnapshotReader", *, budget: int | None = None):
+        self.reader, self._budget = reader, budget
         self._setup()
 
     def _setup(self) -> None:
         _, budget = read_budget(1, self._budget or self.reader.prefetch_bytes)
         self.layout = layout_of(self.reader.manifest)
         self._decoder = BlockDecoder(self.reader, self.layout, "rows", shard_budget=budget // 2)
-        self._blocks: collections.OrderedDict[int, list] = collections.OrderedDict()
+        self._batch_budget = budget // 2
+        # (shard, record batch) -> (row getter, bytes), least recently used first
+        self._batches: collections.OrderedDict[tuple[int, int], tuple[Any, int]] = \
+            collections.OrderedDict()
+        self._held = 0
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
         # A copy in another process (a DataLoader worker started with spawn) opens its own
-        # shards: open files, decoded blocks and locks stay here.
-        return {"reader": self.reader, "_budget": self._budget, "_cached": self._cached}
+        # shards: open files, decoded batches and locks stay here.
+        return {"reader": self.reader, "_budget": self._budget}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -263,29 +287,38 @@ class RowAccess:
             raise IndexError(f"index {i} out of range for a snapshot of {n} examples")
         return j
 
-    def _block(self, block: int) -> list:
+    def _locate(self, row: int) -> tuple[tuple[int, int], Any, int]:
+        block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
+        return self._decoder.locate(block, row - int(self.layout.start[block]))
+
+    def _getter(self, key: tuple[int, int], load: Any) -> Any:
+        """The row getter of record batch ``key`` (shard, batch), decoded on a miss."""
         with self._lock:
-            if block in self._blocks:
-                self._blocks.move_to_end(block)
-                return self._blocks[block]
-        rows = self._decoder.decode(block)
+            if key in self._batches:
+                self._batches.move_to_end(key)
+                return self._batches[key][0]
+        batch = load()
+        getter, size = self.reader._decoder.row_reader(batch), batch.nbytes
         with self._lock:
-            self._blocks[block] = rows
-            while len(self._blocks) > self._cached:
-                self._blocks.popitem(last=False)
-        return rows
+            if key not in self._batches:
+                self._batches[key] = (getter, size)
+                self._held += size
+            while self._held > self._batch_budget and len(self._batches) > 1:
+                self._held -= self._batches.popitem(last=False)[1][1]
+        return getter
 
     def __getitem__(self, i: Any) -> Any:
-        row = self._index(i)
-        block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
-        return self._block(block)[row - int(self.layout.start[block])]
+        key, load, k = self._locate(self._index(i))
+        return self._getter(key, load)(k)
 
     def take(self, indices: Sequence[int]) -> list:
-        """The examples at ``indices``, in that order; each block read once."""
-        rows = np.asarray([self._index(i) for i in indices], dtype=np.int64)
-        if not len(rows):
-            return []
-        blocks = np.searchsorted(self.layout.start, rows, side="right") - 1
-        offsets = rows - self.layout.start[blocks]
-        decoded = {b: self._block(b) for b in np.unique(blocks).tolist()}
-        return [decoded[b][o] for b, o in zip(blocks.tolist(), offsets.tolist())]
+        """The examples at ``indices``, in that order; each record batch decoded at most
+        once."""
+        getters: dict[tuple[int, int], Any] = {}
+        out = []
+        for row in [self._index(i) for i in indices]:
+            key, load, k = self._locate(row)
+            if key not in getters:
+                getters[key] = self._getter(key, load)
+            out.append(getters[key](k))
+        return out

@@ -54,6 +54,11 @@ def _row_groups(url: str, storage_options: dict | None) -> list[int]:
         return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
 
 
+def file_rows(urls: Sequence[str], storage_options: dict | None = None) -> list[int]:
+    """Rows of each Parquet file, from its footer (one small read a file)."""
+    return [sum(_row_groups(url, storage_options)) for url in urls]
+
+
 def stream_pieces(urls: Sequence[str], index: int, count: int,
                   storage_options: dict | None = None) -> list[Piece]:
     """The pieces stream ``index`` of ``count`` reads, in order."""

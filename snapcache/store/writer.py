@@ -256,14 +256,7 @@ class SnapshotWriter:
         """
         self._check_open()
         try:
-            if self._encoder is not None:
-                if self._encoder.num_rows:
-                    self._send_batch()
-                self._stop_thread()
-                if self._error is not None:
-                    raise self._error
-            record = self._record(self._schema_json())
-            self.storage.makedirs()
+            record = self._flush()
             write_marker(self.storage, record, self._lease)  # fenced: see streams.fence
             manifest = try_commit(self.storage, self._streams, **commit_fields(
                 self.options, key=self._key, name=self._name, fingerprint=self.fingerprint,
@@ -276,6 +269,30 @@ class SnapshotWriter:
             raise
         self._state = "committed"
         return manifest
+
+    def finish(self) -> StreamRecord:
+        """Finish writing without committing anything: the shards written, in order, and their
+        schema (what a delta snapshot's segment holds; see :mod:`snapcache.store.protocol.versions`)."""
+        self._check_open()
+        try:
+            record = self._flush()
+        except BaseException as e:
+            self.abort()
+            if isinstance(e, OSError):
+                raise self._wrap(e) from e
+            raise
+        self._state = "finished"
+        return record
+
+    def _flush(self) -> StreamRecord:
+        if self._encoder is not None:
+            if self._encoder.num_rows:
+                self._send_batch()
+            self._stop_thread()
+            if self._error is not None:
+                raise self._error
+        self.storage.makedirs()
+        return self._record(self._schema_json())
 
     def abort(self) -> None:
         """Stop writing; delete the shard in progress. Finished shards stay, recorded in this

@@ -84,12 +84,12 @@ def test_older_manifests_without_record_batches_still_read(root):
            for i in rows["i"].tolist()]
     assert ids == order.rows(0, 500).tolist()
     access = RowAccess(old)
-    assert [access[i]["i"] for i in (0, 499, 250)] == [0, 499, 250]
+    assert [access[i]["i"] for i in range(500)] == list(range(500))
 
 
 def test_random_access(root):
     reader, _ = build(root, example)
-    access = RowAccess(reader, cached_blocks=2)
+    access = RowAccess(reader, budget=1)   # keeps one decoded record batch
     assert len(access) == 500
     for i in [0, 1, 499, 137, -1, 250]:
         assert_same_example(example(i % 500), access[i])
@@ -98,6 +98,46 @@ def test_random_access(root):
         access[500]
     with pytest.raises(TypeError):
         access["a"]
+
+
+def zero_dim(i):
+    return (np.array(i, np.float32), f"s{i}")
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("make", [example, ragged, zero_dim])
+@pytest.mark.parametrize("budget", [1, None])
+def test_random_access_decodes_each_record_batch_once_while_kept(root, compression, make,
+                                                                budget, monkeypatch):
+    reader, _ = build(root, make, compression=compression)
+    batches = len(layout_of(reader.manifest).rows)
+    assert batches > 3
+    access = RowAccess(reader, budget=budget)
+    decoded, decode = [], reader._decoder.row_reader
+    monkeypatch.setattr(reader._decoder, "row_reader",
+                        lambda batch: decoded.append(batch.num_rows) or decode(batch))
+    order = np.random.default_rng(0).permutation(500).tolist()
+    for i in order:
+        assert_same_example(make(i), access[i])
+    if budget is None:   # everything fits: each record batch decoded once
+        assert len(decoded) == batches and sum(decoded) == 500
+    else:                # one batch kept: decoded again whenever the next row is elsewhere
+        assert len(decoded) > batches
+    decoded.clear()
+    taken = access.take(order)
+    assert len(decoded) <= batches   # take: each record batch at most once, whatever budget
+    for i, e in zip(order, taken):
+        assert_same_example(make(i), e)
+
+
+def test_a_record_batch_whose_rows_disagree_with_the_manifest_is_refused(root):
+    reader, _ = build(root, example)
+    doc = json.loads(reader.storage.read_bytes("manifest.json"))
+    rows = doc["shards"][0]["batch_rows"]
+    doc["shards"][0]["batch_rows"] = [rows[0] - 1, rows[1] + 1] + rows[2:]
+    reader.storage.write_atomic("manifest.json", json.dumps(doc).encode())
+    with pytest.raises(sc.CorruptSnapshotError, match="record batch 0 has"):
+        RowAccess(SnapshotReader.open(reader.storage))[0]
 
 
 def test_record_batches_that_disagree_with_the_manifest_are_refused(root):

@@ -32,7 +32,8 @@ __all__ = [
     "BatchOp", "CacheOp", "CacheState", "PrefetchOp", "FilterOp", "MapOp", "InterleaveOp",
     "ShuffleOp", "REPEAT_EPOCH_STRIDE", "RepeatOp", "ShardOp", "TakeOp", "SnapshotOp",
     "snapshot_below", "FilesSource", "GeneratorSource", "IterableSource", "ParquetSource",
-    "RangeSource", "TorchSource", "splittable", "resumable", "known_length",
+    "RangeSource", "TorchSource", "splittable", "resumable", "known_length", "delta_source",
+    "rebase",
 ]
 
 
@@ -68,3 +69,31 @@ def known_length(op: Op | None) -> int | None:
     for node in lineage(op):
         n = node.length(n)
     return n
+
+
+def delta_source(op: Op | None) -> Op | None:
+    """The source of the pipeline up to ``op`` if a delta snapshot can build it unit by unit:
+    a source made of units (files) followed only by ops whose every output comes from one
+    input alone (element-wise, or ``per_input`` such as interleave) and that keep no copy.
+    None otherwise."""
+    if op is None:
+        return None
+    chain = lineage(op)
+    source = chain[0]
+    if not source.traits.units:
+        return None
+    if all((node.traits.element_wise or node.traits.per_input) and not node.traits.keeps_copy
+           for node in chain[1:]):
+        return source
+    return None
+
+
+def rebase(op: Op, source: Op) -> Op:
+    """The pipeline up to ``op`` with its source replaced by ``source`` (a copy of each op, with
+    no memo of the original)."""
+    import dataclasses
+
+    node = source
+    for step in lineage(op)[1:]:
+        node = dataclasses.replace(step, parent=node)
+    return node

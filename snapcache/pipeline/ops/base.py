@@ -52,6 +52,12 @@ class Traits:
       shares).
     - ``content``: it changes the examples, so it counts towards fingerprints (prefetch, cache
       and snapshot do not).
+    - ``per_input``: each output comes from one input alone, though outputs of several inputs
+      may mix (interleave); with ``element_wise`` ops, what lets a delta snapshot compute a
+      group of files on its own.
+    - ``units`` (sources): made of files each computed on its own, so a delta snapshot can
+      compute only the new and changed ones (the op offers ``unit_identities()``,
+      ``with_units(urls)`` and ``lineage_children(where)``).
     """
 
     source: bool = False
@@ -65,6 +71,8 @@ class Traits:
     batch_dims: int = 0
     per_stream: bool = False
     content: bool = True
+    per_input: bool = False
+    units: bool = False
 
     def __post_init__(self) -> None:
         if self.length not in LENGTH_RULES:

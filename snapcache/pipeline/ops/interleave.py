@@ -25,7 +25,7 @@ class InterleaveOp(Op):
 
     @property
     def traits(self) -> Traits:
-        return Traits(order_preserving=self.deterministic)
+        return Traits(order_preserving=self.deterministic, per_input=True)
 
     @property
     def function(self) -> Any:

@@ -8,6 +8,7 @@ share of the examples, after skipping the ones a resumed snapshot already holds.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -17,12 +18,32 @@ from snapcache.fingerprint import sources as source_fp
 from snapcache.pipeline import streams
 from snapcache.pipeline.ops.base import Op, Traits, callable_name, runs
 from snapcache.store import parquet
-from snapcache.store.fs import file_identity
+from snapcache.store.fs import file_identities as bulk_identities
 
 def file_identities(urls: Any, strict: bool, storage_options: dict) -> list[dict]:
     """What fingerprints a list of files (path, size, mtime or ETag; content if ``strict``):
     read here, in the pipeline, so that fingerprinting stays pure."""
-    return [file_identity(str(url), strict, storage_options) for url in urls]
+    return bulk_identities([str(url) for url in urls], strict, storage_options)
+
+
+class UnitSource:
+    """What a source made of files offers delta snapshots (see ``Traits.units``)."""
+
+    urls: tuple[str, ...]
+    storage_options: dict
+
+    def unit_identities(self) -> list[dict]:
+        """Each file's identity, taken once per op object."""
+        return self.memo("unit_identities", lambda: file_identities(
+            self.urls, getattr(self, "strict", False), self.storage_options))
+
+    def with_units(self, urls: Any) -> Op:
+        """This source restricted to ``urls`` (a subset of its files, in order)."""
+        return dataclasses.replace(self, urls=tuple(urls))
+
+    def unit_lengths(self, urls: Any) -> list[int] | None:
+        """Examples each of ``urls`` yields, in order (None: not known without reading them)."""
+        return [1] * len(urls)
 
 
 SEEKABLE = Traits(source=True, seekable=True, length="rule")
@@ -109,12 +130,12 @@ def run_range(op: RangeSource, epoch: int) -> Iterator[Any]:
 
 
 @dataclass(frozen=True, eq=False)
-class FilesSource(Op):
+class FilesSource(UnitSource, Op):
     urls: tuple[str, ...] = ()
     strict: bool = False
     storage_options: dict = field(default_factory=dict)
     kind: ClassVar[str] = "from_files"
-    TRAITS: ClassVar = SEEKABLE
+    TRAITS: ClassVar = Traits(source=True, seekable=True, length="rule", units=True)
     fingerprint_source: ClassVar = ("urls", "strict")
     not_fingerprinted: ClassVar = ("storage_options",)
 
@@ -125,8 +146,11 @@ class FilesSource(Op):
         return len(self.urls)
 
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
-        return [source_fp.hash_files_source(
-            file_identities(self.urls, self.strict, self.storage_options), strict=self.strict)]
+        return [source_fp.hash_files_source(self.unit_identities(), strict=self.strict)]
+
+    def lineage_children(self, where: str) -> list[FingerprintNode]:
+        """What counts of this source in a delta snapshot's lineage: not its files."""
+        return [source_fp.files_lineage_node(strict=self.strict)]
 
 
 @runs(FilesSource)
@@ -135,13 +159,13 @@ def run_files(op: FilesSource, epoch: int) -> Iterator[Any]:
 
 
 @dataclass(frozen=True, eq=False)
-class ParquetSource(Op):
+class ParquetSource(UnitSource, Op):
     """Rows of Parquet files, as dicts of column values; split by file or row group."""
     urls: tuple[str, ...] = ()
     columns: tuple[str, ...] | None = None
     storage_options: dict = field(default_factory=dict)
     kind: ClassVar[str] = "from_parquet"
-    TRAITS: ClassVar = Traits(source=True, seekable=True)
+    TRAITS: ClassVar = Traits(source=True, seekable=True, units=True)
     fingerprint_source: ClassVar = ("urls", "columns")
     not_fingerprinted: ClassVar = ("storage_options",)
 
@@ -149,8 +173,14 @@ class ParquetSource(Op):
         return f"from_parquet({len(self.urls)} files)"
 
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
-        return [source_fp.hash_files_source(
-                    file_identities(self.urls, False, self.storage_options)),
+        return [source_fp.hash_files_source(self.unit_identities()),
+                hash_value(self.columns, "argument `columns`", where=where)]
+
+    def unit_lengths(self, urls: Any) -> list[int] | None:
+        return parquet.file_rows(list(urls), self.storage_options)  # footers only
+
+    def lineage_children(self, where: str) -> list[FingerprintNode]:
+        return [source_fp.files_lineage_node(strict=False),
                 hash_value(self.columns, "argument `columns`", where=where)]
 
 

@@ -14,6 +14,9 @@ The files of one snapshot folder, and who writes them::
     manifest.json                the commit (exclusive create, fenced)           (records.py)
     last-used.json               when a reader last opened it                    (this module)
 
+A delta snapshot's lineage folder adds versioned manifests, their source records and segment
+records (versions.py): ``manifest-<v>.json`` created exclusively, fenced by the build lease.
+
 How it holds together (see ``docs/architecture.md`` for the guarantees):
 
 - :func:`negotiate` decides per stream: read, write, replay or compute (negotiate.py).

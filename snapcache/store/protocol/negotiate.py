@@ -87,14 +87,18 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
             else:
                 orphaned_since = None
         if wait_timeout is not None and now - start > wait_timeout:
-            holders = ", ".join(f"{lease.host} pid {lease.pid}" for lease in
-                                live_leases(storage) if lease.kind == "write") or "nobody"
             raise LeaseTimeoutError(
                 f"waited {wait_timeout:.0f} s for snapshot {storage.url} to be committed "
-                f"(being written by {holders}); raise wait_timeout, or pass "
+                f"(being written by {writers(storage)}); raise wait_timeout, or pass "
                 "on_busy='compute' to compute without writing")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
+
+
+def writers(storage: Storage) -> str:
+    """Who holds write leases on ``storage`` ("host-a pid 12, ..." or "nobody")."""
+    return ", ".join(f"{lease.host} pid {lease.pid}" for lease in live_leases(storage)
+                     if lease.kind == "write") or "nobody"
 
 
 def _stalled_here(storage: Storage, stream: int, streams: int, ttl: float) -> bool:

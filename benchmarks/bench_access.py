@@ -1,0 +1,462 @@
+"""Random access against the peers (issue #15): ``snap[i]`` vs LitData's and Mosaic streaming's
+``dataset[i]`` on the same data, local disk and the loopback S3 server.
+
+    python -m benchmarks.bench_access [--examples 20000] [--s3-examples 10000] [--no-write]
+
+LitData and Mosaic streaming are benchmark-only baselines (``benchmarks/requirements.txt``, in a
+venv with ``--system-site-packages``, see ``benchmarks/run_all.py``); one that cannot be
+imported is reported as missing, never estimated.
+
+Every system holds the same examples (``bench_resume.example``: a 32x32x3 uint8 noise image and
+a label) in ~4 MiB shards (snapcache ``shard_size=4 MiB``, LitData ``chunk_bytes``, Mosaic
+``size_limit``), uncompressed (noise does not compress; snapcache stores such shards raw). Each
+read is checked: the returned label must equal the index.
+
+- open: constructing the dataset object (snapcache ``open_snapshot``, LitData
+  ``StreamingDataset``, Mosaic ``StreamingDataset``).
+- cold: the first ``dataset[i]`` after open, with every library cache empty (a fresh object, a
+  fresh local cache folder for remote data, fsspec's instance cache cleared); the OS page cache
+  is not dropped (the files were just written). One sample per fresh open.
+- warm: ``dataset[i]`` for random ``i`` on one object after a pass that touched every shard.
+
+Results go to docs/benchmarks.md between the ``access-benchmarks`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+import types
+import warnings
+
+import numpy as np
+
+import snapcache as sc
+from benchmarks.bench_resume import example
+from snapcache.options import ReadOptions
+
+START, END = "<!-- access-benchmarks:start -->", "<!-- access-benchmarks:end -->"
+SHARD = 4 << 20
+SMALL_BUDGET = 8 << 20   # bytes: far below the data, for the "does not fit" row
+NOTES: list[str] = []   # what the run had to do to make a peer work, printed and written
+
+
+def note(text: str) -> None:
+    NOTES.append(text)
+    print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+# -- the peers, imported on demand ---------------------------------------------------------------
+def import_litdata():
+    import litdata
+
+    return litdata
+
+
+def import_streaming():
+    """Mosaic streaming. ``import streaming`` imports ``streaming.vision``, which imports
+    torchvision; PyPI's torchvision wheels for torch 2.13 are CUDA builds that cannot load beside
+    the CPU torch, and the CPU wheels are not on PyPI. The vision datasets are not used here, so
+    when torchvision cannot be imported ``streaming.vision`` is replaced by an empty module."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - a broken torchvision raises RuntimeError too
+        if "streaming.vision" not in sys.modules:
+            sys.modules["streaming.vision"] = types.ModuleType("streaming.vision")
+            note(f"torchvision cannot be imported ({type(e).__name__}: {str(e)[:80]}); "
+                 "`streaming.vision` (Mosaic's torchvision datasets, unused here) replaced by an "
+                 "empty module so that `import streaming` works")
+    import streaming
+
+    return streaming
+
+
+def missing(importer) -> str | None:
+    try:
+        importer()
+        return None
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+
+
+# -- writing the same data three ways ------------------------------------------------------------
+def write_snapcache(root: str, n: int, storage_options=None) -> int:
+    ds = sc.Dataset.range(n).map(example).snapshot(root, shard_size=SHARD, progress=False,
+                                                   storage_options=storage_options)
+    for _ in ds.batch(1024):
+        pass
+    return len(sc.open_snapshot(root, storage_options=storage_options).manifest.shards)
+
+
+def write_litdata(out: str, n: int) -> int:
+    litdata = import_litdata()
+    with contextlib.redirect_stdout(sys.stderr):
+        litdata.optimize(fn=_litdata_item, inputs=list(range(n)), output_dir=out,
+                         chunk_bytes=SHARD, num_workers=1, verbose=False,
+                         start_method="fork")
+    return sum(f.endswith(".bin") for f in os.listdir(out))
+
+
+def _litdata_item(i: int) -> dict:
+    e = example(i)
+    return {"image": e["image"], "label": int(e["label"])}
+
+
+def write_mosaic(out: str, n: int) -> int:
+    streaming = import_streaming()
+    columns = {"image": "ndarray:uint8:32,32,3", "label": "int64"}
+    with streaming.MDSWriter(out=out, columns=columns, size_limit=SHARD) as writer:
+        for i in range(n):
+            writer.write(example(i))
+    return sum(f.endswith(".mds") for f in os.listdir(out))
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def snapcache_open(root: str, storage_options=None, read=None):
+    return lambda cache: sc.open_snapshot(root, storage_options=storage_options, read=read)
+
+
+def litdata_open(path: str, storage_options=None, **options):
+    litdata = import_litdata()
+    from litdata.streaming.resolver import Dir
+
+    def open_(cache: str):
+        if path.startswith("s3://"):
+            return litdata.StreamingDataset(Dir(path=cache, url=path),
+                                            storage_options=storage_options or {}, **options)
+        return litdata.StreamingDataset(path, **options)
+    return open_
+
+
+def mosaic_open(path: str, storage_options=None):
+    streaming = import_streaming()
+
+    def open_(cache: str):
+        if path.startswith("s3://"):
+            return streaming.StreamingDataset(remote=path, local=cache, batch_size=1)
+        return streaming.StreamingDataset(local=path, remote=None, batch_size=1)
+    return open_
+
+
+def label_of(item) -> int:
+    return int(item["label"])
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def checked(ds, i: int) -> float:
+    seconds, item = timed(lambda: ds[i])
+    if label_of(item) != i:
+        raise RuntimeError(f"{type(ds).__module__}: dataset[{i}] returned the example labelled "
+                           f"{label_of(item)}; the benchmark would measure the wrong thing")
+    return seconds
+
+
+def measure(open_, n: int, workdir: str, cold_indices, warm_indices, fresh=lambda: None) -> dict:
+    opens, cold = [], []
+    for k, i in enumerate(cold_indices):
+        fresh()
+        cache = os.path.join(workdir, f"cache-{k}")
+        seconds, ds = timed(lambda: open_(cache))
+        opens.append(seconds)
+        cold.append(checked(ds, i))
+        del ds
+        gc.collect()
+        shutil.rmtree(cache, ignore_errors=True)
+    fresh()
+    ds = open_(os.path.join(workdir, "cache-warm"))
+    for i in range(0, n, 97):     # touch every shard (a shard holds > 1,000 examples)
+        checked(ds, i)
+    warm = [checked(ds, i) for i in warm_indices]
+    del ds
+    gc.collect()
+    q = lambda xs, p: float(np.quantile(xs, p)) * 1e3  # noqa: E731
+    first = [a + b for a, b in zip(opens, cold)]
+    return {"open_ms": q(opens, 0.5), "first_ms": q(first, 0.5), "cold_median_ms": q(cold, 0.5),
+            "cold_p99_ms": q(cold, 0.99), "warm_median_ms": q(warm, 0.5),
+            "warm_p99_ms": q(warm, 0.99), "cold_n": len(cold), "warm_n": len(warm)}
+
+
+def indices(n: int, cold: int, warm: int) -> tuple[list[int], list[int]]:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, n, cold).tolist(), rng.integers(0, n, warm).tolist()
+
+
+# (name, importer, writer, opener(path, storage_options)); LitData twice: its default
+# ``batch_decode="auto"`` decodes a whole batch of items around the one asked for, which is
+# what its ``dataset[i]`` does unless told otherwise; ``batch_decode=False`` decodes one.
+PEERS = (
+    ("LitData", import_litdata, write_litdata, litdata_open),
+    ("LitData, batch_decode=False", import_litdata, write_litdata,
+     lambda path, options=None: litdata_open(path, options, batch_decode=False)),
+    ("Mosaic streaming", import_streaming, write_mosaic, mosaic_open),
+)
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower())
+
+
+def run_system(name, storage, write, open_, n, workdir, cold_i, warm_i, fresh=lambda: None):
+    print(f"{name} on {storage} ...", file=sys.stderr, flush=True)
+    try:
+        shards = write()
+        row = measure(open_(), n, os.path.join(workdir, "caches-" + slug(name)), cold_i, warm_i,
+                      fresh)
+    except Exception as e:  # noqa: BLE001 - reported in the table and the report, not hidden
+        text = str(e).strip()
+        message = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
+        print(f"  failed: {message}", file=sys.stderr, flush=True)
+        return {"system": name, "storage": storage, "error": message}
+    row.update(system=name, storage=storage, shards=shards)
+    print(f"  {row}", file=sys.stderr, flush=True)
+    return row
+
+
+def peer_rows(storage, workdir, n, cold_i, warm_i, place, options=None, fresh=lambda: None):
+    """Rows of the peers: each writes its data once (``place(writer, local)`` puts it where it
+    is read and returns the path), then is read as configured."""
+    rows, written = [], {}
+    for name, importer, write, opener in PEERS:
+        why = missing(importer)
+        if why:
+            rows.append({"system": name, "storage": storage, "error": f"not installed ({why})"})
+            continue
+
+        def write_once(write=write) -> int:
+            if write not in written:
+                local = os.path.join(workdir, write.__name__)
+                shards = write(local, n)
+                written[write] = (place(write, local), shards)
+            return written[write][1]
+
+        rows.append(run_system(name, storage, write_once,
+                               lambda write=write, opener=opener: opener(written[write][0],
+                                                                         options),
+                               n, workdir, cold_i, warm_i, fresh))
+    return rows
+
+
+def local_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
+    cold_i, warm_i = indices(n, cold, warm)
+    root = os.path.join(workdir, "snapcache")
+    rows = [run_system("snapcache", "local disk", lambda: write_snapcache(root, n),
+                       lambda: snapcache_open(root), n, workdir, cold_i, warm_i)]
+    # The same with a read budget far below the data: decoded record batches (and open shards)
+    # do not all stay, so a warm row is often a record batch decode again.
+    small = ReadOptions(prefetch_bytes=SMALL_BUDGET)
+    rows.append(run_system(f"snapcache, prefetch_bytes={SMALL_BUDGET >> 20} MiB", "local disk",
+                           lambda: rows[0]["shards"], lambda: snapcache_open(root, read=small),
+                           n, workdir, cold_i, warm_i))
+    return rows + peer_rows("local disk", workdir, n, cold_i, warm_i,
+                            place=lambda write, local: local)
+
+
+@contextlib.contextmanager
+def s3_server():
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests import s3server
+
+    why = s3server.missing_requirements()
+    if why:
+        raise RuntimeError(why)
+    with tempfile.TemporaryFile() as log:
+        server = s3server.start(log)
+        saved = dict(os.environ)
+        try:
+            os.environ.update(server.env)
+            yield server, s3server
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+            s3server.stop(server.process)
+
+
+def s3_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
+    cold_i, warm_i = indices(n, cold, warm)
+    storage = "loopback S3 (moto)"
+    rows = []
+    try:
+        context = s3_server()
+        server, s3server = context.__enter__()
+    except Exception as e:  # noqa: BLE001
+        return [{"system": "all", "storage": storage, "error": f"no S3 server: {e}"}]
+    try:
+        fs = server.filesystem()
+        bucket = s3server.new_bucket_name()
+        fs.mkdir(bucket)
+        s3server.clear_filesystem_caches()
+        fresh = s3server.clear_filesystem_caches
+        root = f"s3://{bucket}/snapcache"
+        rows.append(run_system("snapcache", storage, lambda: write_snapcache(root, n),
+                               lambda: snapcache_open(root), n, workdir, cold_i, warm_i, fresh))
+
+        def upload(write, local: str) -> str:
+            fs.put(local, f"{bucket}/{write.__name__}", recursive=True)
+            return f"s3://{bucket}/{write.__name__}"
+
+        # The loopback server speaks plain http. LitData downloads whole chunks through
+        # obstore, which refuses http unless allow_http, and builds its store with fixed client
+        # options (AWS_ALLOW_HTTP in the environment is not read): add allow_http to them.
+        # Mosaic takes its endpoint from S3_ENDPOINT_URL.
+        if not missing(import_litdata):
+            from litdata.streaming import downloader
+
+            downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
+            note("LitData on the loopback S3 server (plain http): "
+                 "`litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS['allow_http'] = True` "
+                 "(its obstore chunk downloads fail with `HTTP error: builder error ... "
+                 "BadScheme` otherwise, and `AWS_ALLOW_HTTP=true` does not reach them); "
+                 "`dataset[i]` itself did not need it: it reads the example's bytes with a "
+                 "boto3 range GET (LitData's default `on_demand_bytes`), endpoint and "
+                 "credentials given as `storage_options`")
+        os.environ["S3_ENDPOINT_URL"] = server.endpoint
+        note("Mosaic streaming on the loopback S3 server: `S3_ENDPOINT_URL` set to it")
+        options = {"endpoint_url": server.endpoint,
+                   "aws_access_key_id": server.env["AWS_ACCESS_KEY_ID"],
+                   "aws_secret_access_key": server.env["AWS_SECRET_ACCESS_KEY"]}
+        rows += peer_rows(storage, workdir, n, cold_i, warm_i, place=upload, options=options)
+    finally:
+        context.__exit__(None, None, None)
+    return rows
+
+
+# Written with the numbers of the run that produced docs/benchmarks.md; revisit after changes.
+WHY = """What decides each column:
+
+- **cold, local (missed against Mosaic)**: Mosaic's first `dataset[i]` reads that one sample
+  from the shard file; its index was read when the dataset was opened (the open column).
+  snapcache's first `snap[i]` reads the manifest then (the handle opens lazily), maps the
+  shard and checks its xxh3 checksum over all 4 MiB, its size, rows and schema before any row
+  of it is used (the guarantee every read path keeps: no unverified bytes are returned), then
+  decodes the record batch. The checksum of the whole shard is most of the gap; closing it
+  would need checksums per record batch in the manifest (a format change, not made), or
+  `ReadOptions(verify=False)`. Counting the open (open + cold), snapcache is well ahead of
+  Mosaic and close to LitData with `batch_decode=False`.
+- **cold, S3**: snapcache's first `snap[i]` makes two GETs (the manifest, then the whole shard,
+  which it verifies) where Mosaic makes one (the shard; its index came at open) and LitData one
+  range GET of the example. Open + cold is the time to a first example from nothing.
+- **warm (met)**: the first row of a record batch decodes the batch once into zero-copy views,
+  which stay within half the read budget (`ReadOptions.prefetch_bytes`, by default a share of
+  RAM up to 256 MiB, so all of this data): a later row is an index. With a budget far below the
+  data (the `prefetch_bytes=8 MiB` row) a warm row is often a record batch decode again.
+  Mosaic reads the sample from its (page-cached) shard file each time; LitData's default
+  `batch_decode="auto"` decodes a batch of items around the one asked for and keeps none, and
+  on S3 its `dataset[i]` is a range GET of the example every time (`on_demand_bytes`), warm or
+  not. Numbers vary by 2-3x from run to run on this shared machine; ratios within a run are
+  what to read.
+"""
+
+
+# -- the report -----------------------------------------------------------------------------------
+def verdicts(rows: list[dict]) -> list[str]:
+    out = []
+    for storage in dict.fromkeys(r["storage"] for r in rows):
+        ours = next((r for r in rows if r["storage"] == storage and r["system"] == "snapcache"
+                     and "error" not in r), None)
+        peers = [r for r in rows if r["storage"] == storage
+                 and not r["system"].startswith("snapcache") and "error" not in r]
+        if ours is None or not peers:
+            out.append(f"- {storage}: not compared (snapcache or every peer failed).")
+            continue
+        for key, what in (("cold_median_ms", "cold"), ("warm_median_ms", "warm"),
+                          ("first_ms", "open + cold")):
+            best = min(peers, key=lambda r: r[key])
+            ratio = ours[key] / best[key]
+            met = all(ours[key] < r[key] for r in peers)
+            out.append(f"- {storage}, {what} median: snapcache {ours[key]:.3f} ms vs "
+                       f"{best['system']} {best[key]:.3f} ms (the faster peer) = "
+                       f"{ratio:.2f}x: target (faster than both) "
+                       f"{'**met**' if met else '**MISSED**'}.")
+    return out
+
+
+def report(args, rows: list[dict], elapsed: float) -> str:
+    L = [START, "", "## Random access against LitData and Mosaic streaming", "",
+         f"`{args.command}` (took {elapsed:.0f} s; 2 cores shared with other jobs). "
+         f"{args.examples} examples local, {args.s3_examples} on the loopback S3 server (moto, "
+         "as the tests use), of a 32x32x3 uint8 noise image and a label, in ~4 MiB shards, "
+         "uncompressed in all three. Same random indices for every system; every read checks "
+         "that the label equals the index. open: constructing the dataset object; cold: the "
+         "first `dataset[i]` after open with every library cache empty (fresh object, fresh "
+         "local cache folder, fsspec instances cleared; OS page cache not dropped), "
+         f"{args.cold} opens locally and {args.s3_cold} on S3, so cold p99 is close to the "
+         "maximum; warm: random `dataset[i]` on one object after a pass that touched every "
+         f"shard ({args.warm} probes locally, {args.s3_warm} on S3).", "",
+         "Reads: snapcache `snapcache.open_snapshot(root)[i]`; LitData "
+         "`litdata.StreamingDataset(dir)[i]` (S3: `StreamingDataset(Dir(path=cache, "
+         "url='s3://...'), storage_options=...)`); Mosaic "
+         "`streaming.StreamingDataset(local=dir, remote=None, batch_size=1)[i]` (S3: "
+         "`remote='s3://...', local=cache`, endpoint from `S3_ENDPOINT_URL`). Versions: "
+         f"{versions()}.", "",
+         "| system | storage | shards | open | cold median | cold p99 | open + cold median "
+         "| warm median | warm p99 |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            L.append(f"| {r['system']} | {r['storage']} | failed: {r['error']} |||||||")
+            continue
+        L.append(f"| {r['system']} | {r['storage']} | {r['shards']} | {r['open_ms']:.2f} ms | "
+                 f"{r['cold_median_ms']:.2f} ms | {r['cold_p99_ms']:.2f} ms | "
+                 f"{r['first_ms']:.2f} ms | {r['warm_median_ms']:.3f} ms | "
+                 f"{r['warm_p99_ms']:.3f} ms |")
+    L += ["", "Target: `snap[i]` faster than both peers' `dataset[i]`.", ""]
+    L += verdicts(rows)
+    L += ["", WHY]
+    if NOTES:
+        L += ["", "What the run did to make the peers work:", ""]
+        L += [f"- {n}" for n in dict.fromkeys(NOTES)]
+    L += ["", END]
+    return "\n".join(L)
+
+
+def versions() -> str:
+    out = [f"snapcache {sc.__version__}"]
+    for name, importer in (("litdata", import_litdata), ("mosaicml-streaming", import_streaming)):
+        try:
+            out.append(f"{name} {importer().__version__}")
+        except Exception:  # noqa: BLE001
+            out.append(f"{name} not installed")
+    return ", ".join(out)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=20_000)
+    parser.add_argument("--s3-examples", type=int, default=6_000)
+    parser.add_argument("--cold", type=int, default=20)
+    parser.add_argument("--s3-cold", type=int, default=8)
+    parser.add_argument("--warm", type=int, default=300)
+    parser.add_argument("--s3-warm", type=int, default=100)
+    parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    args.command = "python -m benchmarks.bench_access" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:]) if a != "--no-write")
+    warnings.filterwarnings("ignore")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="snapcache-access-") as workdir:
+        rows = local_rows(os.path.join(workdir, "local"), args.examples, args.cold, args.warm)
+        if not args.no_s3:
+            rows += s3_rows(os.path.join(workdir, "s3"), args.s3_examples, args.s3_cold,
+                            args.s3_warm)
+    text = report(args, rows, time.perf_counter() - started)
+    print(text)
+    if not args.no_write:
+        from benchmarks.run_all import write_doc
+
+        write_doc(text, START, END)
+
+
+if __name__ == "__main__":
+    main()

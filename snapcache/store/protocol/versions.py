@@ -1,0 +1,362 @@
+"""Delta snapshots on disk: a lineage folder holding versioned manifests over shared shards.
+
+A *lineage* is the folder ``<root>/<lineage>/`` named by the fingerprint of a pipeline's code
+with its file source counted only by kind (``from_files``, strict or not; ``from_parquet`` and
+its columns), not by file list. Each time the source changes, a new *version* is committed::
+
+    <root>/<lineage>/manifest-<v>.json          version v (format version 2), created exclusively
+    <root>/<lineage>/units-<v>-<run>.arrow      its source record: one row per file (side record)
+    <root>/<lineage>/<run>-<stream>-<seq>.arrow shards, shared by every version that lists them
+    <root>/<lineage>/segment-<run>-<seq>.json   a segment finished by a build not yet committed
+    <root>/<lineage>/lease-0001-0000-<gen>.json the build lease (one builder at a time)
+    <root>/<lineage>/reader-<run>.json          read leases
+
+A *segment* is a group of units (files) computed together and the shards holding their
+examples; a shard belongs to exactly one segment. A version lists its segments in order; the
+next version reuses, in place, every segment whose files are all still present and unchanged,
+and computes the rest. Shards no version lists are deleted only when no manifest refers to
+them any more (:func:`referenced_shards`).
+
+The side record is an Arrow IPC file (zstd) with columns ``path`` (string), ``size`` (int64),
+``mtime_ns`` (int64, null on object stores), ``etag`` (string, null locally), ``xxh3_128``
+(string, null unless strict) and ``segment`` (int32, index into the manifest's ``segments``):
+a million files take a few MB instead of a manifest listing each one inline.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import xxhash
+
+from snapcache.errors import CorruptSnapshotError
+from snapcache.store import layout
+from snapcache.store.fs import Storage
+from snapcache.store.protocol.lease import WriteLease, live_leases
+from snapcache.store.protocol.records import StreamRecord, fence
+from snapcache.store.manifest import Manifest, ShardInfo
+
+log = logging.getLogger(__name__)
+
+_MANIFEST_RE = re.compile(r"^manifest-(\d{6})\.json$")
+_UNITS_RE = re.compile(r"^units-(\d{6})-([0-9a-f]{8})\.arrow$")
+_SEGMENT_RE = re.compile(r"^segment-([0-9a-f]{8})-(\d{6})\.json$")
+
+UNIT_COLUMNS = ("path", "size", "mtime_ns", "etag", "xxh3_128", "rows", "segment")
+_IDENTITY_COLUMNS = UNIT_COLUMNS[:5]
+_UNIT_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()),
+                          ("mtime_ns", pa.int64()), ("etag", pa.string()),
+                          ("xxh3_128", pa.string()), ("rows", pa.int64()),
+                          ("segment", pa.int32())])
+
+
+def manifest_name(version: int) -> str:
+    return f"manifest-{version:06d}.json"
+
+
+def manifest_file(manifest: Manifest) -> str:
+    """The file a committed manifest was read from: ``manifest.json``, or a version's."""
+    return manifest_name(manifest.version) if manifest.version is not None else layout.MANIFEST
+
+
+def units_name(version: int, run_id: str) -> str:
+    return f"units-{version:06d}-{run_id}.arrow"
+
+
+def segment_name(run_id: str, seq: int) -> str:
+    return f"segment-{run_id}-{seq:06d}.json"
+
+
+def is_lineage(names: Iterable[str]) -> bool:
+    """True if a folder listing holds a versioned manifest (a delta lineage folder)."""
+    return any(_MANIFEST_RE.match(n) for n in names)
+
+
+def versions(storage: Storage, names: Sequence[str] | None = None) -> list[int]:
+    """The committed versions of a lineage folder, oldest first."""
+    names = storage.listdir() if names is None else names
+    return sorted(int(m.group(1)) for n in names if (m := _MANIFEST_RE.match(n)))
+
+
+def load_version(storage: Storage, version: int) -> Manifest | None:
+    name = manifest_name(version)
+    try:
+        data = storage.read_bytes(name)
+    except FileNotFoundError:
+        return None
+    manifest = Manifest.loads(data, where=storage.url_of(name))
+    if manifest.version != version or manifest.source is None:
+        raise CorruptSnapshotError(f"{storage.url_of(name)}: not version {version} of a delta "
+                                   "snapshot (version or source record missing)")
+    return manifest
+
+
+def newest(storage: Storage, names: Sequence[str] | None = None) -> Manifest | None:
+    """The newest committed version, or None if the lineage has none."""
+    found = versions(storage, names)
+    return load_version(storage, found[-1]) if found else None
+
+
+def find_version(storage: Storage, digest: str, names: Sequence[str] | None = None
+                 ) -> Manifest | None:
+    """The newest version built from exactly the source whose unit digest is ``digest``."""
+    for version in reversed(versions(storage, names)):
+        manifest = load_version(storage, version)
+        if manifest is not None and manifest.source.get("digest") == digest:
+            return manifest
+    return None
+
+
+# -- the source record ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Unit:
+    """One file of a version's source and the segment holding its examples."""
+
+    identity: dict     # path, size, and mtime_ns / etag / xxh3_128 when known
+    segment: int
+    rows: int | None = None   # its examples (consecutive in its segment), when known
+
+
+def encode_units(units: Sequence[Unit]) -> bytes:
+    columns: dict[str, list] = {name: [] for name in UNIT_COLUMNS}
+    for unit in units:
+        for name in _IDENTITY_COLUMNS:
+            columns[name].append(unit.identity.get(name))
+        columns["rows"].append(unit.rows)
+        columns["segment"].append(unit.segment)
+    table = pa.Table.from_pydict(columns, schema=_UNIT_SCHEMA)
+    sink = io.BytesIO()
+    with ipc.new_file(sink, _UNIT_SCHEMA,
+                      options=ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table, max_chunksize=1 << 16)
+    return sink.getvalue()
+
+
+def read_units(storage: Storage, manifest: Manifest) -> list[Unit]:
+    """The source record of a version, checked against its checksum."""
+    source = manifest.source or {}
+    name = source.get("record")
+    where = storage.url_of(str(name))
+    if not isinstance(name, str) or not _UNITS_RE.match(name):
+        raise CorruptSnapshotError(f"{storage.url}: version {manifest.version} names no valid "
+                                   f"source record ({name!r})")
+    try:
+        data = storage.read_bytes(name)
+    except FileNotFoundError:
+        raise CorruptSnapshotError(f"{where}: the source record of version "
+                                   f"{manifest.version} is missing; purge the version") from None
+    if checksum(data) != source.get("record_checksum"):
+        raise CorruptSnapshotError(f"{where}: checksum mismatch; purge version "
+                                   f"{manifest.version}")
+    try:
+        table = ipc.open_file(pa.py_buffer(data)).read_all()
+    except pa.ArrowInvalid as e:
+        raise CorruptSnapshotError(f"{where}: unreadable source record ({e})") from None
+    if table.schema.names != list(UNIT_COLUMNS):
+        raise CorruptSnapshotError(f"{where}: unexpected columns {table.schema.names}")
+    columns = {name: table.column(name).to_pylist() for name in UNIT_COLUMNS}
+    segments = len(manifest.segments or ())
+    units = []
+    for i in range(table.num_rows):
+        identity = {name: columns[name][i] for name in _IDENTITY_COLUMNS
+                    if columns[name][i] is not None}
+        segment = columns["segment"][i]
+        if not 0 <= segment < segments:
+            raise CorruptSnapshotError(f"{where}: row {i} names segment {segment} of "
+                                       f"{segments}")
+        units.append(Unit(identity, segment, columns["rows"][i]))
+    return units
+
+
+def checksum(data: bytes) -> str:
+    return f"xxh3_64:{xxhash.xxh3_64_hexdigest(data)}"
+
+
+# -- segments finished by a build (for a resumed build after a crash) ----------------------------
+@dataclass(frozen=True)
+class SegmentRecord:
+    """A segment a build finished: its units' keys and identities, its shards, its schema."""
+
+    units: tuple[tuple[str, dict], ...]   # (unit key, identity)
+    shards: tuple[ShardInfo, ...]
+    schema: dict | None
+    unit_rows: tuple[int, ...] | None = None
+    """Examples of each unit, consecutive in unit order, when the pipeline makes that known
+    (then a removed or changed file's rows can be left out by copying the others)."""
+
+    rows = StreamRecord.rows
+
+    def dumps(self) -> bytes:
+        return json.dumps({"units": [list(u) for u in self.units],
+                           "shards": [asdict(s) for s in self.shards],
+                           "schema": self.schema,
+                           "unit_rows": list(self.unit_rows) if self.unit_rows else None}
+                          ).encode()
+
+    @classmethod
+    def loads(cls, data: bytes, *, where: str) -> "SegmentRecord":
+        try:
+            doc = json.loads(data)
+            units = tuple((str(k), dict(i)) for k, i in doc["units"])
+            shards = tuple(ShardInfo(**s) for s in doc["shards"])
+        except (ValueError, TypeError, KeyError) as e:
+            raise CorruptSnapshotError(f"{where}: unreadable segment record ({e})") from None
+        if not all(layout.is_safe_shard_path(s.path) for s in shards):
+            raise CorruptSnapshotError(f"{where}: unsafe shard path in a segment record")
+        rows = doc.get("unit_rows")
+        if rows is not None and (len(rows) != len(units) or
+                                 sum(rows) != sum(s.rows for s in shards)):
+            rows = None  # inconsistent: the segment is still usable whole
+        return cls(units, shards, doc.get("schema"), tuple(rows) if rows else None)
+
+
+def write_segment(storage: Storage, written: Any, record: SegmentRecord, *, seq: int) -> None:
+    """Record a finished segment (``written``: the writer's stream record of its shards), in
+    place of the writer's progress record."""
+    storage.write_atomic(segment_name(written.run_id, seq), record.dumps())
+    storage.remove(layout.progress_name(written.streams, written.stream, written.run_id))
+
+
+def finished_segments(storage: Storage, names: Sequence[str]) -> list[SegmentRecord]:
+    """Segments earlier (crashed or interrupted) builds finished, whose shards all exist with
+    their recorded sizes; unreadable records are ignored with a warning."""
+    present = set(names)
+    found = []
+    for name in sorted(n for n in names if _SEGMENT_RE.match(n)):
+        try:
+            record = SegmentRecord.loads(storage.read_bytes(name), where=storage.url_of(name))
+        except FileNotFoundError:
+            continue
+        except CorruptSnapshotError as e:
+            log.warning("ignoring %s", e)
+            continue
+        if all(s.path in present and storage.size(s.path) == s.bytes for s in record.shards):
+            found.append(record)
+    return found
+
+
+# -- commit and clean-up ---------------------------------------------------------------------------
+def commit_version(storage: Storage, manifest: Manifest, units: Sequence[Unit], *,
+                   run_id: str, lease: WriteLease | None) -> bool:
+    """Commit ``manifest`` (whose ``version`` is the next one) with its source record: fenced by
+    ``lease`` (re-checked after the record is written), every listed shard checked present with
+    its size, then ``manifest-<v>.json`` created exclusively. False if another build committed
+    that version first (the caller builds on top of it)."""
+    assert manifest.version is not None and manifest.source is not None
+    record = encode_units(units)
+    name = units_name(manifest.version, run_id)
+    storage.write_atomic(name, record)
+    manifest = _with_record(manifest, name, record)
+    fence(storage, manifest, lease)  # the lease generation, then every listed shard
+    if storage.create_exclusive(manifest_name(manifest.version), manifest.dumps()):
+        log.info("committed version %d of %s: %d examples in %d shards", manifest.version,
+                 storage.url, manifest.num_examples, len(manifest.shards))
+        return True
+    storage.remove(name)
+    return False
+
+
+def _with_record(manifest: Manifest, name: str, record: bytes) -> Manifest:
+    from dataclasses import replace
+
+    return replace(manifest, source={**manifest.source, "record": name,
+                                     "record_bytes": len(record),
+                                     "record_checksum": checksum(record)})
+
+
+def referenced(storage: Storage, names: Sequence[str] | None = None,
+               skip: Iterable[int] = ()) -> set[str]:
+    """Every file some committed version (but those in ``skip``) needs: its manifest, its
+    source record and its shards. A shard's reference count is the number of versions listing
+    it; it may be deleted only when that is zero."""
+    names = storage.listdir() if names is None else names
+    skip = set(skip)
+    needed: set[str] = set()
+    for version in versions(storage, names):
+        if version in skip:
+            continue
+        try:
+            manifest = load_version(storage, version)
+        except CorruptSnapshotError as e:
+            log.warning("%s", e)
+            continue
+        if manifest is None:
+            continue
+        needed.add(manifest_name(version))
+        needed.add(str(manifest.source.get("record")))
+        needed.update(s.path for s in manifest.shards)
+    return needed
+
+
+def record_owner(name: str) -> str | None:
+    """The build run a segment record or source record belongs to (None for other files)."""
+    segment, units = _SEGMENT_RE.match(name), _UNITS_RE.match(name)
+    return segment.group(1) if segment else units.group(2) if units else None
+
+
+def cleanup(storage: Storage, committed_run: str) -> list[str]:
+    """After ``committed_run`` committed a version: remove segment records, source records,
+    and shards no version lists and no other live writer owns. Returns the removed names."""
+    names = storage.listdir()
+    needed = referenced(storage, names)
+    live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
+    live_runs.discard(committed_run)
+    removed = []
+    for name in names:
+        if name in needed:
+            continue
+        run = layout.run_of(name)
+        segment = _SEGMENT_RE.match(name)
+        units = _UNITS_RE.match(name)
+        owner = run or (segment.group(1) if segment else units.group(2) if units else None)
+        if owner is not None and owner not in live_runs:
+            storage.remove(name)
+            removed.append(name)
+    return removed
+
+
+def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = False
+                    ) -> list[str]:
+    """Delete versions ``drop`` and every file only they referenced: a shard another version
+    lists stays. Manifests go first, so an interrupted delete never leaves a version listing a
+    missing shard. Returns the names removed (with ``dry_run``: that would be)."""
+    names = storage.listdir()
+    drop = set(drop) & set(versions(storage, names))
+    needed = referenced(storage, names, skip=drop)
+    live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
+    manifests = [manifest_name(v) for v in sorted(drop)]
+    others = []
+    for name in names:
+        if name in needed or name in manifests:
+            continue
+        owner = layout.run_of(name) or record_owner(name)
+        if owner is not None and owner not in live_runs:
+            others.append(name)
+    if not dry_run:
+        for name in manifests + others:
+            storage.remove(name)
+    return manifests + others
+
+
+def shard_bytes(manifests: Sequence[Manifest]) -> tuple[int, int]:
+    """(bytes of the shards the manifests list, each shard counted once; bytes of the shards
+    that more than one of them lists)."""
+    sizes: dict[str, int] = {}
+    listed: dict[str, int] = {}
+    for manifest in manifests:
+        for shard in manifest.shards:
+            sizes[shard.path] = shard.bytes
+            listed[shard.path] = listed.get(shard.path, 0) + 1
+    return sum(sizes.values()), sum(sizes[p] for p, n in listed.items() if n > 1)
+
+
+def version_source(kind: str, units: int, size: int, digest: str) -> dict[str, Any]:
+    """The ``source`` field of a version's manifest, before its record is attached."""
+    return {"kind": kind, "units": units, "bytes": size, "digest": digest}

@@ -1,0 +1,32 @@
+"""A process that builds (or reads) a delta snapshot: ``python delta_child.py SRC ROOT OUT``.
+
+Each map call appends the file's name to ``$DELTA_CALLS``; the examples read are written to OUT
+as JSON. ``SNAPCACHE_TEST_DELTA_PAUSE`` (see ``delta_exec._crash_hook``) makes the build stop
+after its first segment until the parent deletes the pause file (or kills this process)."""
+
+import json
+import os
+import sys
+
+import snapcache as sc
+from snapcache.pipeline import delta_exec
+
+
+def load(path):
+    with open(os.environ["DELTA_CALLS"], "a") as f:
+        f.write(os.path.basename(path) + "\n")
+    with open(path) as f:
+        return {"name": os.path.basename(path), "value": int(f.read())}
+
+
+def main(src, root, out):
+    delta_exec.SEGMENT_UNITS = 4
+    ds = (sc.Dataset.from_files(os.path.join(src, "*.txt")).map(load)
+          .snapshot(root, delta=True, progress=False, lease_ttl=5.0))
+    got = sorted([x["name"], int(x["value"])] for x in ds)
+    with open(out, "w") as f:
+        json.dump(got, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

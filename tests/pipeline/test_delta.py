@@ -1,0 +1,515 @@
+"""Delta snapshots: a file source grows, shrinks or changes; only what changed is computed and
+the new version reuses every other shard in place (see snapcache/pipeline/delta_exec.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import snapcache as sc
+from snapcache.store.protocol import versions
+from snapcache.store.fs import Storage
+
+CALLS: list[str] = []
+
+
+def load(path):
+    CALLS.append(os.path.basename(path))
+    with open(path) as f:
+        return {"name": os.path.basename(path), "value": int(f.read())}
+
+
+def write(folder, i, value=None):
+    with open(os.path.join(folder, f"f{i:04d}.txt"), "w") as f:
+        f.write(str(i if value is None else value))
+
+
+@pytest.fixture
+def src(tmp_path):
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for i in range(12):
+        write(folder, i)
+    CALLS.clear()
+    return folder
+
+
+def pipeline(src, root, fn=load):
+    CALLS.clear()  # the functions capture CALLS: its value counts in their fingerprint
+    return (sc.Dataset.from_files(str(src / "*.txt")).map(fn)
+            .snapshot(str(root), delta=True, progress=False))
+
+
+def run(src, root, fn=load):
+    CALLS.clear()
+    return sorted((x["name"], x["value"]) for x in pipeline(src, root, fn))
+
+
+def lineage(root) -> Storage:
+    (name,) = os.listdir(root)
+    return Storage(str(root)).child(name)
+
+
+def no_readers(root):
+    """Wait until the pipelines collected so far have released their read leases (on a thread
+    of their own, see snapshot_exec.read_session); a held pipeline keeps its lease."""
+    import gc
+
+    gc.collect()
+    deadline = time.monotonic() + 60
+    while any(n.startswith("reader-") for _, _, files in os.walk(root) for n in files) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def expected(src):
+    return sorted((n, int(open(src / n).read())) for n in os.listdir(src))
+
+
+def shard_names(storage):
+    return {n for n in storage.listdir() if n.endswith(".arrow") and not n.startswith("units-")}
+
+
+def test_added_files_are_the_only_ones_computed_and_old_shards_are_reused_in_place(src, tmp_path):
+    root = tmp_path / "root"
+    assert run(src, root) == expected(src) and len(CALLS) == 12
+    storage = lineage(root)
+    first = versions.newest(storage)
+    assert first.version == 1 and first.format_version == 2 and first.num_examples == 12
+    assert run(src, root) == expected(src) and CALLS == []  # same files: read
+    for i in (12, 13, 14):
+        write(src, i)
+    assert run(src, root) == expected(src)
+    assert sorted(CALLS) == ["f0012.txt", "f0013.txt", "f0014.txt"]
+    second = versions.newest(storage)
+    assert second.version == 2 and second.num_examples == 15
+    assert {s.path for s in first.shards} <= {s.path for s in second.shards}  # in place
+    assert len(os.listdir(root)) == 1  # one lineage folder
+
+
+def test_changed_removed_and_renamed_files(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 3, value=300)          # changed (size differs)
+    assert run(src, root) == expected(src) and ("f0003.txt", 300) in expected(src)
+    assert "f0003.txt" in CALLS and len(CALLS) <= 12
+    os.remove(src / "f0007.txt")      # removed
+    assert run(src, root) == expected(src) and ("f0007.txt", 7) not in run(src, root)
+    os.rename(src / "f0001.txt", src / "f0100.txt")   # renamed: removed + added
+    got = run(src, root)
+    assert got == expected(src) and ("f0100.txt", 1) in got
+    assert "f0100.txt" in CALLS
+
+
+def test_the_previous_version_stays_readable_by_the_pipeline_that_made_it(src, tmp_path):
+    root = tmp_path / "root"
+    old = pipeline(src, root)
+    before = sorted(x["value"] for x in old)
+    write(src, 20)
+    assert run(src, root) == expected(src)
+    CALLS.clear()
+    assert sorted(x["value"] for x in old) == before and CALLS == []  # its own version
+    assert [m for m in versions.versions(lineage(root))] == [1, 2]
+
+
+def test_a_code_change_recomputes_everything(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+
+    def load2(path):
+        CALLS.append(os.path.basename(path))
+        with open(path) as f:
+            return {"name": os.path.basename(path), "value": int(f.read()) * 2}
+
+    got = run(src, root, load2)
+    assert len(CALLS) == 12 and got == [(n, 2 * v) for n, v in expected(src)]
+    assert len(os.listdir(root)) == 2  # another lineage
+
+
+def test_delete_old_versions_keeps_shards_a_newer_version_shares(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 30)
+    run(src, root)
+    storage = lineage(root)
+    v1, v2 = versions.load_version(storage, 1), versions.load_version(storage, 2)
+    shared = {s.path for s in v1.shards} & {s.path for s in v2.shards}
+    assert shared
+    versions.delete_versions(storage, [1])
+    assert versions.versions(storage) == [2]
+    assert shared <= set(storage.listdir())
+    assert run(src, root) == expected(src) and CALLS == []
+
+
+def test_filter_and_parallel_map_upstream(src, tmp_path):
+    ds = (sc.Dataset.from_files(str(src / "*.txt")).map(load, num_parallel_calls=3)
+          .filter(lambda x: x["value"] % 2 == 0)
+          .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+    assert sorted(x["value"] for x in ds) == [0, 2, 4, 6, 8, 10]
+    write(src, 40)
+    write(src, 41)
+    ds = (sc.Dataset.from_files(str(src / "*.txt")).map(load, num_parallel_calls=3)
+          .filter(lambda x: x["value"] % 2 == 0)
+          .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+    CALLS.clear()
+    assert sorted(x["value"] for x in ds) == [0, 2, 4, 6, 8, 10, 40]
+    assert sorted(CALLS) == ["f0040.txt", "f0041.txt"]
+
+
+def test_parquet_files_are_units(tmp_path):
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for i in range(3):
+        pq.write_table(pa.table({"x": list(range(i * 10, i * 10 + 10))}),
+                       folder / f"part-{i}.parquet", row_group_size=4)
+    seen = []
+
+    def double(row):
+        seen.append(row["x"])
+        return {"x": row["x"] * 2}
+
+    def make():
+        return (sc.Dataset.from_parquet(str(folder / "*.parquet")).map(double)
+                .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+
+    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)]
+    pq.write_table(pa.table({"x": list(range(100, 105))}), folder / "part-9.parquet")
+    seen.clear()
+    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)] + \
+        [2 * x for x in range(100, 105)]
+    assert sorted(seen) == list(range(100, 105))
+    os.remove(folder / "part-1.parquet")          # its rows leave; the others' are copied
+    seen.clear()
+    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(10)] + \
+        [2 * x for x in range(20, 30)] + [2 * x for x in range(100, 105)]
+    assert seen == []
+
+
+def test_format_2_manifest_refused_by_a_format_1_reader(src, tmp_path, monkeypatch):
+    from snapcache.errors import UnknownFormatVersionError
+    from snapcache.store import manifest as manifest_module
+
+    run(src, tmp_path / "root")
+    storage = lineage(tmp_path / "root")
+    monkeypatch.setattr(manifest_module, "FORMAT_VERSION", 1)
+    with pytest.raises(UnknownFormatVersionError, match="format version 2"):
+        versions.load_version(storage, 1)
+
+
+def test_explain_says_what_the_next_run_computes_and_reuses(src, tmp_path):
+    root = tmp_path / "root"
+    assert "the root holds no committed snapshot" in str(pipeline(src, root).explain())
+    run(src, root)
+    hit = pipeline(src, root).explain()
+    assert hit.hit and "version 1" in str(hit)
+    for i in (50, 51, 52):
+        write(src, i)
+    write(src, 4, value=4000)
+    os.remove(src / "f0010.txt")
+    os.remove(src / "f0011.txt")
+    explanation = pipeline(src, root).explain()
+    assert not explanation.hit and explanation.version == 1
+    # only the added and changed files are computed; the other 9 rows of their segment are
+    # copied (each file's rows are known: one example a file, then a map)
+    assert explanation.delta == ("source: 3 files added, 1 changed, 2 removed; computing 4 "
+                                 "of 13 units, reusing 9 (69.2% of examples)")
+    assert "the next run builds version 2" in str(explanation)
+    assert run(src, root) == expected(src)
+    assert sorted(CALLS) == ["f0004.txt", "f0050.txt", "f0051.txt", "f0052.txt"]
+
+
+def test_explain_wording_with_many_segments(src, tmp_path, monkeypatch):
+    from snapcache.pipeline import delta_exec
+
+    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+    root = tmp_path / "root"
+    run(src, root)                       # 3 segments of 4 files
+    write(src, 60)
+    os.remove(src / "f0000.txt")
+    explanation = pipeline(src, root).explain()
+    assert explanation.delta == ("source: 1 file added, 1 removed; computing 1 of 12 units, "
+                                 "reusing 11 (91.7% of examples)")
+    assert run(src, root) == expected(src)
+    assert CALLS == ["f0060.txt"]
+    storage = lineage(root)
+    v1, v2 = versions.load_version(storage, 1), versions.load_version(storage, 2)
+    assert [s.path for s in v1.shards[1:]] == [s.path for s in v2.shards[1:3]]  # in place
+    assert v1.shards[0].path != v2.shards[0].path     # the first segment's rows, copied
+
+
+def test_when_rows_per_file_are_unknown_a_segment_with_a_removed_file_is_recomputed(
+        src, tmp_path, monkeypatch):
+    from snapcache.pipeline import delta_exec
+
+    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+
+    def make():
+        CALLS.clear()
+        return (sc.Dataset.from_files(str(src / "*.txt")).map(load)
+                .filter(lambda x: x["value"] != 5)
+                .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+
+    assert sorted(x["value"] for x in make()) == [v for v in range(12) if v != 5]
+    os.remove(src / "f0000.txt")
+    ds = make()
+    assert "computing 3 of 11 units, reusing 8" in ds.explain().delta
+    assert sorted(x["value"] for x in ds) == [v for v in range(1, 12) if v != 5]
+    assert sorted(CALLS) == ["f0001.txt", "f0002.txt", "f0003.txt"]
+
+
+def test_purge_old_versions_keeps_shared_shards_and_ls_counts_them_once(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 70)
+    run(src, root)
+    (snap,) = sc.ls(str(root))
+    assert snap.state == "committed" and snap.versions == (1, 2) and snap.num_examples == 13
+    on_disk = sum(f.size for f in snap.files)
+    assert snap.size_bytes == on_disk
+    held = pipeline(src, root)
+    list(held)                             # a pipeline that can read again holds its lease
+    assert sc.purge(str(root), old_versions=True).kept
+    assert versions.versions(lineage(root)) == [1, 2]
+    del held
+    no_readers(root)
+    dry = sc.purge(str(root), old_versions=True, dry_run=True)
+    assert any(name.endswith("manifest-000001.json") for name in dry.tidied)
+    assert versions.versions(lineage(root)) == [1, 2]
+    report = sc.purge(str(root), old_versions=True)
+    assert not report.deleted and report.tidied
+    assert versions.versions(lineage(root)) == [2]
+    assert run(src, root) == expected(src) and CALLS == []
+    no_readers(root)
+    sc.purge(str(root), older_than=0)      # the whole lineage goes
+    assert os.listdir(root) == []
+
+
+def test_purge_tidies_without_deleting_shards_an_old_version_lists(src, tmp_path):
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 1, value=1111)           # the only segment is rebuilt: v1's shard is v1's alone
+    run(src, root)
+    storage = lineage(root)
+    v1 = versions.load_version(storage, 1)
+    sc.purge(str(root), incomplete=True)   # tidies leftovers of committed snapshots
+    assert {s.path for s in v1.shards} <= set(storage.listdir())
+    assert versions.versions(storage) == [1, 2]
+
+
+def test_info_summarises_the_source_and_lists_files(src, tmp_path, capsys):
+    from snapcache.cli.main import main
+
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 80)
+    run(src, root)
+    (snap,) = sc.ls(str(root))
+    assert main(["info", snap.id[:10], "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "versions" in out and "13 files" in out and "shared by several versions" in out
+    assert main(["info", snap.id[:10], "--root", str(root), "--files", "--json"]) == 0
+    import json
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(os.path.basename(f["path"]) for f in doc["files"]) == sorted(os.listdir(src))
+    assert doc["versions"] == [1, 2]
+
+
+# -- crashes and concurrent builds, with real processes ----------------------------------------
+import json
+import signal
+import subprocess
+import sys
+
+CHILD = os.path.join(os.path.dirname(__file__), "delta_child.py")
+
+
+def start(src, root, out, calls, pause=None):
+    env = dict(os.environ, DELTA_CALLS=str(calls))
+    env.pop("SNAPCACHE_TEST_DELTA_PAUSE", None)
+    if pause is not None:
+        env["SNAPCACHE_TEST_DELTA_PAUSE"] = str(pause)
+    return subprocess.Popen([sys.executable, CHILD, str(src), str(root), str(out)], env=env)
+
+
+def wait_for(path, proc):
+    while not os.path.exists(path):
+        assert proc.poll() is None, "the child ended before reaching the pause point"
+        time.sleep(0.01)
+
+
+def called(calls):
+    return sorted(open(calls).read().split()) if os.path.exists(calls) else []
+
+
+def test_a_build_killed_after_a_segment_is_resumed_by_the_next(src, tmp_path):
+    root, calls, pause = tmp_path / "root", tmp_path / "calls", tmp_path / "pause"
+    first = start(src, root, tmp_path / "out0", calls)
+    assert first.wait(timeout=120) == 0                  # version 1: 3 segments of 4 files
+    for i in range(100, 110):                            # 10 new files: 3 new segments
+        write(src, i)
+    os.remove(calls)
+    child = start(src, root, tmp_path / "out1", calls, pause=pause)
+    wait_for(pause, child)                               # its first segment is recorded
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=60)
+    storage = lineage(root)
+    assert versions.versions(storage) == [1]             # nothing committed
+    assert sorted(called(calls)) == [f"f{i:04d}.txt" for i in range(100, 104)]
+    os.remove(calls)
+    again = start(src, root, tmp_path / "out2", calls)
+    assert again.wait(timeout=120) == 0
+    assert called(calls) == [f"f{i:04d}.txt" for i in range(104, 110)]  # the rest only
+    got = json.load(open(tmp_path / "out2"))
+    assert [tuple(x) for x in got] == expected(src)
+    assert versions.versions(storage) == [1, 2]
+    assert not [n for n in storage.listdir() if n.startswith(("segment-", "progress-"))]
+
+
+def test_two_concurrent_delta_builds_compute_the_new_files_once(src, tmp_path):
+    root, calls, pause = tmp_path / "root", tmp_path / "calls", tmp_path / "pause"
+    assert start(src, root, tmp_path / "out0", calls).wait(timeout=120) == 0
+    for i in range(200, 206):
+        write(src, i)
+    os.remove(calls)
+    a = start(src, root, tmp_path / "a", calls, pause=pause)
+    wait_for(pause, a)                                   # a holds the build lease, mid-build
+    b = start(src, root, tmp_path / "b", calls)          # b waits for a's version
+    time.sleep(0.5)  # not a timing assertion: b may or may not have started waiting yet
+    os.remove(pause)
+    assert a.wait(timeout=120) == 0 and b.wait(timeout=120) == 0
+    assert called(calls) == [f"f{i:04d}.txt" for i in range(200, 206)]  # once, by a
+    for out in ("a", "b"):
+        assert [tuple(x) for x in json.load(open(tmp_path / out))] == expected(src)
+    assert versions.versions(lineage(root)) == [1, 2]
+
+
+def test_the_snapshot_handle_of_a_delta_pipeline_is_its_own_version(src, tmp_path):
+    from snapcache.errors import SnapshotStateError
+
+    root = tmp_path / "root"
+    ds = pipeline(src, root)
+    snap = ds.open_snapshot()
+    assert snap.state == "absent"
+    run(src, root)
+    assert snap.state == "committed" and len(snap) == 12
+    assert sorted(snap.take(range(12)), key=lambda x: x["name"])[0]["name"] == "f0000.txt"
+    write(src, 90)
+    grown = pipeline(src, root)
+    assert grown.open_snapshot().state == "absent"     # its version is not built yet
+    assert sum(1 for _ in grown) == 13
+    assert grown.open_snapshot().num_examples == 13
+    assert ds.open_snapshot().num_examples == 12        # the old pipeline's version
+    by_path = sc.open_snapshot(str(root))               # the lineage: its newest version
+    assert by_path.state == "committed" and by_path.num_examples == 13
+    with pytest.raises(SnapshotStateError, match="delta snapshot"):
+        grown.open_snapshot().write_stream(0, 2)
+
+
+def test_s3_identities_come_from_the_paginated_listing(s3_root, s3_server):
+    """One ListObjectsV2 request per 1,000 keys, no request per object; and a delta build of
+    files on S3 (units keyed by ETag) reuses its shards when files are added."""
+    from snapcache.store.fs import _filesystem, file_identities
+
+    folder = s3_root.rsplit("/", 1)[0] + "/many"
+    admin = s3_server.filesystem()
+    admin.pipe({f"{folder[5:]}/f{i:05d}.txt": str(i).encode() for i in range(1500)})
+    urls = [f"{folder}/f{i:05d}.txt" for i in range(1500)]
+    fs, _ = _filesystem(folder, None)
+    fs.ls(folder[5:], refresh=True)   # connects the client
+    operations: list[str] = []
+    fs.s3.meta.events.register("before-call.s3", lambda event_name, **_: operations.append(
+        event_name.rsplit(".", 1)[-1]))
+    identities = file_identities(urls)
+    assert operations == ["ListObjectsV2", "ListObjectsV2"]
+    assert [i["path"] for i in identities] == urls
+    assert all(i["size"] == len(str(n)) and i["etag"] for n, i in enumerate(identities))
+
+    def pipe(root):
+        return (sc.Dataset.from_files(f"{folder}/f0000*.txt").map(lambda p: {"p": p})
+                .snapshot(root, delta=True, progress=False))
+
+    assert sum(1 for _ in pipe(s3_root)) == 10
+    admin.pipe({f"{folder[5:]}/f0000z.txt": b"new"})
+    assert sorted(x["p"] for x in pipe(s3_root))[-1].endswith("f0000z.txt")
+    (snap,) = sc.ls(s3_root)
+    assert snap.versions == (1, 2) and snap.num_examples == 11
+
+
+def test_interleave_over_files_is_built_by_file(tmp_path):
+    folder = tmp_path / "lines"
+    folder.mkdir()
+    for i in range(6):
+        (folder / f"part-{i}.txt").write_text("\n".join(f"{i}-{k}" for k in range(3)))
+    opened = []
+
+    def lines(path):
+        opened.append(os.path.basename(path))
+        return sc.Dataset.from_iterable(open(path).read().split("\n"))
+
+    def make():
+        opened.clear()
+        return (sc.Dataset.from_files(str(folder / "*.txt"))
+                .interleave(lines, cycle_length=2).map(lambda s: {"line": s})
+                .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+
+    assert sorted(x["line"] for x in make()) == sorted(f"{i}-{k}" for i in range(6)
+                                                       for k in range(3))
+    (folder / "part-9.txt").write_text("9-0\n9-1")
+    ds = make()
+    got = sorted(x["line"] for x in ds)
+    assert got == sorted([f"{i}-{k}" for i in range(6) for k in range(3)] + ["9-0", "9-1"])
+    assert opened == ["part-9.txt"]
+
+
+def test_delta_on_a_pipeline_that_cannot_be_built_by_file_is_an_error(src, tmp_path):
+    files = sc.Dataset.from_files(str(src / "*.txt"))
+    with pytest.raises(ValueError, match="batch"):
+        files.map(load).batch(4).snapshot(str(tmp_path), delta=True)
+    with pytest.raises(ValueError, match="from_iterable"):
+        sc.Dataset.from_iterable([1, 2]).snapshot(str(tmp_path), delta=True)
+    with pytest.raises(ValueError, match="key"):
+        files.snapshot(str(tmp_path), delta=True, key="v1")
+
+
+def test_streams_read_disjoint_shares_of_the_version(src, tmp_path):
+    root = tmp_path / "root"
+    ds = pipeline(src, root)
+    parts = [[x["name"] for x in ds.iterate(stream=(k, 3))] for k in range(3)]
+    assert sorted(sum(parts, [])) == sorted(os.listdir(src)) and all(parts)
+    write(src, 95)
+    grown = pipeline(src, root)
+    parts = [[x["name"] for x in grown.iterate(stream=(k, 2))] for k in range(2)]
+    assert sorted(sum(parts, [])) == sorted(os.listdir(src))
+    assert CALLS == ["f0095.txt"]
+
+
+def test_to_torch_with_two_workers_sees_each_example_once(src, tmp_path):
+    torch = pytest.importorskip("torch")
+    root = tmp_path / "root"
+    run(src, root)
+    write(src, 96)
+    ds = (sc.Dataset.from_files(str(src / "*.txt")).map(load)
+          .snapshot(str(root), delta=True, progress=False).map(lambda x: x["value"]))
+    loader = torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    assert sorted(int(v) for v in loader) == sorted(v for _, v in expected(src))
+
+
+def test_local_glob_by_scandir_matches_glob_glob(tmp_path):
+    import glob as glob_module
+
+    from snapcache.store.fs import _local_glob
+
+    for name in ("a.txt", "b.txt", ".hidden.txt", "c.jpg", "[x].txt"):
+        (tmp_path / name).write_text("1")
+    (tmp_path / "d.txt").mkdir()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "e.txt").write_text("1")
+    for pattern in ("*.txt", "*", ".*", "?.txt", "[ab].txt", "*/*.txt", "**", "nothing*",
+                    "missing/*.txt"):
+        path = str(tmp_path / pattern)
+        want = sorted(m for m in glob_module.glob(path, recursive=True) if not os.path.isdir(m))
+        assert _local_glob(path) == want, pattern
