@@ -52,6 +52,10 @@ class SnapshotInfo:
     live_leases: tuple[LeaseInfo, ...] = ()
     problem: str = ""                # why the manifest cannot be read (state "corrupt")
     corrupt_leases: tuple[str, ...] = ()  # lease files that cannot be parsed, and why
+    link_target: str | None = None   # the folder is a symbolic link to this path: its bytes
+                                     # live outside the root (size_bytes counts none of them)
+    tmp_files: int = 0               # temporary files (layout.is_tmp): being written, or left
+                                     # by a killed writer (``purge --incomplete`` removes stale)
     manifest: Manifest | None = field(default=None, repr=False, compare=False)
     files: tuple[FileStat, ...] = field(default=(), repr=False, compare=False)
     versions: tuple[int, ...] = ()   # a delta snapshot's versions (``manifest``: the newest)
@@ -87,6 +91,7 @@ class SnapshotInfo:
             "pipeline": self.pipeline, "problem": self.problem or None,
             "versions": list(self.versions) or None,
             "corrupt_leases": list(self.corrupt_leases),
+            "link_target": self.link_target, "tmp_files": self.tmp_files,
             "live_leases": [{"kind": lease.kind, "host": lease.host, "pid": lease.pid,
                              "file": lease.name} for lease in self.live_leases],
         }
@@ -138,9 +143,11 @@ def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
     corrupt = tuple(lease.problem for lease in every if lease.corrupt)
     newest = max((f.mtime for f in files if f.mtime is not None), default=None)
     oldest = min((f.mtime for f in files if f.mtime is not None), default=None)
+    target = folder.link_target()
     common = dict(id=fingerprint, url=folder.url, live_leases=leases, files=files,
                   corrupt_leases=corrupt,
-                  size_bytes=sum(f.size for f in files))
+                  size_bytes=0 if target is not None else sum(f.size for f in files),
+                  link_target=target, tmp_files=sum(layout.is_tmp(f.path) for f in files))
     if manifest is not None:
         committed = parse_time(manifest.committed_at)
         return SnapshotInfo(

@@ -13,6 +13,9 @@ Safety rules (see docs/cli.md):
   yields wrong data, because every shard is checked against the manifest before use.
 - Committed snapshots that stay lose their leftover bookkeeping (progress records, stream
   markers, shards no manifest lists, expired leases) as ``docs/format.md`` describes.
+- Nothing outside the root is ever deleted: a snapshot folder that is a symbolic link is
+  reported with its target and only the link is removed (its bytes are not counted as freed);
+  a linked snapshot's files are never tidied.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterable
+from typing import Any, Iterable
 
 from snapcache.admin.inventory import SnapshotInfo, find_all, open_root, scan
 from snapcache.admin.units import format_age, format_size, parse_duration, parse_size
@@ -29,6 +32,7 @@ from snapcache.store import layout
 from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
 from snapcache.store.protocol import LeaseInfo, live_leases, withdraw_manifest
+from snapcache.store.options import CoordinationOptions
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class PurgeReport:
     tidied_bytes: int
     size_before: int                   # every snapshot folder in the root
     max_size: int | None = None
+    aborted_uploads: tuple[str, ...] = ()   # S3: abandoned multipart uploads, "<key> (...)"
 
     @property
     def freed_bytes(self) -> int:
@@ -68,14 +73,17 @@ class PurgeReport:
 def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
           older_than: str | float | timedelta | None = None, max_size: str | int | None = None,
           incomplete: bool = False, old_versions: bool = False, dry_run: bool = False,
-          force: bool = False, storage_options: dict | None = None) -> PurgeReport:
+          force: bool = False, storage_options: dict | None = None,
+          lease_ttl: float | None = None) -> PurgeReport:
     """Delete the snapshots selected by any of:
 
     - ``ids``: unique id prefixes or names;
     - ``older_than``: not used for this long (``"7d"``, seconds or a ``timedelta``);
     - ``max_size``: least recently used first, until the root holds at most this many bytes
       (``"200GB"`` or an int); abandoned writes go before committed snapshots;
-    - ``incomplete=True``: abandoned writes (no manifest, no live lease);
+    - ``incomplete=True``: abandoned writes (no manifest, no live lease); also removes
+      temporary files (``*.tmp``) and, on S3, aborts multipart uploads under the root, that are
+      older than ``lease_ttl`` (default: the default lease ttl) in folders without a live lease;
     - ``old_versions=True``: every version but the newest of delta snapshots that stay (a
       shard the newest version still lists stays: shards are reference-counted); skipped
       while the snapshot has a live read or write lease.
@@ -98,9 +106,17 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     wanted = {info.id for info in find_all(storage, ids)}
     snapshots = scan(storage)
     chosen, kept = _select(snapshots, wanted, age, budget, incomplete, force)
-    others = [s for s in snapshots if s.state == "committed" and
+    others = [s for s in snapshots if s.state == "committed" and s.link_target is None and
               s.id not in {item.snapshot.id for item in chosen}]
     leftovers = [(s, name, size) for s in others for name, size in _leftovers(s)]
+    uploads = []
+    if incomplete:
+        ttl = CoordinationOptions().lease_ttl if lease_ttl is None else lease_ttl
+        gone = {item.snapshot.id for item in chosen}
+        seen = {(s.id, name) for s, name, _ in leftovers}
+        leftovers += [(s, name, size) for s, name, size in _stale_tmp(snapshots, gone, ttl)
+                      if (s.id, name) not in seen]
+        uploads = _stale_uploads(storage, snapshots, ttl)
     versions_gone = _old_versions(storage, others, force, dry_run, kept) if old_versions \
         else []
     if dry_run:
@@ -108,10 +124,12 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
         return PurgeReport(storage.url, True, tuple(chosen), tuple(kept),
                            tuple(f"{s.id}/{name}" for s, name, _ in leftovers),
                            sum(size for *_, size in leftovers),
-                           sum(s.size_bytes for s in snapshots), budget)
+                           sum(s.size_bytes for s in snapshots), budget,
+                           tuple(text for _, text in uploads))
     deleted = []
     for item in chosen:
-        why_not = _delete(storage.child(item.snapshot.id), force)
+        why_not = _delete(storage.child(item.snapshot.id), force,
+                          linked=item.snapshot.link_target is not None)
         if why_not:
             kept.append(PurgeItem(item.snapshot, why_not))
         else:
@@ -122,8 +140,41 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
         storage.child(snap.id).remove(name)
         tidied.append(f"{snap.id}/{name}")
         tidied_bytes += size
+    aborted = []
+    for upload, text in uploads:
+        storage.abort_upload(upload)
+        aborted.append(text)
     return PurgeReport(storage.url, False, tuple(deleted), tuple(kept), tuple(tidied),
-                       tidied_bytes, sum(s.size_bytes for s in snapshots), budget)
+                       tidied_bytes, sum(s.size_bytes for s in snapshots), budget,
+                       tuple(aborted))
+
+
+def _stale_tmp(snapshots: list[SnapshotInfo], gone: set[str], ttl: float
+               ) -> list[tuple[SnapshotInfo, str, int]]:
+    """Temporary files older than ``ttl`` in folders that stay and have no live lease (a
+    live lease may be writing them)."""
+    now = time.time()
+    return [(s, f.path, f.size) for s in snapshots
+            if s.id not in gone and s.link_target is None and not s.live_leases
+            for f in s.files
+            if layout.is_tmp(f.path) and "/" not in f.path and f.mtime is not None
+            and now - f.mtime > ttl]
+
+
+def _stale_uploads(storage: Storage, snapshots: list[SnapshotInfo], ttl: float
+                   ) -> list[tuple[Any, str]]:
+    """Multipart uploads under the root (S3) started more than ``ttl`` ago whose snapshot
+    folder has no live write lease: a writer killed mid-upload left them, billed and invisible
+    to listings."""
+    now = time.time()
+    writing = {s.id for s in snapshots if any(l.kind == "write" for l in s.live_leases)}
+    found = []
+    for upload in storage.incomplete_uploads():
+        if upload.path.split("/", 1)[0] in writing or now - upload.initiated <= ttl:
+            continue
+        found.append((upload, f"{storage.url_of(upload.path)} (multipart upload started "
+                              f"{format_age(now - upload.initiated)})"))
+    return found
 
 
 def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
@@ -138,6 +189,10 @@ def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
         if snap.leased and not force:
             kept.append(PurgeItem(snap, f"in use: {describe_leases(snap.live_leases)} "
                                         "(pass --force to delete anyway)"))
+        elif snap.link_target is not None:
+            chosen.append(PurgeItem(snap, f"{reason}; a symbolic link to {snap.link_target}, "
+                                          "outside the root: only the link is removed, the "
+                                          "folder it points to is left as it is"))
         else:
             chosen.append(PurgeItem(snap, reason))
 
@@ -177,11 +232,16 @@ def describe_leases(leases: Iterable[LeaseInfo]) -> str:
                      for lease in leases)
 
 
-def _delete(folder: Storage, force: bool) -> str:
-    """Delete one snapshot folder, manifest first; return why it was kept instead, or ""."""
+def _delete(folder: Storage, force: bool, linked: bool = False) -> str:
+    """Delete one snapshot folder, manifest first; return why it was kept instead, or "".
+    A ``linked`` folder (a symbolic link) loses only the link."""
     try:
         if not force and (leases := live_leases(folder)):
             return f"in use: {describe_leases(leases)} (a process started using it just now)"
+        if linked or folder.link_target() is not None:
+            folder.remove_link()
+            return ""
+
         def in_use() -> str:  # a reader that came while the manifest was being withdrawn
             leases = [] if force else live_leases(folder)
             return f"in use: {describe_leases(leases)} (a process started using it just " \
@@ -233,7 +293,8 @@ def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:
             continue
         owner = run or versions.record_owner(f.path)
         stale_shard = owner is not None and owner not in live_runs
-        bookkeeping = f.path.startswith(("progress-", "stream-"))
+        # a temporary file may be written right now: only _stale_tmp judges those
+        bookkeeping = f.path.startswith(("progress-", "stream-")) and not layout.is_tmp(f.path)
         expired_lease = f.path.startswith(("lease-", "reader-")) and f.path.endswith(".json") \
             and f.path not in live_files
         if stale_shard or bookkeeping or expired_lease:

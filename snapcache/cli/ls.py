@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
             "totals": {"snapshots": len(snaps),
                        "num_examples": sum(s.num_examples or 0 for s in snaps),
                        "num_shards": sum(s.num_shards for s in snaps),
-                       "size_bytes": sum(s.size_bytes for s in snaps)},
+                       "size_bytes": sum(s.size_bytes for s in snaps),
+                       "tmp_files": sum(s.tmp_files for s in snaps)},
         })
         return 0
     out = common.console()
@@ -50,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
         size = format_size(sum(s.size_bytes for s in garbage))
         out.print(f"abandoned writes hold {size} ({common.plural(len(garbage), 'folder')}): "
                   "`snapcache purge --incomplete` reclaims it")
+    tmp = sum(s.tmp_files for s in snaps)
+    if tmp:
+        out.print(f"{common.plural(tmp, 'temporary file')} (being written, or left by a killed "
+                  "writer): `snapcache purge --incomplete` removes the stale ones")
     corrupt = [s for s in snaps if s.state == "corrupt"]
     for snap in corrupt:
         out.print(Text.assemble(("corrupt", "bold red"), f" {snap.short_id}: {snap.problem}"))

@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
             return 1
     if plan.deleted:  # exactly what was planned (and confirmed), leases checked again
         report = purge(args.root, ids=[item.snapshot.id for item in plan.deleted],
-                       old_versions=args.old_versions, force=args.force)
+                       old_versions=args.old_versions, force=args.force,
+                       incomplete=args.incomplete)
         report = _merge(plan, report)
     else:
         report = purge(args.root, **criteria)
@@ -84,7 +85,8 @@ def _merge(plan: PurgeReport, done: PurgeReport) -> PurgeReport:
     deleted = tuple(type(item)(item.snapshot, reasons.get(item.snapshot.id, item.reason))
                     for item in done.deleted)
     return PurgeReport(done.root, False, deleted, plan.kept + done.kept, done.tidied,
-                       done.tidied_bytes, plan.size_before, plan.max_size)
+                       done.tidied_bytes, plan.size_before, plan.max_size,
+                       done.aborted_uploads)
 
 
 def show(report: PurgeReport, *, json_output: bool) -> None:
@@ -97,7 +99,8 @@ def show(report: PurgeReport, *, json_output: bool) -> None:
             "deleted": items(report.deleted), "kept": items(report.kept),
             "tidied": list(report.tidied), "freed_bytes": report.freed_bytes,
             "size_before": report.size_before, "size_after": report.size_after,
-            "max_size": report.max_size, "budget_met": report.budget_met})
+            "max_size": report.max_size, "budget_met": report.budget_met,
+            "aborted_uploads": list(report.aborted_uploads)})
         return
     out = common.console()
     verb = "would delete" if report.dry_run else "deleted"
@@ -112,8 +115,11 @@ def show(report: PurgeReport, *, json_output: bool) -> None:
         out.print(f"{'would remove' if report.dry_run else 'removed'} "
                   f"{common.plural(len(report.tidied), 'leftover file')} of committed snapshots "
                   f"({format_size(report.tidied_bytes)})")
+    for upload in report.aborted_uploads:
+        out.print(f"{'would abort' if report.dry_run else 'aborted'} abandoned upload {upload}",
+                  markup=False)
     if not report.deleted and not report.tidied:
-        if not report.kept:
+        if not report.kept and not report.aborted_uploads:
             out.print(f"nothing to purge in {report.root}", markup=False)
     else:
         freed = report.freed_bytes

@@ -464,6 +464,55 @@ def _random_reads(fn: types.FunctionType) -> list[str]:
     return found
 
 
+def _generator_type(value: Any) -> str | None:
+    """``numpy.random.Generator`` if ``value`` is a random generator object (stdlib, numpy,
+    torch, TensorFlow), else None. Frameworks are recognised by type name, never imported."""
+    cls = type(value)
+    if isinstance(value, random.Random):
+        return f"{cls.__module__}.{cls.__qualname__}"
+    module = getattr(cls, "__module__", "") or ""
+    top = module.partition(".")[0]
+    if top == "numpy" and module.startswith("numpy.random") and \
+            cls.__name__ in ("Generator", "RandomState"):
+        return f"numpy.random.{cls.__name__}"
+    if top in ("torch", "tensorflow") and cls.__name__ == "Generator":
+        return f"{top}.{'random.' if top == 'tensorflow' else ''}Generator"
+    return None
+
+
+def _held_values(fn: Any) -> list[tuple[str, Any]]:
+    """(name, value) of what ``fn`` holds besides its code: referenced globals, closure cells,
+    defaults, a partial's arguments, a callable object's or bound method's state."""
+    if isinstance(fn, functools.partial):
+        return [(f"argument {i}", v) for i, v in enumerate(fn.args)] + \
+            [(k, v) for k, v in (fn.keywords or {}).items()]
+    if isinstance(fn, types.FunctionType):
+        out = [(name, fn.__globals__[name]) for name in _code_info(fn.__code__).global_names
+               if name in fn.__globals__]
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                out.append((name, cell.cell_contents))
+            except ValueError:  # an empty cell
+                pass
+        names = fn.__code__.co_varnames[:fn.__code__.co_argcount]
+        defaults = fn.__defaults__ or ()
+        out += list(zip(names[len(names) - len(defaults):], defaults))
+        out += list((fn.__kwdefaults__ or {}).items())
+        return out
+    owner = getattr(fn, "__self__", fn)
+    if owner is not fn and _generator_type(owner) and not _global_rng(owner):
+        # a generator's own method (``rng.random``); the hidden global ones are reported as
+        # "reads global random state" already
+        return [("self", owner)]
+    state = getattr(owner, "__dict__", None)
+    return [(f"self.{k}", v) for k, v in state.items()] if isinstance(state, dict) else []
+
+
+def _captured_generators(fn: Any) -> list[str]:
+    return [f"draws from a captured random generator (`{name}`: {kind})"
+            for name, value in _held_values(fn) if (kind := _generator_type(value)) is not None]
+
+
 def _callees(fn: Any) -> list[tuple[str, Any]]:
     """User functions reached from ``fn``: helpers, closure cells, partial and method targets."""
     if isinstance(fn, functools.partial):
@@ -488,7 +537,9 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
 
 
 def detect_randomness(fn: Callable[..., Any]) -> list[str]:
-    """Warnings for reads of global random state in ``fn`` or the user helpers it calls.
+    """Warnings for reads of global random state in ``fn`` or the user helpers it calls, and
+    for random generator objects they capture (``np.random.Generator``, ``random.Random``, ...):
+    either way the draws are computed once and frozen into a snapshot.
 
     Returns sentences to put after the op's name, e.g.
     ``"reads global random state (`np.random.rand`)"``.
@@ -505,6 +556,7 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
             if not is_user_module(f.__module__):
                 continue  # library code is trusted, and not walked
             warnings += [m + via for m in _random_reads(f) if m + via not in warnings]
+        warnings += [m + via for m in _captured_generators(f) if m + via not in warnings]
         for name, callee in _callees(f):
             if is_function_like(callee) or isinstance(callee, type) or (
                     callable(callee) and canonical._is_plain_object(callee)):

@@ -17,7 +17,13 @@ Choices, and why:
   named with a per-iterator prefix, so whatever is left after an error or an abandoned epoch
   (a result never collected, a worker killed mid-write) is found and removed on close.
 - Errors: a worker's exception is re-raised in the consumer with its type, the worker's
-  traceback (as ``__cause__``) and a note naming the op and the example's position.
+  traceback (as ``__cause__``) and a note naming the op and the example's position; the
+  examples before it are yielded first. Exceptions that cannot travel between processes, a
+  worker killed by a signal, a parent killed with its workers running, and a script without a
+  main guard are handled in :mod:`.process_safety`.
+- Segments are unregistered from multiprocessing's resource tracker as soon as they are
+  created (the parent or a worker's parent watch removes them), so the tracker has nothing to
+  warn about.
 """
 
 from __future__ import annotations
@@ -31,11 +37,13 @@ import sys
 import time
 import uuid
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import resource_tracker, shared_memory
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from snapcache.runtime import process_safety
 from snapcache.runtime.errors import annotate
 from snapcache.runtime.parallel import next_done
 
@@ -89,6 +97,7 @@ def _park(value: Any, prefix: str, counter: list[int]) -> Any:
         counter[0] += 1
         name = f"{prefix}{os.getpid()}_{counter[0]}"
         shm = shared_memory.SharedMemory(name=name, create=True, size=value.nbytes)
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
         try:
             np.ndarray(value.shape, value.dtype, buffer=shm.buf)[...] = value
         finally:
@@ -102,18 +111,19 @@ def _park(value: Any, prefix: str, counter: list[int]) -> Any:
 
 
 def _run_chunk(fn: Callable[[Any], Any], items: list[Any], start: int, prefix: str
-               ) -> tuple[list[Any], float]:
-    """Worker entry point: ``fn`` over ``items``; large arrays parked in shared memory."""
+               ) -> tuple[list[Any], float, dict | None]:
+    """Worker entry point: ``fn`` over ``items``; large arrays parked in shared memory. A
+    failure stops the chunk: the results before it come back with its report."""
     t0 = time.perf_counter()
     out = []
     counter = [0]
     for offset, item in enumerate(items):
+        process_safety.mark(prefix, start + offset)
         try:
             out.append(_park(fn(item), f"{prefix}{start + offset}_", counter))
-        except BaseException as e:
-            e._snapcache_position = start + offset  # type: ignore[attr-defined]
-            raise
-    return out, time.perf_counter() - t0
+        except Exception as e:
+            return out, time.perf_counter() - t0, process_safety.failure(e, start + offset)
+    return out, time.perf_counter() - t0, None
 
 
 # -- parent side -------------------------------------------------------------------------------
@@ -136,17 +146,14 @@ def _attach(handle: _Shared) -> np.ndarray:
         return np.ndarray(handle.shape, dtype, buffer=shm.buf).copy()
     finally:
         shm.close()
-        shm.unlink()
+        # not shm.unlink(): that would also unregister it, and the worker already did
+        shared_memory._posixshmem.shm_unlink(shm._name)  # type: ignore[attr-defined]
 
 
 def _unlink(name: str) -> None:
     try:
         os.unlink(os.path.join(_SHM_DIR, name))
     except FileNotFoundError:
-        return
-    try:  # the worker's SharedMemory registered the segment with the resource tracker
-        resource_tracker.unregister("/" + name, "shared_memory")
-    except Exception:
         pass
 
 
@@ -171,17 +178,6 @@ def _discard(value: Any) -> None:
     elif kind is tuple or kind is list:
         for v in value:
             _discard(v)
-
-
-def _sweep(prefix: str) -> None:
-    """Remove every segment this iterator's workers created and nobody collected."""
-    try:
-        names = os.listdir(_SHM_DIR)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix):
-            _unlink(name)
 
 
 class ChunkSizer:
@@ -209,11 +205,15 @@ def process_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
     Closing the iterator (or an error) stops the workers and removes every shared-memory
     segment they made.
     """
+    process_safety.check_main_guard()
     source = iter(items)
     sizer = ChunkSizer() if chunk_size is None else None
     fixed = chunk_size or 1
     prefix = f"snapcache_{uuid.uuid4().hex[:10]}_"
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp_context())
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp_context(),
+                               initializer=process_safety.watch_parent,
+                               initargs=(os.getpid(), prefix))
+    processes: dict[int, Any] = {}   # every worker started, to learn how a dead one died
     # Enough chunks in flight that no worker idles while the consumer takes results.
     window = 2 * workers
     in_flight: collections.deque[tuple[int, Future]] = collections.deque()
@@ -234,24 +234,30 @@ def process_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
                 if not chunk:
                     break
                 in_flight.append((position, pool.submit(_run_chunk, fn, chunk, position, prefix)))
+                processes.update(getattr(pool, "_processes", None) or {})
                 position += len(chunk)
             if not in_flight:
                 return
             start, future = next_done(in_flight, deterministic)
             error = future.exception()
+            if isinstance(error, BrokenProcessPool):
+                raise process_safety.died(prefix, list(processes.values()), label, start) \
+                    from None
             if error is not None:
-                raise annotate(error, label, getattr(error, "_snapcache_position", start))
-            results, seconds = future.result()
-            if sizer is not None:
+                raise annotate(error, label, start)
+            results, seconds, failed = future.result()
+            if sizer is not None and failed is None:
                 sizer.observe(len(results), seconds)
             ready.extend(results)
             while ready:
                 yield _unpark(ready.popleft())
+            if failed is not None:
+                raise process_safety.rebuild(failed, label)
     finally:
         for value in ready:
             _discard(value)
         _shutdown(pool, [f for _, f in in_flight])
-        _sweep(prefix)
+        process_safety.sweep(prefix)
 
 
 def _shutdown(pool: ProcessPoolExecutor, futures: list[Future], grace: float = 2.0) -> None:

@@ -22,6 +22,7 @@ it), else straight to stderr. ``progress=False`` silences all of it; a callable 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from snapcache.runtime.autotune import nbytes_of
+from snapcache.store import layout
 
 log = logging.getLogger("snapcache")
 
@@ -164,10 +166,15 @@ class EpochProgress:
         try:
             os.makedirs(self._dir, exist_ok=True)
             path = os.path.join(self._dir, f"{self.stream}.json")
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(vars(self._mine), f)
-            os.replace(tmp, path)
+            tmp = layout.tmp_name(path)
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(vars(self._mine), f)
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(tmp)
+                raise
         except OSError as e:  # a full or read-only temp folder: only the bar is less exact
             log.debug("cannot publish snapshot progress in %s: %s", self._dir, e)
             self._dir = None

@@ -221,7 +221,9 @@ def _tensor_arrays(
     spec: FieldSpec, dtype: np.dtype, values: list[np.ndarray], shapes: list[tuple[int, ...]]
 ) -> list[pa.Array]:
     storage, factor = storage_dtype(dtype)
-    flat = np.concatenate(values) if values else np.empty(0, dtype)
+    # One value (a huge example is flushed alone): its copy made by add() is used as is.
+    flat = values[0] if len(values) == 1 else np.concatenate(values) if values else \
+        np.empty(0, dtype)
     flat = flat.view(storage)
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum([v.size for v in values], out=offsets[1:])

@@ -14,13 +14,14 @@ import hashlib
 import os
 import posixpath
 import threading
-import uuid
 from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import fsspec
 import fsspec.asyn
 import xxhash
 from fsspec.core import url_to_fs
+
+from snapcache.store import layout
 
 if TYPE_CHECKING:
     import mmap
@@ -71,6 +72,14 @@ class FileStat(NamedTuple):
     path: str             # relative to the folder walked, ``/``-separated
     size: int
     mtime: float | None   # seconds since the epoch, if the filesystem reports it
+
+
+class Upload(NamedTuple):
+    """An unfinished multipart upload (object stores) below a Storage."""
+
+    path: str             # relative to the Storage
+    upload_id: str
+    initiated: float      # seconds since the epoch
 
 
 class Storage:
@@ -271,7 +280,7 @@ class Storage:
             return
         target = self.full(rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+        tmp = layout.tmp_name(target)
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -296,12 +305,12 @@ class Storage:
         target = self.full(rel)
         if self.local:
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = layout.tmp_name(target)
             try:
+                with open(tmp, "wb") as f:   # a full disk fails here: nothing may stay
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
                 os.link(tmp, target)
                 return True
             except FileExistsError:
@@ -365,6 +374,47 @@ class Storage:
             os.replace(self.full(src), self.full(dst))
         else:
             self.fs.mv(self.full(src), self.full(dst))
+
+    def incomplete_uploads(self) -> list[Upload]:
+        """Multipart uploads started below this folder and never completed nor aborted (S3; an
+        empty list elsewhere). A writer killed while uploading a large shard leaves one: its
+        parts are billed but no listing shows them."""
+        if self.protocol not in ("s3", "s3a"):
+            return []
+        bucket, _, prefix = self.root.partition("/")
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        found, markers = [], {}
+        while True:
+            page = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix,
+                                   **markers)
+            for upload in page.get("Uploads", []) or []:
+                initiated = upload.get("Initiated")
+                found.append(Upload(upload["Key"][len(prefix):], upload["UploadId"],
+                                    initiated.timestamp() if initiated is not None else 0.0))
+            if not page.get("IsTruncated"):
+                return found
+            markers = {"KeyMarker": page.get("NextKeyMarker", ""),
+                       "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+
+    def abort_upload(self, upload: Upload) -> None:
+        bucket, _, prefix = self.root.partition("/")
+        key = f"{prefix.rstrip('/')}/{upload.path}" if prefix else upload.path
+        self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
+                        UploadId=upload.upload_id)
+
+    def link_target(self, rel: str = "") -> str | None:
+        """Where ``rel`` points if it is a symbolic link (local disk), else None."""
+        path = self.full(rel)
+        if self.local and os.path.islink(path):
+            return os.path.realpath(path)
+        return None
+
+    def remove_link(self, rel: str = "") -> None:
+        """Remove the symbolic link ``rel`` itself, never what it points to."""
+        path = self.full(rel)
+        if not (self.local and os.path.islink(path)):
+            raise ValueError(f"{self.url_of(rel)} is not a symbolic link")
+        os.unlink(path)
 
     def remove(self, rel: str, recursive: bool = False) -> None:
         try:

@@ -4,7 +4,7 @@
 
     <root>/<fingerprint>/manifest.json          written last, atomically: the commit point
     <root>/<fingerprint>/<run>-<stream>-<seq>.arrow   shard files (Arrow IPC, compressed batches)
-    <root>/<fingerprint>/*.tmp                   files being written; never referenced by a manifest
+    <root>/<fingerprint>/<name>.<16 hex>.tmp     a file being written (local disk); never referenced
     <root>/<fingerprint>/lease-<n>-<i>-<gen>.json  write lease of stream i of n (see lease.py)
     <root>/<fingerprint>/reader-<run>.json       read lease of a process reading the snapshot
     <root>/<fingerprint>/progress-<n>-<i>-<run>.json  shards finished so far by one writer run
@@ -35,7 +35,16 @@ def shard_name(run_id: str, stream: int, seq: int) -> str:
 
 
 def tmp_name(final: str) -> str:
-    return final + TMP_SUFFIX
+    """The one name pattern of every temporary file snapcache writes: ``<final>.<16 hex>.tmp``
+    beside its final name (``final`` may be a path). It is renamed or linked into place when
+    complete and deleted on failure; one left behind by a killed process is removed by
+    ``purge --incomplete`` once older than the lease ttl (see :func:`is_tmp`)."""
+    return f"{final}.{secrets.token_hex(8)}{TMP_SUFFIX}"
+
+
+def is_tmp(name: str) -> bool:
+    """True for a temporary file of any snapcache version (all end in ``.tmp``)."""
+    return name.endswith(TMP_SUFFIX)
 
 
 def is_fingerprint(name: str) -> bool:
@@ -79,4 +88,4 @@ def run_of(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-_SHARD_RE = re.compile(r"^([0-9a-f]{8})-\d{4}-\d{6}\.arrow(\.tmp)?$")
+_SHARD_RE = re.compile(r"^([0-9a-f]{8})-\d{4}-\d{6}\.arrow(\.[0-9a-f]{16})?(\.tmp)?$")

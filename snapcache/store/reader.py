@@ -2,7 +2,12 @@
 
 Readers trust nothing but the manifest, and the manifest only as far as the files agree with it:
 each shard's size and xxh3 checksum are checked (checksum unless ``verify=False``) before any
-of its examples is yielded, and its row count and Arrow schema must match.
+of its examples is yielded, and its row count and Arrow schema must match. Every record batch
+is validated in full (offsets monotonic and inside their buffers, UTF-8 valid) before it is
+handed out, with or without ``verify``: a checksum only proves the bytes are the ones the
+manifest names, not that they are safe to index (a crafted shard with a matching checksum, or
+damage with ``verify=False``, would otherwise read outside its buffers). Any damage surfaces as
+:class:`CorruptSnapshotError` naming the shard and what to do.
 """
 
 from __future__ import annotations
@@ -20,20 +25,75 @@ from snapcache.store.codec import Decoder, Schema
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
 from snapcache.store.options import ReadOptions
+from snapcache.store.validate import BatchValidator
 
 
 def load_manifest(storage: Storage) -> Manifest | None:
     """The committed manifest of the snapshot folder ``storage``, or None if not committed.
     An unchanged manifest read before in this process is not read and parsed again (one HEAD
-    on S3, see :meth:`Storage.read_parsed`)."""
+    on S3, see :meth:`Storage.read_parsed`).
+
+    The manifest's fingerprint must be the folder's name: a snapshot folder copied or renamed
+    under another pipeline's fingerprint would otherwise hand that pipeline foreign data."""
     try:
-        return storage.read_parsed(layout.MANIFEST,
-                                   lambda data: Manifest.loads(data, where=storage.url))
+        manifest = storage.read_parsed(layout.MANIFEST,
+                                       lambda data: Manifest.loads(data, where=storage.url))
     except FileNotFoundError:
         return None
+    root, _, folder = storage.url.rpartition("/")
+    if manifest.fingerprint != folder:
+        raise CorruptSnapshotError(
+            f"{storage.url}: the manifest's fingerprint {manifest.fingerprint} does not match "
+            f"its folder name {folder}: the folder was copied or renamed from another snapshot "
+            f"and holds another pipeline's data. Move it back to {root}/{manifest.fingerprint} "
+            f"if that is what it is, or delete {storage.url} and rerun the pipeline to rebuild "
+            "it")
+    return manifest
 
 
 _READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
+# What damaged bytes make Arrow (or Python decoding them) raise: never let one escape as such.
+_DAMAGE = (pa.ArrowException, OSError, ValueError, SystemError, UnicodeDecodeError, MemoryError,
+           IndexError, OverflowError)
+
+
+def way_out(storage: Storage) -> str:
+    """What to do about a damaged snapshot folder ``storage``."""
+    root, _, fingerprint = storage.url.rpartition("/")
+    return (f"Check the root with `snapcache verify --root {root}`, delete this snapshot with "
+            f"`snapcache purge --root {root} {fingerprint[:12]}` (or delete {storage.url}), "
+            "and rerun the pipeline to rebuild it")
+
+
+class ShardFile:
+    """An opened shard whose record batches are validated before they are handed out.
+
+    See :mod:`snapcache.store.validate` for what is checked and what it costs.
+    """
+
+    def __init__(self, file_reader: pa.RecordBatchFileReader,
+                 validator: BatchValidator | None, where: str, way_out: str):
+        self._file, self._validator = file_reader, validator
+        self._where, self._way_out = where, way_out
+        self.num_record_batches = file_reader.num_record_batches
+        self.schema = file_reader.schema
+
+    def get_batch(self, index: int) -> pa.RecordBatch:
+        try:
+            batch = self._file.get_batch(index)
+            if self._validator is not None:
+                self._validator(batch)
+            else:  # no schema to check against (an empty snapshot): Arrow's own full check
+                batch.validate(full=True)
+        except CorruptSnapshotError as e:
+            raise CorruptSnapshotError(f"{self._where} is corrupt: record batch {index}: {e}. "
+                                       f"{self._way_out}") from None
+        except _DAMAGE as e:
+            raise CorruptSnapshotError(
+                f"{self._where} is corrupt: record batch {index} is damaged "
+                f"({type(e).__name__}: {e}). {self._way_out}") from None
+        return batch
+
 _CHUNK = 16 << 20  # a multiple of every page size
 
 
@@ -78,6 +138,7 @@ class SnapshotReader:
         self.schema = Schema.from_json(manifest.schema) if manifest.schema is not None else None
         self._decoder = Decoder(self.schema) if self.schema is not None else None
         self._arrow_schema = self.schema.arrow_schema() if self.schema is not None else None
+        self._validator = BatchValidator(self.schema) if self.schema is not None else None
         self._maps: dict[str, mmap.mmap] = {}   # low-memory shards being read
 
     @classmethod
@@ -140,7 +201,7 @@ class SnapshotReader:
         return record_batches(self, shards, threads=threads, budget=budget)
 
     def open_shard(self, shard: ShardInfo, *, verify: bool | None = None,
-                   low_memory: bool = False) -> pa.RecordBatchFileReader:
+                   low_memory: bool = False) -> ShardFile:
         """Load one shard and check it against the manifest; raise CorruptSnapshotError if not.
 
         ``low_memory``: a local shard's pages are dropped from this process as soon as they are
@@ -161,18 +222,22 @@ class SnapshotReader:
             if actual != shard.checksum:
                 raise CorruptSnapshotError(
                     f"{where} is corrupt: checksum {actual} != {shard.checksum} in the manifest. "
-                    f"Delete the snapshot folder ({self.storage.url}) to rebuild it")
+                    f"{way_out(self.storage)}")
         try:
             # Our own threads decode batches in parallel; Arrow's would only oversubscribe.
             reader = pa.ipc.open_file(buffer, options=_READ_OPTIONS)
             rows = reader.count_rows()
-        except (pa.ArrowInvalid, OSError) as e:
-            raise CorruptSnapshotError(f"{where} is not a readable Arrow file: {e}") from None
+        except _DAMAGE as e:
+            raise CorruptSnapshotError(f"{where} is not a readable Arrow file "
+                                       f"({type(e).__name__}: {e}). {way_out(self.storage)}"
+                                       ) from None
         if rows != shard.rows:
-            raise CorruptSnapshotError(f"{where} has {rows} rows, the manifest says {shard.rows}")
+            raise CorruptSnapshotError(f"{where} has {rows} rows, the manifest says "
+                                       f"{shard.rows}. {way_out(self.storage)}")
         if self._arrow_schema is not None and not reader.schema.equals(self._arrow_schema):
-            raise CorruptSnapshotError(f"{where} does not have the manifest's schema")
-        return reader
+            raise CorruptSnapshotError(f"{where} does not have the manifest's schema. "
+                                       f"{way_out(self.storage)}")
+        return ShardFile(reader, self._validator, where, way_out(self.storage))
 
     def _cache_key(self, shard: ShardInfo) -> str:
         return f"{self.manifest.fingerprint}/{shard.path}"
@@ -196,19 +261,27 @@ class SnapshotReader:
             else:
                 buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
         except FileNotFoundError:
-            raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)})"
-                                       ) from None
+            raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)}). "
+                                       f"{way_out(self.storage)}") from None
         if buffer.size != shard.bytes:
             raise CorruptSnapshotError(
-                f"{where} has {buffer.size} bytes, the manifest says {shard.bytes}")
+                f"{where} has {buffer.size} bytes, the manifest says {shard.bytes}. "
+                f"{way_out(self.storage)}")
         return buffer, mapped
+
+    def check_shard(self, shard: ShardInfo) -> None:
+        """Verify one shard completely: size, checksum, rows, schema, and every record batch
+        validated as reading would (a crafted shard can carry a matching checksum)."""
+        shard_file = self.open_shard(shard, verify=True)
+        for index in range(shard_file.num_record_batches):
+            shard_file.get_batch(index)
 
     def verify_all(self) -> list[str]:
         """Check every shard; return one line per problem (empty if the snapshot is sound)."""
         problems = []
         for shard in self.manifest.shards:
             try:
-                self.open_shard(shard, verify=True)
+                self.check_shard(shard)
             except CorruptSnapshotError as e:
                 problems.append(str(e))
         return problems

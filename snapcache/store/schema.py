@@ -112,11 +112,26 @@ def classify(value: Any, where: str) -> tuple[str, str, int, bool]:
             )
         return "scalar", _PYTHON_DTYPES[cls], 0, True
     if cls is str or cls is bytes:
+        if cls is str and not value.isascii():
+            _check_utf8(value, where)
         return cls.__name__, "", 0, False
     raise UnsupportedValueError(
         f"{where}: value of type {cls.__module__}.{cls.__qualname__} is not supported; "
         f"{_SUPPORTED}{_HINTS.get(cls, '')}"
     )
+
+
+def _check_utf8(text: str, where: str) -> None:
+    """Refuse a str UTF-8 cannot hold: one with a lone surrogate, as ``os.fsdecode`` makes of
+    a file name that is not UTF-8 (``b"caf\\xe9"`` -> ``"caf\\udce9"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UnsupportedValueError(
+            f"{where}: the str {text[:60]!r} holds a lone surrogate {text[e.start]!r} at "
+            f"position {e.start}, which UTF-8 cannot store (a file name that is not UTF-8, "
+            "decoded with os.fsdecode?); store the raw bytes instead (os.fsencode(name)), or "
+            "decode them with the right codec") from None
 
 
 def split_example(example: Any) -> tuple[str, list[tuple[str, str, Any]]]:
@@ -127,6 +142,8 @@ def split_example(example: Any) -> tuple[str, list[tuple[str, str, Any]]]:
                 raise UnsupportedValueError(
                     f"dict keys must be str, got key {key!r} of type {type(key).__name__}"
                 )
+            if not key.isascii():
+                _check_utf8(key, f"key {key!r}")
         items = [(key, f"key {key!r}", value) for key, value in example.items()]
         structure = "dict"
     elif isinstance(example, tuple):

@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import xxhash
 
@@ -42,6 +43,19 @@ def batch_rows(example_bytes: int, target_bytes: int, most: int = 1 << 16) -> in
     """
     rows = max(1, target_bytes // max(1, example_bytes))
     return min(most, 1 << (rows.bit_length() - 1))
+
+
+def _payload_bytes(example: Any) -> int:
+    """Bytes of the arrays, str and bytes directly in an example (cheap, approximate)."""
+    values = example.values() if isinstance(example, dict) else \
+        example if isinstance(example, tuple) else (example,)
+    total = 0
+    for value in values:
+        if isinstance(value, np.ndarray):
+            total += value.nbytes
+        elif isinstance(value, (str, bytes)):
+            total += len(value)
+    return total
 
 
 class _HashingSink:
@@ -96,9 +110,27 @@ def choose_compression(batch: pa.RecordBatch, options: WriteOptions) -> str:
         return "none"
     rows = max(1, min(batch.num_rows,
                       SAMPLE_BYTES * batch.num_rows // max(1, batch.nbytes)))
+    if rows == 1 and batch.nbytes > 2 * SAMPLE_BYTES:
+        return _choose_by_bytes(batch, options)
     sample = batch.slice(0, rows)
     packed = _ipc_size(sample, _codec(options.compression, options))
     raw = _ipc_size(sample, None)
+    return options.compression if packed <= (1 - MIN_SAVINGS) * raw else "none"
+
+
+def _choose_by_bytes(batch: pa.RecordBatch, options: WriteOptions) -> str:
+    """The choice for a batch whose first row alone is far larger than the sample: compress
+    the first bytes of its buffers instead of serialising the row (which would copy all of a
+    huge example, twice)."""
+    codec = _codec(options.compression, options)
+    raw = packed = 0
+    for column in batch.columns:
+        for buffer in column.buffers():
+            if buffer is None or raw >= SAMPLE_BYTES:
+                continue
+            piece = buffer.slice(0, min(buffer.size, SAMPLE_BYTES - raw))
+            raw += piece.size
+            packed += codec.compress(piece).size
     return options.compression if packed <= (1 - MIN_SAVINGS) * raw else "none"
 
 
@@ -240,6 +272,10 @@ class SnapshotWriter:
             self._thread = threading.Thread(target=self._drain, name="snapcache-writer",
                                             daemon=True)
             self._thread.start()
+        if self._encoder.num_rows and _payload_bytes(example) >= self._batch_target:
+            # A large example goes into a record batch of its own, so that flushing it does
+            # not copy it together with the rows before it (writing N bytes needs ~2N).
+            self._send_batch()
         self._encoder.add(example, index=self._count)
         self._count += 1
         if self._batch_rows is None:
