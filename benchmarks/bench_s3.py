@@ -266,6 +266,22 @@ def _stand_in_torchvision() -> None:
     sys.modules["torchvision.transforms.functional"].to_tensor = to_tensor
 
 
+def _stand_in_transformers() -> None:
+    import importlib.machinery
+    import types
+    names = {"transformers": None, "transformers.feature_extraction_utils": "BatchFeature",
+             "transformers.tokenization_utils_base": "BatchEncoding",
+             "transformers.models": None, "transformers.models.auto": None,
+             "transformers.models.auto.tokenization_auto": "AutoTokenizer"}
+    for name, cls in names.items():
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        mod.__path__ = []
+        if cls:
+            setattr(mod, cls, type(cls, (dict,), {}))
+        sys.modules[name] = mod
+
+
 def _mds_columns(workload):
     if workload == "image":
         return {"image": "ndarray:uint8:128,128,3", "label": "int64"}
@@ -282,6 +298,13 @@ def _mosaic(phase, workload, n, url, cache, workers, stage, make, meter):
         note("Mosaic streaming: `import streaming` imports torchvision, which cannot load "
              "here (a CUDA build beside the CPU torch): stand-in modules for the two names "
              "it imports (streaming.vision, unused here) are used")
+    try:
+        import transformers.tokenization_utils_base  # noqa: F401
+    except Exception:
+        _stand_in_transformers()
+        note("Mosaic streaming: `import streaming` imports transformers (for isinstance checks "
+             "in its own DataLoader, a tokenizer for its C4/Pile datasets: unused here), which cannot load beside the huggingface-hub "
+             "that HF datasets needs: stand-in classes are used")
     from streaming import MDSWriter, StreamingDataset
     if phase == "build":
         meter.start()
