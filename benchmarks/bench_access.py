@@ -345,7 +345,10 @@ WHY = """What decides each column:
   Mosaic and close to LitData with `batch_decode=False`.
 - **cold, S3**: snapcache's first `snap[i]` makes two GETs (the manifest, then the whole shard,
   which it verifies) where Mosaic makes one (the shard; its index came at open) and LitData one
-  range GET of the example. Open + cold is the time to a first example from nothing.
+  range GET of the example. Open on S3 is mostly creating the S3 client (s3fs/aiobotocore for
+  snapcache, boto3 for the peers; 0.2-1 s each here, varying run to run), then one LIST of the
+  root for snapcache, the index GET for the peers. Open + cold is the time to a first example
+  from nothing.
 - **warm (met)**: the first row of a record batch decodes the batch once into zero-copy views,
   which stay within half the read budget (`ReadOptions.prefetch_bytes`, by default a share of
   RAM up to 256 MiB, so all of this data): a later row is an index. With a budget far below the

@@ -35,16 +35,16 @@ START, END = "<!-- runtime-benchmarks:start -->", "<!-- runtime-benchmarks:end -
 COMPRESSIONS = ("none", "lz4", "zstd")
 MEMORY_BUDGET = 32 << 20
 # Written with the numbers of the run that produced docs/benchmarks.md; revisit after changes.
-NOTES = """### Why the missed target is missed
+NOTES = """### Notes on the targets
 
-- **Image-like batched reads with zstd vs HF datasets** (~0.3x). HF's cache file is
-  uncompressed Arrow. These pixels (values 0..63) compress by only 25%, and zstd decodes them
-  at ~0.7-1 GB/s per core (Huffman-coded literals), so on 2 cores any zstd reader of this data
-  is bound near 1.3-1.5 GB/s, while HF reads ~4 GB/s of raw bytes. With compression off
-  snapcache reads the same data at ~1.2x HF (record batches hold a power-of-two number of
-  rows, so batches of 256 are zero-copy slices). What would close it: storing buffers raw when
-  compression saves little (Arrow C++ has `min_space_savings` for that; pyarrow 26 does not
-  expose it), or `compression="lz4"`/`"none"` for such data.
+- **The default compression on data that barely compresses.** `zstd` (the default) is kept for
+  a shard only when it saves at least 30% on a sample of the shard's first record batch, and a
+  compressed shard that comes out larger than raw is rewritten raw; the manifest records each
+  shard's codec. The image-like pixels (values 0..63) save ~25%, so those shards are stored raw
+  and the default reads like `none` (the on-disk column shows it).
+- **Token-like data with zstd** saves ~65% and stays compressed; its reads are bound by zstd
+  decoding (~1 GB/s a core), slower than `none`, and swing most with other load on the machine.
+  `benchmarks.bench_codecs` measures #14's targets against HF datasets alone, in a few minutes.
 """
 
 
@@ -197,20 +197,27 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
     def get(w, s, c, k):
         return tp.get((w, s, c), {}).get(k)
 
-    for workload, factor in (("image", 1.0), ("token", 2.0)):
-        for c in ("none", "zstd"):
-            ours = get(workload, "snapcache", c, "batched_mb_s")
-            peers = [(s, get(workload, s, pc, "batched_mb_s")) for s, pc in
-                     (("tfdata", c), ("hf", "none"))]
-            peers = [(s, v) for s, v in peers if v]
-            if ours is None or not peers:
-                L.append(f"| {workload} {c}: batched >= {factor:g}x best of tf.data/HF | "
-                         "baseline missing | not measured |")
-                continue
-            best_s, best = max(peers, key=lambda p: p[1])
-            L.append(f"| {workload}, {c}: batched reads >= {factor:g}x the faster of tf.data "
-                     f"and HF ({best_s}) | {ours:,.0f} vs {best:,.0f} MB/s = "
-                     f"{ours / best:.2f}x | {verdict(ours >= factor * best)} |")
+    # The slower of compression none and the default (zstd, which the writer drops per shard
+    # where it saves little) against the faster of tf.data and HF datasets.
+    for workload, factor in (("image", 1.2), ("token", 4.0)):
+        ours = [(c, get(workload, "snapcache", c, "batched_mb_s")) for c in ("none", "zstd")]
+        peers = [(s, get(workload, s, pc, "batched_mb_s")) for s, pc in
+                 (("tfdata", "none"), ("hf", "none"))]
+        peers = [(s, v) for s, v in peers if v]
+        if any(v is None for _, v in ours) or not peers:
+            L.append(f"| {workload}: batched (slower of none/default) >= {factor:g}x the faster "
+                     "of tf.data and HF | baseline missing | not measured |")
+            continue
+        slow_c, slow = min(ours, key=lambda p: p[1])
+        best_s, best = max(peers, key=lambda p: p[1])
+        L.append(f"| {workload}: batched reads, slower of none/default ({slow_c}), >= "
+                 f"{factor:g}x the faster of tf.data and HF ({best_s}) | {slow:,.0f} vs "
+                 f"{best:,.0f} MB/s = {slow / best:.2f}x | {verdict(slow >= factor * best)} |")
+    none, default = (get("image", "snapcache", c, "batched_mb_s") for c in ("none", "zstd"))
+    if none and default:
+        L.append(f"| image: default compression not slower than none (5% noise allowed) | "
+                 f"{default:,.0f} vs {none:,.0f} MB/s = {default / none:.2f}x | "
+                 f"{verdict(default >= 0.95 * none)} |")
     single = get("token", "snapcache", "none", "single_ex_s")
     if single:
         L.append(f"| token one-by-one >= 300k examples/s | {single:,.0f} /s | "

@@ -4,11 +4,13 @@
     ds = sc.Dataset.range(10_000).map(expensive).snapshot("/tmp/snaps").shuffle(1000, seed=0)
     sc.ls("/tmp/snaps"); sc.purge("/tmp/snaps", older_than="7d")   # see and reclaim storage
 
-``snapcache.admin`` also has ``info`` and ``verify`` (the ``snapcache`` command line's API).
+The admin functions (the ``snapcache`` command line's API) all take the root first:
+``ls(root)``, ``info(root, id)``, ``verify(root, ids)``, ``purge(root, ids=..., ...)``,
+``open_snapshot(root, id)``, each with ``storage_options=``.
 """
 
 from snapcache._version import __version__
-from snapcache.admin import ls, purge
+from snapcache.admin import info, ls, purge, verify
 from snapcache.errors import (
     CorruptSnapshotError,
     FingerprintError,
@@ -33,7 +35,9 @@ __all__ = [
     "SnapshotOptions",
     "UnsupportedValueError",
     "__version__",
+    "info",
     "ls",
     "open_snapshot",
     "purge",
+    "verify",
 ]

@@ -30,6 +30,8 @@ The tree::
 Warnings::
 
     RandomnessWarning (UserWarning)     randomness upstream of a snapshot is frozen into it
+    OptionConflictWarning (UserWarning) snapshot options that differ from the existing
+                                        snapshot's (name, compression) have no effect
 
 Errors that mean "you passed a bad argument" are plain ``ValueError``/``TypeError`` raised
 eagerly, when the pipeline is built, not when it runs.
@@ -52,6 +54,7 @@ __all__ = [
     "FingerprintMismatchError",
     "UserFunctionError",
     "RandomnessWarning",
+    "OptionConflictWarning",
 ]
 
 
@@ -113,3 +116,9 @@ class UserFunctionError(SnapcacheError):
 
 class RandomnessWarning(UserWarning):
     """Random draws upstream of a snapshot are computed once and replayed every epoch."""
+
+
+class OptionConflictWarning(UserWarning):
+    """``snapshot(name=..., compression=...)`` differs from what the existing snapshot has:
+    such options do not change the examples, so they are not in the fingerprint and the
+    snapshot is read as it is."""

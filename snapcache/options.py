@@ -88,6 +88,9 @@ class SnapshotOptions:
     """Build a snapshot of files (``from_files``/``from_parquet`` then element-wise ops) by
     file, so that a grown source computes only its new and changed files (a delta snapshot,
     see docs/format.md)."""
+    on_corrupt: str = field(default="raise", compare=False)
+    """A corrupt snapshot met while reading: ``"raise"`` CorruptSnapshotError, or
+    ``"rebuild"`` it and carry on (with a warning)."""
 
     def __post_init__(self) -> None:
         for name, kind in (("write", WriteOptions), ("read", ReadOptions),
@@ -101,6 +104,8 @@ class SnapshotOptions:
             raise ValueError(f"name must be a string; got {self.name!r}")
         if not isinstance(self.progress, bool) and not callable(self.progress):
             raise TypeError(f"progress must be True, False or a callable; got {self.progress!r}")
+        if self.on_corrupt not in ("raise", "rebuild"):
+            raise ValueError(f"on_corrupt must be 'raise' or 'rebuild'; got {self.on_corrupt!r}")
         if not isinstance(self.storage_options, dict):
             raise TypeError("storage_options must be a dict of fsspec options")
         if not isinstance(self.delta, bool):
@@ -109,19 +114,20 @@ class SnapshotOptions:
     @classmethod
     def from_keywords(cls, *, key: str | None = None, name: str | None = None,
                       progress: Any = True, storage_options: dict | None = None,
-                      delta: bool = False, **keywords: Any) -> "SnapshotOptions":
+                      delta: bool = False, on_corrupt: str = "raise",
+                      **keywords: Any) -> "SnapshotOptions":
         """Route ``Dataset.snapshot``'s flat keywords to the part that owns each one."""
         parts: dict[str, dict[str, Any]] = {"write": {}, "read": {}, "coordination": {}}
         for keyword, value in keywords.items():
             owner = _OWNER.get(keyword)
             if owner is None:
                 raise TypeError(f"unknown snapshot option {keyword!r}; the options are "
-                                f"{', '.join(sorted(_OWNER) + ['delta', 'key', 'name', 'progress', 'storage_options'])}")
+                                f"{', '.join(sorted(_OWNER) + ['delta', 'key', 'name', 'on_corrupt', 'progress', 'storage_options'])}")
             parts[owner][keyword] = value
         return cls(write=WriteOptions(**parts["write"]), read=ReadOptions(**parts["read"]),
                    coordination=CoordinationOptions(**parts["coordination"]), key=key,
                    name=name, progress=progress, storage_options=dict(storage_options or {}),
-                   delta=delta)
+                   delta=delta, on_corrupt=on_corrupt)
 
 
 _OWNER = {f.name: part for part, kind in (("write", WriteOptions), ("read", ReadOptions),

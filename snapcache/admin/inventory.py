@@ -100,9 +100,12 @@ class SnapshotInfo:
 def open_root(root: str | os.PathLike | None = None, storage_options: dict | None = None
               ) -> Storage:
     """The root to work on (default ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``); raises
-    FileNotFoundError if it does not exist."""
+    FileNotFoundError if a local root does not exist (a prefix of an object store with no
+    objects is an empty root: S3 has no folders, so purging the last snapshot removes it)."""
     storage = Storage(default_root() if root is None else root, storage_options)
     if not storage.exists():
+        if not storage.local and storage.bucket_exists():
+            return storage  # an object store has no folders: an emptied root is empty
         raise FileNotFoundError(f"snapshot root {storage.url} does not exist")
     if storage.local and not os.path.isdir(storage.root):
         raise NotADirectoryError(f"snapshot root {storage.url} is not a folder")
@@ -226,18 +229,18 @@ def find_all(storage: Storage, wanted: Iterable[str]) -> list[SnapshotInfo]:
     return list(chosen.values())
 
 
-def info(snapshot_id: str, root: str | os.PathLike | None = None, *,
+def info(root: str | os.PathLike | None, id: str, *,
          storage_options: dict | None = None) -> SnapshotInfo:
-    """One snapshot, by any unique prefix of its id (or its exact name), with its manifest in
-    :attr:`SnapshotInfo.manifest`.
+    """One snapshot of ``root``, by any unique prefix of its id (or its exact name), with its
+    manifest in :attr:`SnapshotInfo.manifest`.
 
     Example::
 
-        snap = snapcache.info("3fa9c2", "/tmp/snaps")
+        snap = snapcache.info("/tmp/snaps", "3fa9c2")
         print(snap.manifest.schema)
     """
     storage = open_root(root, storage_options)
-    return find(storage, snapshot_id)
+    return find(storage, id)
 
 
 def delta_versions(snap: SnapshotInfo, storage_options: dict | None = None) -> list[Manifest]:

@@ -6,8 +6,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from snapcache.admin.inventory import SnapshotInfo, find_all, open_root, scan
+from snapcache.admin.inventory import SnapshotInfo, delta_versions, find_all, open_root, scan
 from snapcache.errors import CorruptSnapshotError
+from snapcache.store.protocol import versions
 from snapcache.store.reader import SnapshotReader
 
 
@@ -49,7 +50,7 @@ class VerifyReport:
         return tuple(check for check in self.checks if not check.ok)
 
 
-def verify(ids: Iterable[str] = (), root: str | os.PathLike | None = None, *,
+def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
            progress: Callable[[VerifyProgress], None] | None = None,
            storage_options: dict | None = None) -> VerifyReport:
     """Check the size, xxh3 checksum, row count and schema of every shard of the snapshots
@@ -69,7 +70,9 @@ def verify(ids: Iterable[str] = (), root: str | os.PathLike | None = None, *,
         chosen = find_all(storage, ids)
     else:
         chosen = [s for s in scan(storage) if s.state in ("committed", "corrupt")]
-    total = sum(s.manifest.total_bytes for s in chosen if s.manifest is not None)
+    total = sum(versions.shard_bytes(delta_versions(s, storage.storage_options))[0]
+                if s.versions else s.manifest.total_bytes
+                for s in chosen if s.manifest is not None)
     done, checks = 0, []
     for snap in chosen:
         if snap.manifest is None:
@@ -77,9 +80,17 @@ def verify(ids: Iterable[str] = (), root: str | os.PathLike | None = None, *,
                                   "there is nothing to verify yet"
             checks.append(SnapshotCheck(snap, 0, 0, (why,)))
             continue
-        reader = SnapshotReader(storage.child(snap.id), snap.manifest, verify=True)
+        # A delta snapshot: the shards of every version, each checked once against the
+        # manifest of the newest version listing it.
+        manifests = delta_versions(snap, storage.storage_options)[::-1] or [snap.manifest]
+        seen: set[str] = set()
+        pairs = [(m, shard) for m in manifests for shard in m.shards
+                 if not (shard.path in seen or seen.add(shard.path))]
+        readers = {id(m): SnapshotReader(storage.child(snap.id), m, verify=True)
+                   for m in manifests}
         problems, checked = [], 0
-        for shard in snap.manifest.shards:
+        for manifest, shard in pairs:
+            reader = readers[id(manifest)]
             try:
                 reader.check_shard(shard)
             except CorruptSnapshotError as e:
@@ -91,5 +102,5 @@ def verify(ids: Iterable[str] = (), root: str | os.PathLike | None = None, *,
             done += shard.bytes
             if progress is not None:
                 progress(VerifyProgress(snap, shard.path, done, total))
-        checks.append(SnapshotCheck(snap, len(snap.manifest.shards), checked, tuple(problems)))
+        checks.append(SnapshotCheck(snap, len(pairs), checked, tuple(problems)))
     return VerifyReport(storage.url, tuple(checks))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -18,11 +19,76 @@ STATE_STYLES = {"committed": "green", "writing": "yellow", "abandoned": "magenta
                 "corrupt": "bold red"}
 
 
-def add_root_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--root", metavar="ROOT", default=None,
-        help="snapshot root: a folder or fsspec URL such as s3://bucket/snaps "
+ROOT_HELP = ("snapshot root: a folder or fsspec URL such as s3://bucket/snaps "
              "(default: $SNAPCACHE_ROOT, else ~/.cache/snapcache)")
+
+
+def add_root_option(parser: argparse.ArgumentParser, ids: str | None = None) -> None:
+    """The root, the same way in every command: first positional or ``--root``; then the ids
+    (``ids``: None for none, "one" or "many"); and ``-o KEY=VALUE`` storage options.
+    :func:`resolve_targets` sorts them out after parsing."""
+    usage = {None: "[ROOT]", "one": "[ROOT] ID", "many": "[ROOT] [ID ...]"}[ids]
+    parser.add_argument("targets", nargs="*", metavar=usage,
+                        help=ROOT_HELP + ("" if ids is None else
+                                          "; then snapshot id prefixes or names"))
+    parser.add_argument("--root", metavar="ROOT", default=None, help="same as ROOT")
+    parser.add_argument("-o", "--storage-option", metavar="KEY=VALUE", action="append",
+                        default=[], dest="storage_option",
+                        help="an fsspec storage option, repeatable: -o anon=true, "
+                             "-o client_kwargs.endpoint_url=http://localhost:9000")
+    parser.set_defaults(ids_kind=ids)
+
+
+def looks_like_root(text: str) -> bool:
+    """A path or URL rather than a snapshot id prefix or name."""
+    return ("://" in text or "/" in text or os.sep in text or text.startswith(("~", "."))
+            or os.path.isdir(text))
+
+
+def resolve_targets(args: argparse.Namespace) -> None:
+    """Set ``args.root``, ``args.ids`` and ``args.storage_options`` from the positionals,
+    ``--root`` and ``-o`` (ValueError with a one-line hint on a mix-up)."""
+    targets = list(args.targets)
+    command, kind = args.command, args.ids_kind
+    if targets and args.root is not None and targets[0] == args.root:
+        targets.pop(0)  # the same root both ways
+    elif targets and args.root is None and (kind is None or looks_like_root(targets[0])):
+        args.root = targets.pop(0)
+    if kind is None and targets:
+        raise ValueError(f"two roots given: {targets[0]!r} and --root {args.root!r}; give "
+                         "it once")
+    for text in targets:
+        if looks_like_root(text):
+            raise ValueError(f"{text!r} looks like a path, not a snapshot id: the root comes "
+                             f"first, once (`snapcache {command} ROOT {'ID' if kind == 'one' else '[ID ...]'}`"
+                             " or --root ROOT)")
+    if kind == "one" and len(targets) != 1:
+        raise ValueError(f"`snapcache {command}` needs one snapshot id (or name) after the "
+                         f"root; got {len(targets)} (see `snapcache ls`)")
+    args.ids = targets
+    args.storage_options = parse_storage_options(args.storage_option)
+
+
+def parse_storage_options(pairs: list[str]) -> dict:
+    """``["anon=true", "client_kwargs.endpoint_url=http://h:9000"]`` -> nested options; values
+    are JSON where they parse as JSON (true, 3, "x", {...}), else strings."""
+    options: dict = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"-o takes KEY=VALUE; got {pair!r}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        *parents, last = key.strip().split(".")
+        node = options
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"-o {pair!r}: {part!r} was already given a value")
+        node[last] = value
+    return options
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:

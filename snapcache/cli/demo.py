@@ -22,20 +22,20 @@ def decode_and_resize(index: int) -> dict[str, Any]:
     return {"image": image, "label": index % 10, "energy": np.float32(spectrum.mean())}
 
 
-def build(root: str, num_examples: int) -> sc.Dataset:
+def build(root: str, num_examples: int, storage_options: dict | None = None) -> sc.Dataset:
     return (sc.Dataset.range(num_examples)
             .map(decode_and_resize, num_parallel_calls=2)
-            .snapshot(root, name="demo")
+            .snapshot(root, name="demo", storage_options=storage_options)
             .shuffle(256, seed=0)
             .batch(64))
 
 
-def run(root: str | None = None, num_examples: int = 2000,
+def run(root: str | None = None, num_examples: int = 2000, storage_options: dict | None = None,
         emit: Callable[[str], None] = print) -> dict[str, float]:
     """Run two epochs and return their times; ``emit`` receives the report lines."""
     with tempfile.TemporaryDirectory(prefix="snapcache-demo-") as tmp:
         root = root or tmp
-        ds = build(root, num_examples)
+        ds = build(root, num_examples, storage_options)
         emit(f"snapcache demo: {num_examples} examples, ~4 ms decode+resize each, root {root}")
         times = []
         for epoch in (1, 2):

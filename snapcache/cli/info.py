@@ -26,8 +26,7 @@ def add_parser(commands) -> None:
         "info", help="show one snapshot: schema, shards, fingerprint tree",
         description="Show one snapshot's manifest. ID is any unique prefix of its id (or its "
                     "name).")
-    parser.add_argument("id", metavar="ID", help="snapshot id prefix or name")
-    common.add_root_option(parser)
+    common.add_root_option(parser, ids="one")
     parser.add_argument("--files", action="store_true",
                         help="delta snapshots: list the source files of the newest version")
     common.add_json_option(parser)
@@ -35,8 +34,9 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    snap = info(args.id, args.root)
-    files = source_files(snap) if getattr(args, "files", False) else None
+    snap = info(args.root, args.ids[0], storage_options=args.storage_options)
+    files = source_files(snap, args.storage_options) if getattr(args, "files", False) \
+        else None
     if args.json:
         doc = snap.to_json()
         doc["manifest"] = snap.manifest.to_json() if snap.manifest is not None else None

@@ -17,17 +17,13 @@ def add_parser(commands) -> None:
         "ls", help="list the snapshots in a root: state, size, last use, pipeline",
         description="List every snapshot folder in ROOT: committed snapshots, most recently "
                     "used first, then writes in progress, abandoned writes and corrupt ones.")
-    parser.add_argument("root_arg", nargs="?", metavar="ROOT", default=None,
-                        help="snapshot root (same as --root)")
     common.add_root_option(parser)
     common.add_json_option(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.root_arg and args.root and args.root_arg != args.root:
-        raise ValueError(f"two roots given: {args.root_arg!r} and --root {args.root!r}")
-    storage = open_root(args.root_arg or args.root)
+    storage = open_root(args.root, args.storage_options)
     snaps = scan(storage)
     if args.json:
         common.print_json({

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from snapcache.cli import info, ls, purge, verify
+from snapcache.cli import common, info, ls, purge, verify
 from snapcache.errors import SnapcacheError
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from snapcache.cli import demo
 
-    demo.run(root=args.root, num_examples=args.examples)
+    demo.run(root=args.root, num_examples=args.examples,
+             storage_options=args.storage_options)
     return 0
 
 
@@ -20,7 +21,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from snapcache.cli.pipeline_ref import load_pipeline
 
     dataset = load_pipeline(args.pipeline)
-    explanation = dataset.explain(args.root)
+    explanation = dataset.explain(args.root, storage_options=args.storage_options or None)
     print(explanation)
     return 0 if explanation.hit else 1
 
@@ -38,14 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_parser(commands)
     demo = commands.add_parser(
         "demo", help="build a snapshot of a small pipeline and read it back, timing both epochs")
-    demo.add_argument("--root", help="snapshot root to use (default: a temporary folder)")
+    common.add_root_option(demo)
     demo.add_argument("--examples", type=int, default=2000, help="number of examples")
     demo.set_defaults(handler=_cmd_demo)
     explain = commands.add_parser(
         "explain", help="say whether a pipeline hits a snapshot and, if not, what differs",
         description="Exit status: 0 if the pipeline hits a committed snapshot, 1 if it misses.")
-    explain.add_argument("root", nargs="?", default=None,
-                         help="snapshot root (default: the pipeline's own snapshot path)")
+    common.add_root_option(explain)
     explain.add_argument("--pipeline", required=True, metavar="MODULE:ATTR",
                          help="the Dataset to explain, e.g. train:dataset or train.py:build")
     explain.set_defaults(handler=_cmd_explain)
@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if hasattr(args, "targets"):
+            common.resolve_targets(args)
         return args.handler(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -20,15 +20,15 @@ def add_parser(commands) -> None:
                     "being read or written (a live lease) are kept unless --force. Exit status: "
                     "0 when everything selected was deleted, 1 when something selected was "
                     "kept or the size budget cannot be met, 2 on bad input.")
-    parser.add_argument("ids", nargs="*", metavar="ID", help="snapshot id prefixes or names")
-    common.add_root_option(parser)
+    common.add_root_option(parser, ids="many")
     parser.add_argument("--older-than", metavar="AGE",
                         help="snapshots not used for AGE, e.g. 7d, 12h, 30m, 90s")
     parser.add_argument("--max-size", metavar="SIZE",
                         help="delete least recently used snapshots until the root holds at "
                              "most SIZE, e.g. 200GB, 1.5TiB, 500MB")
-    parser.add_argument("--incomplete", action="store_true",
-                        help="abandoned writes: no manifest and no live lease")
+    parser.add_argument("--abandoned", "--incomplete", action="store_true", dest="incomplete",
+                        help="abandoned writes: no manifest and no live lease (state "
+                             "'abandoned' in `snapcache ls`)")
     parser.add_argument("--old-versions", action="store_true",
                         help="delta snapshots: delete every version but the newest (shards "
                              "the newest version shares stay)")
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     criteria = dict(ids=args.ids, older_than=args.older_than, max_size=args.max_size,
                     incomplete=args.incomplete, old_versions=args.old_versions,
                     force=args.force)
-    plan = purge(args.root, dry_run=True, **criteria)
+    plan = purge(args.root, storage_options=args.storage_options, dry_run=True, **criteria)
     if args.dry_run:
         show(plan, json_output=args.json)
         return 0
@@ -69,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
             print("nothing deleted", file=sys.stderr)
             return 1
     if plan.deleted:  # exactly what was planned (and confirmed), leases checked again
-        report = purge(args.root, ids=[item.snapshot.id for item in plan.deleted],
+        report = purge(args.root, storage_options=args.storage_options,
+                       ids=[item.snapshot.id for item in plan.deleted],
                        old_versions=args.old_versions, force=args.force,
                        incomplete=args.incomplete)
         report = _merge(plan, report)
     else:
-        report = purge(args.root, **criteria)
+        report = purge(args.root, storage_options=args.storage_options, **criteria)
     show(report, json_output=args.json)
     return 0 if not report.kept and report.budget_met is not False else 1
 

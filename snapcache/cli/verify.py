@@ -20,8 +20,7 @@ def add_parser(commands) -> None:
         "verify", help="re-read every shard and check sizes, checksums, rows and schema",
         description="Check every byte of the given snapshots (default: all committed ones) "
                     "against their manifests. Exit status: 0 if all match, 1 on any mismatch.")
-    parser.add_argument("ids", nargs="*", metavar="ID", help="snapshot id prefixes or names")
-    common.add_root_option(parser)
+    common.add_root_option(parser, ids="many")
     common.add_json_option(parser)
     parser.set_defaults(handler=run)
 
@@ -37,9 +36,11 @@ def run(args: argparse.Namespace) -> int:
                 bar.update(task, completed=p.bytes_done, total=p.bytes_total,
                            description=p.snapshot.short_id)
 
-            report = verify(args.ids, args.root, progress=show)
+            report = verify(args.root, args.ids, progress=show,
+                            storage_options=args.storage_options)
     else:
-        report = verify(args.ids, args.root, progress=_PlainProgress())
+        report = verify(args.root, args.ids, progress=_PlainProgress(),
+                        storage_options=args.storage_options)
     if args.json:
         common.print_json({
             "root": report.root, "ok": report.ok,
@@ -83,9 +84,12 @@ def print_report(report: VerifyReport) -> None:
             out.print(f"         - {problem}", markup=False)
     total = sum(c.bytes_checked for c in report.checks)
     if report.ok:
-        out.print(f"all {common.plural(len(report.checks), 'snapshot')} match their checksums "
-                  f"({format_size(total)} read)")
+        n = len(report.checks)
+        what = "the snapshot matches its" if n == 1 else f"all {n:,} snapshots match their"
+        out.print(f"{what} checksums ({format_size(total)} read)")
     else:
-        out.print(f"[bold red]{len(report.failed)} of {common.plural(len(report.checks), 'snapshot')} failed "
-                  f"verification[/]: purge each (`snapcache purge ID`) and the next run "
-                  "rebuilds it")
+        n = len(report.checks)
+        what = "the snapshot failed" if n == 1 else f"{len(report.failed)} of {n:,} snapshots failed"
+        out.print(f"[bold red]{what} verification[/]: purge each (`snapcache purge ROOT ID`) "
+                  "and the next run rebuilds it, or iterate with snapshot(..., "
+                  "on_corrupt=\"rebuild\")")

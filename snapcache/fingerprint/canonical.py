@@ -4,7 +4,8 @@
 what the value holds, never on ``id()``, ``hash()``, memory addresses or ``PYTHONHASHSEED``.
 Scalars and containers are streamed into one xxh3-128 hasher with a one-letter type tag before
 each value, so ``1``, ``1.0``, ``True``, ``"1"`` and ``b"1"`` all differ, and so do ``[1, 2]``
-and ``(1, 2)``. Dicts and sets are hashed in an order-independent way. Objects of plain Python
+and ``(1, 2)``. Dicts are hashed in their order (code that iterates a dict sees that order, so
+a reordered dict may compute something else); sets in an order-independent way. Objects of plain Python
 classes are hashed by their class's code and their attributes; anything else must be taught with
 :func:`register`, or the call fails with a :class:`~snapcache.errors.FingerprintError` that names
 the value and where it was captured.
@@ -21,6 +22,7 @@ import functools
 import io
 import math
 import pathlib
+import re
 import struct
 import types
 from typing import Any, Callable
@@ -127,22 +129,17 @@ def _feed_dict(h: Any, d: dict, w: Walk) -> None:
     if (distance := w.enter(d)) is not None:
         h.update(b"^" + _u64(distance))
         return
-    try:
-        if all(type(k) is str for k in d):  # common case: canonical order is the key order
+    try:  # in the dict's order: iterating code sees it (FINGERPRINT_VERSION 2)
+        if all(type(k) is str for k in d):  # common case
             h.update(b"{s" + _u64(len(d)))
-            for k in sorted(d):
-                _feed_str(h, k, w)
-                _feed_entry(h, d[k], k, w)
-        else:  # order by digest of the key: independent of insertion order and of hash()
-            h.update(b"{" + _u64(len(d)))
-            entries = []
             for k, v in d.items():
-                key_digest = _digest(k, w)
-                h2 = xxhash.xxh3_128()
-                _feed_entry(h2, v, k, w)
-                entries.append(key_digest + h2.digest())
-            for entry in sorted(entries):
-                h.update(entry)
+                _feed_str(h, k, w)
+                _feed_entry(h, v, k, w)
+        else:
+            h.update(b"{" + _u64(len(d)))
+            for k, v in d.items():
+                feed_value(h, k, w)
+                _feed_entry(h, v, k, w)
     finally:
         w.leave(d)
 
@@ -311,20 +308,37 @@ def _module_node(m: types.ModuleType, label: str, w: Walk) -> FingerprintNode:
     return leaf(label, "module", f"{m.__name__}\0{version}".encode(), summary)
 
 
+MEMO_NAME = re.compile(r"^_*(cache|caches|memo|memos|memory)$|_(cache|memo)$", re.IGNORECASE)
+"""Names of attributes that hold a memo cache: ``cache``, ``_cache``, ``bpe_cache``, ``memo``,
+``_memo`` ... Such an attribute whose value is a dict, a list or a set is not state: it fills
+as the object is called and what the object computes does not depend on it (the default rule;
+``register`` the class to fingerprint it your own way)."""
+
+_MEMO_TYPES = (dict, list, set)
+
+
+def is_memo_cache(name: str, value: Any) -> bool:
+    """Is attribute ``name`` holding ``value`` a memo cache (see :data:`MEMO_NAME`)?"""
+    return isinstance(value, _MEMO_TYPES) and MEMO_NAME.search(name) is not None
+
+
 def _attributes(v: Any) -> list[tuple[str, Any]]:
-    """An object's state: dataclass fields, or ``__dict__`` and ``__slots__``, sorted by name."""
+    """An object's state: dataclass fields, or ``__dict__`` and ``__slots__``, sorted by name;
+    memo caches (:func:`is_memo_cache`) and ``cached_property`` values left out."""
     cls = type(v)
     if dataclasses.is_dataclass(cls):
-        return [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)]
+        return [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)
+                if not is_memo_cache(f.name, getattr(v, f.name))]
     state = {k: x for k, x in getattr(v, "__dict__", {}).items()
-             if not isinstance(getattr(cls, k, None), functools.cached_property)}
+             if not isinstance(getattr(cls, k, None), functools.cached_property)
+             and not is_memo_cache(k, x)}
     for c in cls.__mro__:
         slots = c.__dict__.get("__slots__", ())
         for name in (slots,) if isinstance(slots, str) else slots:
             if name in ("__dict__", "__weakref__"):
                 continue
             attr = f"_{c.__name__.lstrip('_')}{name}" if name.startswith("__") else name
-            if hasattr(v, attr):
+            if hasattr(v, attr) and not is_memo_cache(name, getattr(v, attr)):
                 state[name] = getattr(v, attr)
     return sorted(state.items())
 
@@ -351,7 +365,7 @@ def object_node(v: Any, label: str, w: Walk) -> FingerprintNode:
 
 def _dict_node(d: dict, label: str, w: Walk) -> FingerprintNode:
     def build() -> FingerprintNode:
-        children = [child_node(d[k], f"key `{k}`", w) for k in sorted(d)]
+        children = [child_node(x, f"key `{k}`", w) for k, x in d.items()]
         return node(label, "dict", b"", children, describe(d))
     return w.guarded(d, label, build)
 

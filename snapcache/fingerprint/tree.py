@@ -26,8 +26,9 @@ from snapcache.errors import FingerprintError
 
 __all__ = ["FINGERPRINT_VERSION", "FingerprintNode", "combine", "leaf", "node", "pipeline_root"]
 
-FINGERPRINT_VERSION = 1
-"""Mixed into every pipeline fingerprint. Bump it whenever the hashing scheme changes."""
+FINGERPRINT_VERSION = 2
+"""Mixed into every pipeline fingerprint. Bump it whenever the hashing scheme changes.
+2: dicts are hashed in their order (1 sorted them: a reordered dict was a false hit)."""
 
 VERSION_LABEL = "fingerprint version"
 """Label of the child of a pipeline root that carries :data:`FINGERPRINT_VERSION`."""

@@ -18,6 +18,7 @@ EXECUTORS = ("thread", "process")
 from snapcache.pipeline.build import SnapshotBuilder
 from snapcache.pipeline.explain import Explanation
 from snapcache.pipeline.iterator import DatasetIterator, Deferred
+from snapcache.pipeline.rebuild import Rebuilding
 from snapcache.pipeline.streams import StreamSpec
 from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
@@ -235,7 +236,7 @@ class Dataset:
         """Keep the examples in memory after the first complete epoch."""
         return self._then(ops.CacheOp)
 
-    def snapshot(self, path: str | os.PathLike | None = None, *, compression: str = "zstd",
+    def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "zstd",
                  compression_level: int | None = None, shard_size: int = 64 << 20,
                  key: str | None = None, name: str | None = None, verify: bool = True,
                  on_busy: str = "wait", wait_timeout: float | None = None,
@@ -243,7 +244,8 @@ class Dataset:
                  progress: bool | Callable[[Any], None] = True,
                  local_cache: str | os.PathLike | None = None,
                  local_cache_limit: int = 50 << 30,
-                 storage_options: dict | None = None, delta: bool = False) -> "Dataset":
+                 storage_options: dict | None = None, delta: bool = False,
+                 on_corrupt: str = "raise") -> "Dataset":
         """Persist the examples up to here under ``path`` (a folder or fsspec URL; default
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``) and read them back from then on.
 
@@ -269,6 +271,10 @@ class Dataset:
         folder named by the upstream's code alone; when files are added, changed or removed,
         the next run computes only those and commits a new version that reuses every other
         shard in place (see docs/format.md, "Delta snapshots").
+
+        A corrupt snapshot (a shard whose checksum does not match, an unreadable manifest)
+        fails the epoch with ``on_corrupt="raise"``; ``"rebuild"`` withdraws it, warns, and
+        carries on with the snapshot recomputed (see :mod:`snapcache.pipeline.rebuild`).
         """
         options = SnapshotOptions.from_keywords(
             compression=compression, compression_level=compression_level,
@@ -277,7 +283,7 @@ class Dataset:
             progress=progress,
             local_cache=os.fspath(local_cache) if local_cache is not None else None,
             local_cache_limit=local_cache_limit, storage_options=storage_options,
-            delta=delta)
+            delta=delta, on_corrupt=on_corrupt)
         if delta:
             _check_delta(self._op, key)
         root = os.fspath(path) if path is not None else default_root()
@@ -353,16 +359,25 @@ class Dataset:
             finally:
                 stats.current.reset(token)
 
-        token = stats.current.set(recorder)
-        try:
-            iterator = ordered.iterate(shape, epoch, spec, state=state, balance=balance) \
-                if shape is not None else None
-            if iterator is None:
-                iterator = Deferred(start)
-                if shape is not None:  # the writing epoch, with a state
-                    iterator = ordered.writing(shape, epoch, spec, iterator)
-        finally:
-            stats.current.reset(token)
+        def make(state: dict | None = state) -> Iterator[Any]:
+            token = stats.current.set(recorder)
+            try:
+                iterator = ordered.iterate(shape, epoch, spec, state=state, balance=balance) \
+                    if shape is not None else None
+                if iterator is None:
+                    iterator = Deferred(start)
+                    if shape is not None:  # the writing epoch, with a state
+                        iterator = ordered.writing(shape, epoch, spec, iterator)
+            finally:
+                stats.current.reset(token)
+            return iterator
+
+        snap = plan.last_snapshot(op)
+        if snap is not None and snap.options.on_corrupt == "rebuild":
+            iterator: Iterator[Any] = Rebuilding(
+                make, lambda: plan.committed_snapshot(snap)[0])
+        else:
+            iterator = make()
         self._recorder = recorder
         return DatasetIterator(iterator)
 

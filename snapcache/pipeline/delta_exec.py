@@ -9,12 +9,15 @@ count) and holds versions (see :mod:`snapcache.store.protocol.versions`):
 2. a version built from exactly these files is read;
 3. otherwise the build lease of the lineage is taken (one builder at a time; others wait, or
    compute without writing with ``on_busy="compute"``), the newest version is compared with the
-   source, and only the files of segments that are not reusable are computed: the upstream runs
-   on those files alone, a segment of at most :data:`SEGMENT_UNITS` files at a time, each
-   segment written to its own shards and recorded (``segment-<run>-<seq>.json``) so a crashed
-   build's finished segments are reused by the next;
-4. the new version lists the kept segments of the newest version first (their shards in
-   place), then the new ones in source order, and is committed exclusively, fenced by the lease.
+   source: segments whose files are all unchanged are kept; a segment that lost files has its
+   other files' rows copied when each file's rows are known (:func:`unit_rows_of`), else those
+   files are computed again; new and changed files are computed: the upstream runs on those
+   files alone, a segment of at most :data:`SEGMENT_UNITS` files at a time, each segment written
+   to its own shards and recorded (``segment-<run>-<seq>.json``) so a crashed build's finished
+   segments are reused by the next;
+4. the new version lists the kept and copied segments of the newest version first (their
+   shards in place), then the new ones in source order, and is committed exclusively, fenced by
+   the lease.
 
 The epoch that builds a version yields its examples once it is committed, in its order.
 """
@@ -42,7 +45,8 @@ from snapcache.store.writer import SnapshotWriter
 log = logging.getLogger("snapcache")
 
 SEGMENT_UNITS = 256
-"""Files per segment: a removed or changed file recomputes at most this many files' examples."""
+"""Files per segment: what a removed or changed file costs its segment-mates (their rows are
+copied, or recomputed when each file's rows are not known)."""
 MAX_SEGMENTS_PER_BUILD = 9_000
 
 
@@ -65,9 +69,6 @@ class SourceUnits:
     @property
     def size(self) -> int:
         return sum(int(i.get("size") or 0) for i in self.identities)
-
-    def by_path(self) -> dict[str, str]:
-        return {str(i["path"]): k for i, k in zip(self.identities, self.keys)}
 
 
 def source_units(source: ops.Op) -> SourceUnits:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from snapcache.fingerprint import FingerprintNode, diff_trees
@@ -17,7 +18,7 @@ class Explanation:
     root: str
     fingerprint: str
     hit: bool
-    state: str                   # "committed", "incomplete", "corrupt" or "absent"
+    state: str                   # one of snapcache.store.catalog.STATES
     closest: str | None = None   # fingerprint of the most alike committed snapshot, on a miss
     closest_name: str | None = None
     similarity: float = 0.0
@@ -38,19 +39,29 @@ class Explanation:
                     f"from other files; the next run builds version {self.version + 1}:\n"
                     f"  {self.delta}")
         lines = [f"miss: no committed snapshot {short} in {self.root}"]
-        if self.state == "incomplete":
-            lines.append(f"  a snapshot {short} is being written or was abandoned (no manifest "
-                         "yet); the next run writes it if no writer holds it")
+        if self.state == "writing":
+            lines.append(f"  snapshot {short} is being written (no manifest yet); iterating "
+                         "waits for its commit")
+        elif self.state == "abandoned":
+            lines.append(f"  snapshot {short} was abandoned by its writer (no manifest); the "
+                         "next run resumes it")
         elif self.state == "corrupt":
             lines.append(f"  snapshot {short} exists but its manifest is unreadable; purge it")
         if self.closest is None:
             lines.append("  the root holds no committed snapshot to compare with")
             return "\n".join(lines)
         name = f" ({self.closest_name})" if self.closest_name else ""
-        lines.append(f"  closest: snapshot {self.closest[:12]}{name}, "
-                     f"{self.similarity:.0%} alike; it differs in:")
+        lines.append(f"  closest: snapshot {self.closest[:12]}{name}, {alike(self.similarity)}; "
+                     "it differs in:")
         lines.extend(f"  - {line}" for line in self.differences)
         return "\n".join(lines)
+
+
+def alike(similarity: float) -> str:
+    """How alike two different trees are, never "100%": they differ."""
+    if similarity >= 1.0:
+        return "the same values in another order or place"
+    return f"{min(math.floor(similarity * 100), 99)}% alike"
 
 
 def explain(tree: FingerprintNode, root: Storage) -> Explanation:

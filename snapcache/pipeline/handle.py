@@ -321,13 +321,14 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
 
 
 def _folders(storage: Storage) -> list[str]:
-    if not storage.exists():
+    if storage.local and os.path.exists(storage.root) and not os.path.isdir(storage.root):
+        raise SnapshotNotFoundError(f"{storage.url} is a file, not a snapshot root or folder")
+    names = storage.listdir()  # one LIST on S3; whether the root exists only when it is empty
+    if not names and not storage.exists():
         raise SnapshotNotFoundError(
             f"snapshot root {storage.url} does not exist (check the path and "
             "storage_options)")
-    if storage.local and not os.path.isdir(storage.root):
-        raise SnapshotNotFoundError(f"{storage.url} is a file, not a snapshot root or folder")
-    return sorted(n for n in storage.listdir() if layout.is_fingerprint(n))
+    return sorted(n for n in names if layout.is_fingerprint(n))
 
 
 def _find(storage: Storage, folders: list[str], wanted: str) -> str:

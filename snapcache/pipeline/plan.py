@@ -120,11 +120,11 @@ def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
     its fingerprint's folder, or for a delta snapshot the version built from exactly the
     pipeline's files."""
     from snapcache.pipeline.delta_exec import source_units
+    from snapcache.pipeline.snapshot_exec import check_root
     from snapcache.store.protocol import versions
-    from snapcache.store.fs import Storage
     from snapcache.store.reader import load_manifest
 
-    root = Storage(op.path, op.options.storage_options)
+    root = check_root(op)  # StoreError at once if the root is a file
     source = delta_source(op)
     if source is None:
         storage = root.child(snapshot_tree(op).digest)

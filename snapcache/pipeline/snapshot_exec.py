@@ -14,8 +14,9 @@ import weakref
 from typing import Any, Callable, Iterator
 
 from snapcache import lifecycle
-from snapcache.errors import CorruptSnapshotError, LeaseLostError, RandomnessWarning
-from snapcache.pipeline import ops, streams
+from snapcache.errors import (
+    CorruptSnapshotError, LeaseLostError, OptionConflictWarning, RandomnessWarning, StoreError)
+from snapcache.pipeline import interrupt, ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
@@ -26,6 +27,7 @@ from snapcache.runtime.progress import EpochProgress
 from snapcache.store.protocol import (
     ReadLease, StreamRecord, best_progress, commit_fields, discard, negotiate,
     record_last_use, try_commit)
+from snapcache.store.options import WriteOptions
 from snapcache.store.protocol.versions import manifest_file
 from snapcache.store.writer import SnapshotWriter
 
@@ -44,16 +46,20 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     if not options.key:
         _warn_randomness(op, labelled)
     spec = streams.current()
-    storage = Storage(op.path, options.storage_options).child(tree.digest)
+    storage = snapshot_storage(op, tree.digest)
     run_id = layout.new_run_id()
     # Streams may each write their share only if that gives the same examples as one writer:
     # an element-wise upstream. Otherwise one stream writes everything, the others wait.
     alone = spec.count > 1 and not ops.splittable(op.parent)
     writing = streams.StreamSpec() if alone else spec
-    decision = negotiate(storage, run_id=run_id, stream=writing.index, streams=writing.count,
-                         on_busy="wait" if alone else options.coordination.on_busy,
-                         lease_ttl=options.coordination.lease_ttl,
-                         wait_timeout=options.coordination.wait_timeout)
+    try:
+        decision = negotiate(storage, run_id=run_id, stream=writing.index,
+                             streams=writing.count,
+                             on_busy="wait" if alone else options.coordination.on_busy,
+                             lease_ttl=options.coordination.lease_ttl,
+                             wait_timeout=options.coordination.wait_timeout)
+    except (NotADirectoryError, FileExistsError, PermissionError) as e:
+        raise unusable_root(op.path, e) from e
 
     def fields() -> dict:
         return commit_fields(options.write, key=options.key, name=options.name,
@@ -138,9 +144,63 @@ def epoch_progress(op: ops.SnapshotOp, storage: Storage, writing: streams.Stream
                          remote=remote if writing.count > 1 else None)
 
 
+def check_root(op: ops.SnapshotOp) -> Storage:
+    """``op``'s snapshot root; StoreError at once if it is a local file."""
+    root = Storage(op.path, op.options.storage_options)
+    if root.local and os.path.exists(root.root) and not os.path.isdir(root.root):
+        raise unusable_root(op.path, NotADirectoryError(20, "Not a directory"))
+    return root
+
+
+def snapshot_storage(op: ops.SnapshotOp, digest: str) -> Storage:
+    """The folder of ``op``'s snapshot; StoreError at once if its local root is a file."""
+    return check_root(op).child(digest)
+
+
+def unusable_root(root: str, error: OSError) -> StoreError:
+    """One line naming the root, what is wrong with it and the way out."""
+    path = os.path.abspath(os.path.expanduser(root)) if "://" not in root else root
+    if isinstance(error, PermissionError):
+        why = "is not writable (permission denied)"
+        way = "pass snapshot() a folder you can write to (or set $SNAPCACHE_ROOT), or fix " \
+              "its permissions"
+    else:
+        why = "is a file, not a folder" if os.path.isfile(path) else \
+            f"cannot hold snapshot folders ({error.strerror or error})"
+        way = "pass snapshot() a folder path (or set $SNAPCACHE_ROOT), or move the file away"
+    return StoreError(f"snapshot root {path} {why}: {way}")
+
+
 def open_reader(storage: Storage, manifest, options) -> SnapshotReader:
     """A reader of a committed snapshot configured by the snapshot's read options."""
+    warn_option_conflicts(storage, manifest, options)
     return _open(storage, manifest, options.read)
+
+
+_conflicts_warned: set[tuple] = set()
+
+
+def warn_option_conflicts(storage: Storage, manifest: Manifest, options) -> None:
+    """Warn once (per snapshot and options, in this process) when ``name=`` or a non-default
+    ``compression=`` differ from what the committed snapshot has: they do not change the
+    examples, so they are not in its fingerprint and the snapshot is read as it is."""
+    conflicts = []
+    if options.name is not None and options.name != manifest.name:
+        conflicts.append(f"name={options.name!r} (the snapshot's name is {manifest.name!r})")
+    asked = options.write.compression
+    if asked != WriteOptions().compression and asked != manifest.compression:
+        conflicts.append(f"compression={asked!r} (the snapshot was written with "
+                         f"{manifest.compression!r})")
+    key = (storage.url, tuple(conflicts))
+    if not conflicts or key in _conflicts_warned:
+        return
+    _conflicts_warned.add(key)
+    root, _, folder = storage.url.rpartition("/")
+    warnings.warn(
+        f"snapshot {folder[:12]} in {root} already exists; {' and '.join(conflicts)} has no "
+        "effect: options that do not change the examples are not part of the fingerprint, "
+        f"so it is read as it is. Purge it (`snapcache purge {root} {folder[:12]}`) to "
+        "rewrite it with these options, or drop them", OptionConflictWarning, stacklevel=2)
 
 
 def _write_then_read(written: Iterator[Any], storage: Storage, options, run_id: str,
@@ -275,6 +335,9 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
            committed_by_another: Callable[[int], Iterator[Any] | None],
            progress: EpochProgress | None = None) -> Iterator[Any]:
     done = 0
+    keep = False  # an interruption keeps the examples written so far
+    terminate = interrupt.sigterm_exits()
+    terminate.__enter__()
     try:
         if resumed is not None:  # the examples of finished shards: read back, not recomputed
             for item in resumed.examples():
@@ -298,13 +361,20 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
             log.warning("%s; the snapshot was committed by the other writer: this epoch goes "
                         "on reading it", lost)
             yield from rest
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        keep = True
+        raise
     finally:
-        writer.abort()  # no-op after a commit; otherwise keeps finished shards for a resume
+        # No-op after a commit; otherwise finished shards stay for a resume, and on an
+        # interruption the shard in progress too.
+        writer.abort(keep=keep)
         close = getattr(source, "close", None)
         if close is not None:
             close()
         if lease is not None:
             lease.release()
+        writer.storage.remove_if_empty()  # a failed epoch that wrote nothing leaves nothing
+        terminate.__exit__(None, None, None)
 
 
 def _partial_manifest(resume: StreamRecord, fingerprint: str) -> Manifest:

@@ -1,4 +1,8 @@
-"""What a snapshot root holds: the committed snapshots and the folders that are not (yet)."""
+"""What a snapshot root holds: the committed snapshots and the folders that are not (yet).
+
+One set of state words, used by the handle (``Snapshot.state``), ``snapcache ls`` and
+``explain``: :data:`STATES`.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,13 @@ from snapcache.store import layout
 from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
+from snapcache.store.protocol import live_leases
 from snapcache.store.reader import load_manifest
+
+STATES = ("committed", "writing", "abandoned", "absent", "corrupt")
+"""``committed``: a manifest, readable; ``writing``: no manifest, a live write lease;
+``abandoned``: no manifest, no live writer (the next run resumes it); ``absent``: nothing
+there; ``corrupt``: a manifest that cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -20,6 +30,7 @@ class Entry:
     url: str
     manifest: Manifest | None   # None: not committed (being written, or abandoned)
     problem: str = ""           # why the manifest could not be read, if it could not
+    writing: bool = False       # not committed and a writer holds a live lease
     versions: tuple[int, ...] = ()
     """A delta snapshot's committed versions (``manifest`` is the newest)."""
     referenced: frozenset[str] | None = None
@@ -27,9 +38,12 @@ class Entry:
 
     @property
     def state(self) -> str:
+        """One of :data:`STATES` (never "absent": the folder exists)."""
         if self.problem:
             return "corrupt"
-        return "committed" if self.manifest is not None else "incomplete"
+        if self.manifest is not None:
+            return "committed"
+        return "writing" if self.writing else "abandoned"
 
 
 def read_entry(folder: Storage, fingerprint: str) -> Entry:
@@ -41,9 +55,11 @@ def read_entry(folder: Storage, fingerprint: str) -> Entry:
             return Entry(fingerprint, folder.url, versions.newest(folder, names),
                          versions=numbers,
                          referenced=frozenset(versions.referenced(folder, names)))
-        return Entry(fingerprint, folder.url, load_manifest(folder))
+        manifest = load_manifest(folder)
     except CorruptSnapshotError as e:
         return Entry(fingerprint, folder.url, None, problem=str(e))
+    return Entry(fingerprint, folder.url, manifest, writing=manifest is None and any(
+        lease.kind == "write" for lease in live_leases(folder)))
 
 
 def scan(root: Storage) -> list[Entry]:

@@ -182,9 +182,9 @@ class Encoder:
             elif spec.kind == "scalar":
                 arrays.append(_scalar_array(dtype, values))
             elif spec.kind == "str":
-                arrays.append(pa.array(values, type=pa.large_string()))
+                arrays.append(_bytes_array(pa.large_string(), [v.encode() for v in values]))
             else:
-                arrays.append(pa.array(values, type=pa.large_binary()))
+                arrays.append(_bytes_array(pa.large_binary(), [bytes(v) for v in values]))
         batch = pa.RecordBatch.from_arrays(arrays, schema=self._arrow_schema)
         self._reset()
         return batch
@@ -202,9 +202,19 @@ class Encoder:
         return Schema(self._schema.structure, fields)
 
 
+# Arrays are built from buffers, never with pa.array: its first call imports pandas (about a
+# second, on every writing epoch's first batch).
 def _primitive(dtype: np.dtype, data: np.ndarray) -> pa.Array:
     """Wrap a 1-d native numpy array as an Arrow array of the same storage, without copying."""
+    data = np.ascontiguousarray(data)
     return pa.Array.from_buffers(pa.from_numpy_dtype(dtype), len(data), [None, pa.py_buffer(data)])
+
+
+def _bytes_array(type: pa.DataType, values: list[bytes]) -> pa.Array:
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    return pa.Array.from_buffers(type, len(values), [None, pa.py_buffer(offsets),
+                                                     pa.py_buffer(b"".join(values))])
 
 
 def _tensor_arrays(
@@ -219,20 +229,23 @@ def _tensor_arrays(
     np.cumsum([v.size for v in values], out=offsets[1:])
     if factor != 1:
         offsets *= factor
-    lists = pa.LargeListArray.from_arrays(pa.array(offsets), _primitive(storage, flat))
+    lists = pa.LargeListArray.from_arrays(_primitive(offsets.dtype, offsets),
+                                          _primitive(storage, flat))
     if spec.ndim < 2:
         return [lists]
     dims = np.array(shapes, dtype=np.int64).reshape(len(values), spec.ndim)
     if dims.size and dims.max() > _INT32_MAX:
         raise UnsupportedValueError(f"field {spec.name!r}: an array dimension exceeds 2**31 - 1")
-    shape_values = pa.array(dims.astype(np.int32).reshape(-1))
+    shape_values = dims.astype(np.int32).reshape(-1)
+    shape_values = _primitive(shape_values.dtype, shape_values)
     return [lists, pa.FixedSizeListArray.from_arrays(shape_values, spec.ndim)]
 
 
 def _scalar_array(dtype: np.dtype, values: list[Any]) -> pa.Array:
     data = np.array(values, dtype=dtype) if values else np.empty(0, dtype)
     if dtype.kind == "b":
-        return pa.array(data)
+        bits = np.packbits(data.astype(bool), bitorder="little")
+        return pa.Array.from_buffers(pa.bool_(), len(data), [None, pa.py_buffer(bits)])
     storage, factor = storage_dtype(dtype)
     data = data.view(storage)
     if factor == 1:

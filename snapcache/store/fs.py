@@ -125,6 +125,15 @@ class Storage:
     def exists(self, rel: str = "") -> bool:
         return self.fs.exists(self._fresh(self.full(rel)))
 
+    def bucket_exists(self) -> bool:
+        """Whether the bucket holding this root exists (an object store's first path
+        component; for local storage, whether the root itself exists). A prefix with no
+        objects under it does not "exist" on an object store, yet is a valid empty root."""
+        if self.local:
+            return self.exists()
+        bucket = self.root.strip("/").split("/")[0]
+        return not bucket or self.fs.exists(self._fresh(bucket))
+
     def size(self, rel: str) -> int:
         return int(self.fs.size(self._fresh(self.full(rel))))
 
@@ -266,8 +275,21 @@ class Storage:
 
     def open_output(self, rel: str) -> IO[bytes]:
         if self.local:
-            os.makedirs(os.path.dirname(self.full(rel)), exist_ok=True)
+            return _create(self.full(rel))
         return self.fs.open(self.full(rel), "wb")
+
+    def remove_if_empty(self) -> bool:
+        """Remove this folder if nothing is in it (local disk; object stores have no empty
+        folders); True if it is gone. A folder another process has just written into stays."""
+        if not self.local:
+            return not self.listdir()
+        try:
+            os.rmdir(self.root)
+        except FileNotFoundError:
+            return True
+        except OSError:  # not empty (someone is using it) or not ours to remove
+            return False
+        return True
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         """Write ``data`` so that readers see either nothing or all of it.
@@ -282,7 +304,7 @@ class Storage:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = layout.tmp_name(target)
         try:
-            with open(tmp, "wb") as f:
+            with _create(tmp) as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
@@ -307,7 +329,7 @@ class Storage:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             tmp = layout.tmp_name(target)
             try:
-                with open(tmp, "wb") as f:   # a full disk fails here: nothing may stay
+                with _create(tmp) as f:   # a full disk fails here: nothing may stay
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
@@ -421,6 +443,19 @@ class Storage:
             self.fs.rm(self.full(rel), recursive=recursive)
         except FileNotFoundError:
             pass
+
+
+def _create(path: str) -> IO[bytes]:
+    """A new local file, its folder made first; made again if an empty-folder cleanup
+    (:meth:`Storage.remove_if_empty` in another process) removed it in between."""
+    for attempt in range(3):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            return open(path, "wb")
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _silent_remove(path: str) -> None:

@@ -31,6 +31,7 @@ class WriteOptions:
     """How the writer lays out a snapshot (:class:`snapcache.store.writer.SnapshotWriter`)."""
 
     compression: str = "zstd"
+    """"zstd", "lz4", or "none" (None means "none" too)."""
     compression_level: int | None = None
     shard_size: int = 64 * _MiB
     """Target size of one shard file in bytes (a shard closes once it reaches this)."""
@@ -40,6 +41,8 @@ class WriteOptions:
     (zero copy when uncompressed, one decompression when compressed)."""
 
     def __post_init__(self) -> None:
+        if self.compression is None:  # as every peer spells "no compression"
+            object.__setattr__(self, "compression", "none")
         if self.compression not in COMPRESSIONS:
             raise ValueError(
                 f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}; "

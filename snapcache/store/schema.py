@@ -76,6 +76,9 @@ def storage_dtype(dtype: np.dtype) -> tuple[np.dtype, int]:
     return dtype.newbyteorder("="), 1
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
 def classify(value: Any, where: str) -> tuple[str, str, int, bool]:
     """Return ``(kind, dtype, ndim, python)`` of one value, or raise UnsupportedValueError.
 
@@ -83,13 +86,21 @@ def classify(value: Any, where: str) -> tuple[str, str, int, bool]:
     """
     cls = type(value)
     if cls is np.ndarray:
+        name = _DTYPE_NAMES.get(value.dtype)  # dtype.name is slow: this runs per example
+        if name is not None:
+            return "tensor", name, value.ndim, False
         if _supported_dtype(value.dtype):
+            _DTYPE_NAMES[value.dtype] = value.dtype.name
             return "tensor", value.dtype.name, value.ndim, False
         raise UnsupportedValueError(
             f"{where}: numpy array of dtype {value.dtype} is not supported; {_SUPPORTED}"
         )
     if isinstance(value, np.generic):
+        name = _DTYPE_NAMES.get(value.dtype)
+        if name is not None:
+            return "scalar", name, 0, False
         if _supported_dtype(value.dtype):
+            _DTYPE_NAMES[value.dtype] = value.dtype.name
             return "scalar", value.dtype.name, 0, False
         raise UnsupportedValueError(
             f"{where}: numpy scalar of type {cls.__name__} is not supported; {_SUPPORTED}"

@@ -330,16 +330,43 @@ class SnapshotWriter:
         self.storage.makedirs()
         return self._record(self._schema_json())
 
-    def abort(self) -> None:
+    def abort(self, keep: bool = False) -> None:
         """Stop writing; delete the shard in progress. Finished shards stay, recorded in this
-        run's progress file, so a later run can reuse them. Safe to call twice."""
+        run's progress file, so a later run can reuse them. Safe to call twice.
+
+        ``keep=True`` (an interruption: Ctrl-C, SIGTERM, a consumer that stops early) keeps
+        every example written so far: the buffered rows and the shard in progress are finished
+        and recorded, so the next run resumes after them. Not when the writer failed or its
+        lease was taken over: then the shard in progress is deleted as without ``keep``."""
         if self._state != "open":
             return
+        if keep and self._error is None and self._encoder is not None:
+            try:
+                self._keep()
+                return
+            except BaseException as e:  # a failure, a lost lease or a second Ctrl-C: discard
+                log.info("snapshot %s: the shard in progress is discarded (%s)",
+                         self.storage.url, e)
         self._state = "aborted"
         self._stop_thread(discard=True)
         for name in self._tmp:
             self.storage.remove(name)
             self.storage.remove(layout.tmp_name(name))
+
+    def _keep(self) -> None:
+        """Finish the shard in progress with the buffered rows (recorded in the progress
+        record by the background thread), then stop."""
+        assert self._encoder is not None
+        if self._lease is not None:
+            self._lease.check()  # fenced: a writer that lost its stream records nothing
+        if self._encoder.num_rows:
+            self._send_batch()
+        self._state = "aborted"
+        self._stop_thread()
+        if self._error is not None:
+            raise self._error
+        log.info("snapshot %s stream %d interrupted: %d examples of this run kept for the next "
+                 "run to resume from", self.storage.url, self._stream, self._count)
 
     def _record(self, schema: dict | None) -> StreamRecord:
         return StreamRecord(self._stream, self._streams, self._run_id, tuple(self._shards),

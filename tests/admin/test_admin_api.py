@@ -53,20 +53,20 @@ def test_missing_root_and_default_root(tmp_path, monkeypatch):
 
 def test_info_by_prefix_name_and_errors(root, three):
     fid = three["mid"]
-    assert admin.info(fid[:6], root).name == "mid"
-    assert admin.info(fid, root).manifest.fingerprint == fid
-    assert admin.info("mid", root).id == fid
+    assert admin.info(root, fid[:6]).name == "mid"
+    assert admin.info(root, fid).manifest.fingerprint == fid
+    assert admin.info(root, "mid").id == fid
     abandoned_write(root, "ab" + "0" * 30)
     abandoned_write(root, "ab" + "1" * 30)
     with pytest.raises(ValueError, match=r"'ab' is ambiguous .* matches 2 snapshots"):
-        admin.info("ab", root)
+        admin.info(root, "ab")
     with pytest.raises(ValueError, match="no snapshot 'zzz'"):
-        admin.info("zzz", root)
+        admin.info(root, "zzz")
 
 
 def test_verify_finds_a_flipped_byte(root, three):
     assert admin.verify(root=root).ok
-    snap = admin.info("old", root)
+    snap = admin.info(root, "old")
     shard = snap.manifest.shards[-1].path
     path = os.path.join(root, snap.id, shard)
     data = bytearray(open(path, "rb").read())
@@ -78,7 +78,7 @@ def test_verify_finds_a_flipped_byte(root, three):
     assert shard in report.failed[0].problems[0] and "checksum" in report.failed[0].problems[0]
     assert seen == sorted(seen) and seen[-1] == sum(
         c.snapshot.manifest.total_bytes for c in report.checks)
-    assert admin.verify(["new"], root).ok
+    assert admin.verify(root, ["new"]).ok
 
 
 def test_purge_needs_a_selection(root, three):
@@ -158,7 +158,7 @@ def test_purge_puts_the_manifest_back_if_a_reader_arrives(root, three, monkeypat
     monkeypatch.setattr(purge_module, "live_leases", leases)
     report = sc.purge(root, ids=["old"])
     assert not report.deleted and "just now" in report.kept[0].reason
-    assert admin.info("old", root).state == "committed"
+    assert admin.info(root, "old").state == "committed"
 
 
 def test_purge_tidies_leftovers_of_committed_snapshots(root, three):
@@ -170,4 +170,4 @@ def test_purge_tidies_leftovers_of_committed_snapshots(root, three):
     assert sorted(report.tidied) == [f"{three['new']}/0badc0de-0000-000000.arrow",
                                      f"{three['new']}/progress-0001-0000-0badc0de.json"]
     assert report.tidied_bytes == 102 and folder.exists(mine)
-    assert admin.verify(["new"], root).ok
+    assert admin.verify(root, ["new"]).ok

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from snapcache.fingerprint import FingerprintNode, diff_trees, hash_function, hash_value
 from snapcache.fingerprint.explain import closeness
 from snapcache.fingerprint.sources import hash_range_source
-from snapcache.fingerprint.tree import combine, leaf, pipeline_root, version_node
+from snapcache.fingerprint.tree import (FINGERPRINT_VERSION, combine, leaf, pipeline_root,
+                                        version_node)
 
 
 def user_functions(size=224, helper_factor=2, op="+"):
@@ -133,8 +134,9 @@ def test_sources_wrapped_in_a_source_op_like_the_pipeline_does(tmp_path):
 def test_fingerprint_version_changed():
     ops = [hash_range_source(0, 3, 1)]
     old = pipeline_root(ops)
-    new = combine("pipeline", [version_node(2), *ops], kind="pipeline")
-    assert diff_trees(old, new) == ["fingerprint version changed (1 -> 2)"]
+    new = combine("pipeline", [version_node(FINGERPRINT_VERSION + 1), *ops], kind="pipeline")
+    assert diff_trees(old, new) == [
+        f"fingerprint version changed ({FINGERPRINT_VERSION} -> {FINGERPRINT_VERSION + 1})"]
 
 
 def test_function_renamed_in_an_op():

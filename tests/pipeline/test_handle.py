@@ -52,6 +52,9 @@ def test_lookup_errors_name_the_candidates(tmp_path):
         sc.open_snapshot(str(tmp_path / "nowhere"))
     with pytest.raises(sc.SnapshotNotFoundError, match="no snapshot in"):
         sc.open_snapshot(root)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(sc.SnapshotNotFoundError, match="is a file"):
+        sc.open_snapshot(str(tmp_path / "a-file"))
     a = build(root, n=10, name="a").open_snapshot()
     b = build(root, n=20).open_snapshot()
     with pytest.raises(sc.SnapshotNotFoundError, match="holds 2 snapshots") as e:

@@ -99,3 +99,30 @@ def test_dataloader_workers_show_one_report_for_the_epoch(tmp_path):
     # with the epoch's total, not each worker's half.
     assert starts == ["snapcache: writing snapshot workers (2 streams): 200 examples expected"]
     assert len(ends) == 1 and "200/200 examples" in ends[0], lines
+
+
+def test_streams_elsewhere_are_counted_from_the_snapshot_folders_progress_records():
+    """Rank 1 on another machine publishes no tick file here: stream 0 adds the rows its
+    progress records show (what remote() reads from the snapshot folder)."""
+    from snapcache.runtime.progress import EpochProgress
+
+    updates = []
+    mine = EpochProgress("remote", 200, stream=0, streams=2, key=f"test-{os.getpid()}-remote",
+                         callback=updates.append, remote=lambda: {1: 64})
+    assert sum(1 for _ in mine.wrap(iter(range(100)))) == 100
+    assert updates[0].examples == 1 + 64   # the first example reports at once
+    mine.finish()
+    assert updates[-1].done and updates[-1].examples == 164 and updates[-1].total == 200
+
+
+def test_local_streams_are_summed_from_their_tick_files():
+    from snapcache.runtime.progress import EpochProgress
+
+    key = f"test-{os.getpid()}-local"
+    other = EpochProgress("local", 100, stream=1, streams=2, key=key)
+    assert sum(1 for _ in other.wrap(iter(range(40)))) == 40   # publishes its final count
+    updates = []
+    owner = EpochProgress("local", 100, stream=0, streams=2, key=key, callback=updates.append)
+    assert sum(1 for _ in owner.wrap(iter(range(60)))) == 60
+    owner.finish()
+    assert updates[-1].done and updates[-1].examples == 100 and updates[-1].streams == 2

@@ -1,0 +1,53 @@
+"""Interruptions of a writing epoch: Ctrl-C and SIGTERM keep the examples computed so far.
+
+Ctrl-C raises KeyboardInterrupt in the main thread; SIGTERM (what a scheduler or ``kill``
+sends) would end the process at once, without any cleanup, so while a writing epoch is open in
+the main thread, and nobody else has set a SIGTERM handler, SIGTERM raises
+``SystemExit(143)`` instead. Either way the exception unwinds the program; the writing
+iterator is closed (by the consumer's ``with``/``finally``, or at interpreter exit by
+:mod:`snapcache.lifecycle`) and its writer finishes the shard in progress and records it, so
+the next run resumes after the examples already computed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+_lock = threading.Lock()
+_depth = 0
+_installed = False
+
+EXIT_STATUS = 128 + int(signal.SIGTERM)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(EXIT_STATUS)
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """While open (nested: the outermost decides), SIGTERM raises SystemExit in the main
+    thread, if SIGTERM had its default action and this is the main thread."""
+    global _depth, _installed
+    with _lock:
+        _depth += 1
+        if _depth == 1 and threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            try:
+                signal.signal(signal.SIGTERM, _exit_on_sigterm)
+                _installed = True
+            except ValueError:  # not the main interpreter
+                pass
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _installed and \
+                    threading.current_thread() is threading.main_thread() and \
+                    signal.getsignal(signal.SIGTERM) is _exit_on_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _installed = False

@@ -1,0 +1,71 @@
+"""snapshot(..., on_corrupt="raise" | "rebuild"): a corrupt shard met in training either fails
+the epoch (the default) or is rebuilt while the epoch carries on, each example once."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import snapcache as sc
+from snapcache.errors import CorruptSnapshotError
+from snapcache.pipeline.rebuild import CorruptSnapshotWarning
+
+N = 300
+
+
+def make(i):
+    return {"i": i, "x": np.random.default_rng(i).integers(0, 255, 64, dtype=np.uint8)}
+
+
+def pipeline(root, on_corrupt="raise"):
+    return sc.Dataset.range(N).map(make).snapshot(root, shard_size=4096, progress=False,
+                                                  on_corrupt=on_corrupt)
+
+
+def corrupt_a_shard(root, which=2):
+    snap = pipeline(root).open_snapshot()
+    shard = snap.manifest.shards[which]
+    path = os.path.join(root, snap.id, shard.path)
+    with open(path, "r+b") as f:
+        f.seek(shard.bytes // 2)
+        byte = f.read(1)
+        f.seek(shard.bytes // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return snap.id, sum(s.rows for s in snap.manifest.shards[:which])
+
+
+def test_the_default_raises(root):
+    assert [e["i"] for e in pipeline(root)] == list(range(N))
+    corrupt_a_shard(root)
+    with pytest.raises(CorruptSnapshotError, match="checksum"):
+        list(pipeline(root))
+
+
+def test_rebuild_carries_on_with_each_example_once(root):
+    assert [e["i"] for e in pipeline(root)] == list(range(N))
+    fid, before = corrupt_a_shard(root)
+    assert before > 0
+    with pytest.warns(CorruptSnapshotWarning, match="rebuilt now") as caught:
+        seen = [int(e["i"]) for e in pipeline(root, "rebuild")]
+    assert seen == list(range(N))
+    assert f"after its {before:,} examples already yielded" in str(caught[0].message)
+    report = sc.verify(root, [fid])
+    assert report.ok and sc.open_snapshot(root, fid).state == "committed"
+    assert [int(e["i"]) for e in pipeline(root, "rebuild")] == list(range(N))
+
+
+def test_rebuild_in_a_seeded_shuffled_batched_epoch(root):
+    shaped = lambda on_corrupt: pipeline(root, on_corrupt).shuffle(50, seed=3).batch(32)
+    reference = [b["i"].tolist() for b in shaped("raise").iterate(epoch=1)]
+    corrupt_a_shard(root, which=4)
+    with pytest.warns(CorruptSnapshotWarning):
+        again = [b["i"].tolist() for b in shaped("rebuild").iterate(epoch=1)]
+    assert again == reference
+    assert sorted(i for b in again for i in b) == list(range(N))
+
+
+def test_on_corrupt_is_validated():
+    with pytest.raises(ValueError, match="on_corrupt must be"):
+        sc.Dataset.range(3).snapshot("/tmp/x", on_corrupt="ignore")
