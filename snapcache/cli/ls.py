@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     if tmp:
         out.print(f"{common.plural(tmp, 'temporary file')} (being written, or left by a killed "
                   "writer): `snapcache purge --incomplete` removes the stale ones")
+    for snap in snaps:
+        if snap.link_target is not None:
+            out.print(f"{snap.short_id} is a symbolic link to {snap.link_target}: its bytes are "
+                      "outside the root (purge removes only the link)", markup=False)
     corrupt = [s for s in snaps if s.state == "corrupt"]
     for snap in corrupt:
         out.print(Text.assemble(("corrupt", "bold red"), f" {snap.short_id}: {snap.problem}"))

@@ -35,6 +35,9 @@ def test_purge_of_a_symlinked_snapshot_removes_only_the_link(tmp_path, root):
     assert linked.link_target == os.path.realpath(target) and linked.size_bytes == 0
     assert linked.state == "committed" and linked.to_json()["link_target"] == linked.link_target
 
+    out = run_cli("ls", "--root", root)
+    assert f"{fp[:12]} is a symbolic link to {os.path.realpath(target)}" in out.stdout
+
     report = sc.purge(root, ids=[fp[:10]])
     [item] = report.deleted
     assert item.snapshot.id == fp and os.path.realpath(target) in item.reason
