@@ -28,7 +28,7 @@ from typing import Any
 from snapcache.errors import FingerprintMismatchError, StoreError
 from snapcache.pipeline import ops, queries
 from snapcache.pipeline.dataset import Dataset
-from snapcache.pipeline.handle import Snapshot, open_snapshot
+from snapcache.pipeline.handle import Snapshot, StreamWrite, open_snapshot
 from snapcache.store.protocol import HOST
 
 log = logging.getLogger("snapcache")
@@ -47,16 +47,10 @@ def _ray():
 
 # -- building ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class StreamOutcome:
-    """What one task did for its stream: ``"written"`` (computed, possibly resuming an earlier
-    attempt's ``resumed_rows``), ``"complete"`` (an earlier run had finished it), or
-    ``"committed"`` (the snapshot was already committed)."""
+class StreamOutcome(StreamWrite):
+    """What one task did for its stream (:class:`snapcache.Snapshot.write_stream`'s
+    :class:`StreamWrite`) and where it ran."""
 
-    stream: int
-    status: str
-    examples: int = 0
-    resumed_rows: int = 0
-    seconds: float = 0.0
     host: str = ""
     pid: int = 0
 
@@ -116,9 +110,7 @@ def _run_stream(snap: ops.SnapshotOp, index: int, count: int, expected: str) -> 
             f"{expected} on the driver; install the same package versions on every node, and "
             "read sources from shared storage (s3://...) rather than local files")
     done = handle.write_stream(index, count)
-    return StreamOutcome(index, done.status, examples=done.examples,
-                         resumed_rows=done.resumed_rows, seconds=done.seconds, host=HOST,
-                         pid=os.getpid())
+    return StreamOutcome(**dataclasses.asdict(done), host=HOST, pid=os.getpid())
 
 
 def _task_options(resources: dict | None, max_retries: int, ray_remote_args: dict | None
