@@ -283,8 +283,10 @@ class Snapshot:
         return self.num_examples
 
     def __getitem__(self, index: int) -> Any:
-        """Example ``index`` (negative counts from the end): decodes that example alone (the
-        first example of a shard loads and verifies the shard)."""
+        """Example ``index`` (negative counts from the end). The first example of a record
+        batch reads that record batch alone and checks it against its checksum in the
+        manifest (snapshots written before batch checksums were recorded load and verify the whole shard);
+        the batch is then kept decoded, within the read budget."""
         return self._row_access()[index]
 
     def take(self, indices: Sequence[int]) -> list:
@@ -319,11 +321,11 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
     if id is None:
         leaf = storage.url.rstrip("/").rsplit("/", 1)[-1]
         if layout.is_fingerprint(leaf):
-            return Snapshot(storage, read=read)
+            return _ready(Snapshot(storage, read=read))
     folders = _folders(storage)
     if id is None:
         if len(folders) == 1:
-            return Snapshot(storage.child(folders[0]), read=read)
+            return _ready(Snapshot(storage.child(folders[0]), read=read))
         if not folders:
             raise SnapshotNotFoundError(
                 f"no snapshot in {storage.url}: neither a snapshot folder nor a root holding "
@@ -331,7 +333,16 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
         raise SnapshotNotFoundError(
             f"{storage.url} holds {len(folders)} snapshots ({_shown(storage, folders)}); "
             "pass the id (a prefix of it, as `snapcache ls` shows) or the name")
-    return Snapshot(storage.child(_find(storage, folders, id)), read=read)
+    return _ready(Snapshot(storage.child(_find(storage, folders, id)), read=read))
+
+
+def _ready(snap: Snapshot) -> Snapshot:
+    """``snap`` with its manifest read and its rows indexed if it is committed (what the
+    peers do when a dataset is opened), so that a first ``snap[i]`` reads only its record
+    batch."""
+    if snap.state == "committed":
+        snap._row_access()
+    return snap
 
 
 def _folders(storage: Storage) -> list[str]:

@@ -187,6 +187,14 @@ class Storage:
             return self.fs.cat_file(path, max_concurrency=1)
         return b"".join(parts)
 
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the file ``rel`` (one ranged GET on object stores);
+        fewer when the file is shorter."""
+        if self.local:
+            with open(self.full(rel), "rb") as f:
+                return os.pread(f.fileno(), end - start, start)
+        return self.fs.cat_file(self.full(rel), start=start, end=end)
+
     def version(self, rel: str) -> tuple | None:
         """What changes whenever the file ``rel`` is replaced, or None if it is missing:
         (inode, size, mtime) on local disk, (ETag, size) on object stores (one HEAD)."""

@@ -239,11 +239,12 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
 
 class RowAccess:
-    """Random access to the rows of a committed snapshot. The first row of a shard loads and
-    verifies that shard, which is then kept open (least recently used first out, within half
-    of ``budget`` bytes); the first row of a record batch decodes that batch once (zero-copy
-    views where it can be) and keeps it, within the other half; any row of a kept batch is
-    then an index into it.
+    """Random access to the rows of a committed snapshot. The first row of a record batch
+    reads that record batch alone and checks it against its checksum in the manifest (or, in
+    snapshots written before those were recorded, loads and verifies its whole shard, then
+    kept open, least recently used first out, within half of ``budget`` bytes), decodes it
+    once (zero-copy views where it can be) and keeps it, within the other half; any row of a
+    kept batch is then an index into it.
 
     Example::
 
@@ -259,6 +260,10 @@ class RowAccess:
         _, budget = read_budget(1, self._budget or self.reader.prefetch_bytes)
         self.layout = layout_of(self.reader.manifest)
         self._decoder = BlockDecoder(self.reader, self.layout, "rows", shard_budget=budget // 2)
+        # Record batches read one by one need the schema to decode them outside their file.
+        arrow = self.reader.schema.arrow_schema() if self.reader.schema is not None else None
+        self._alone = arrow is not None and not any(
+            pa.types.is_dictionary(f.type) for f in arrow)
         self._batch_budget = budget // 2
         # (shard, record batch) -> (row getter, bytes), least recently used first
         self._batches: collections.OrderedDict[tuple[int, int], tuple[Any, int]] = \
@@ -288,8 +293,15 @@ class RowAccess:
         return j
 
     def _locate(self, row: int) -> tuple[tuple[int, int], Any, int]:
-        block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
-        return self._decoder.locate(block, row - int(self.layout.start[block]))
+        layout = self.layout
+        block = int(np.searchsorted(layout.start, row, side="right") - 1)
+        index, j = int(layout.shard[block]), int(layout.batch[block])
+        shard = self.reader.manifest.shards[index]
+        if j >= 0 and self._alone and shard.batch_index:
+            # The manifest has this record batch's checksum: read and verify it alone.
+            return ((index, j), lambda: self.reader.read_batch(shard, j),
+                    row - int(layout.start[block]))
+        return self._decoder.locate(block, row - int(layout.start[block]))
 
     def _getter(self, key: tuple[int, int], load: Any) -> Any:
         """The row getter of record batch ``key`` (shard, batch), decoded on a miss."""

@@ -81,17 +81,29 @@ class ShardFile:
     def get_batch(self, index: int) -> pa.RecordBatch:
         try:
             batch = self._file.get_batch(index)
-            if self._validator is not None:
-                self._validator(batch)
-            else:  # no schema to check against (an empty snapshot): Arrow's own full check
-                batch.validate(full=True)
-        except CorruptSnapshotError as e:
-            raise CorruptSnapshotError(f"{self._where} is corrupt: record batch {index}: {e}. "
-                                       f"{self._way_out}") from None
         except _DAMAGE as e:
             raise CorruptSnapshotError(
                 f"{self._where} is corrupt: record batch {index} is damaged "
                 f"({type(e).__name__}: {e}). {self._way_out}") from None
+        return self.checked(batch, index, self._validator, self._where, self._way_out)
+
+    @staticmethod
+    def checked(batch: pa.RecordBatch, index: int, validator: BatchValidator | None,
+                where: str, way_out: str) -> pa.RecordBatch:
+        """Record batch ``index`` of the shard ``where`` once validated against the snapshot's
+        schema (see :mod:`snapcache.store.validate`); CorruptSnapshotError if not."""
+        try:
+            if validator is not None:
+                validator(batch)
+            else:  # no schema to check against (an empty snapshot): Arrow's own full check
+                batch.validate(full=True)
+        except CorruptSnapshotError as e:
+            raise CorruptSnapshotError(f"{where} is corrupt: record batch {index}: {e}. "
+                                       f"{way_out}") from None
+        except _DAMAGE as e:
+            raise CorruptSnapshotError(
+                f"{where} is corrupt: record batch {index} is damaged "
+                f"({type(e).__name__}: {e}). {way_out}") from None
         return batch
 
 _CHUNK = 16 << 20  # a multiple of every page size
@@ -245,6 +257,62 @@ class SnapshotReader:
             raise CorruptSnapshotError(f"{where} does not have the manifest's schema. "
                                        f"{way_out(self.storage)}")
         return ShardFile(reader, self._validator, where, way_out(self.storage))
+
+    def read_batch(self, shard: ShardInfo, index: int) -> pa.RecordBatch:
+        """Record batch ``index`` of ``shard`` alone, for random access: only its bytes are
+        read (a ranged GET on object stores, pages of a memory map locally) and checked
+        against the manifest's checksum of that batch, then validated and its rows counted,
+        as a whole shard is before any of its rows is used. Needs the shard's batch index
+        (:attr:`ShardInfo.batch_index`) and a schema."""
+        shard_where = f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
+        where = f"{shard_where} record batch {index}"
+        if not shard.batch_index or self._arrow_schema is None:
+            raise ValueError(f"{where}: the manifest has no checksum of this record batch; "
+                             "read the shard whole (open_shard)")
+        start, end = shard.batch_offsets[index], shard.batch_offsets[index + 1]
+        data, cached = self._batch_bytes(shard, start, end, where)
+        if self.verify:
+            actual = xxhash.xxh3_64(memoryview(data)).hexdigest()
+            if actual != shard.batch_checksums[index] and cached:
+                self.cache.discard(self._cache_key(shard))  # the local copy may be what is bad
+                data, _ = self._batch_bytes(shard, start, end, where, use_cache=False)
+                actual = xxhash.xxh3_64(memoryview(data)).hexdigest()
+            if actual != shard.batch_checksums[index]:
+                raise CorruptSnapshotError(
+                    f"{where} is corrupt: checksum {actual} != {shard.batch_checksums[index]} "
+                    f"in the manifest. {way_out(self.storage)}")
+        try:
+            message = pa.ipc.read_message(pa.py_buffer(data))
+            if message.type != "record batch":
+                raise ValueError(f"an IPC {message.type} message where a record batch belongs")
+            batch = pa.ipc.read_record_batch(message, self._arrow_schema)
+        except _DAMAGE as e:
+            raise CorruptSnapshotError(f"{where} is damaged ({type(e).__name__}: {e}). "
+                                       f"{way_out(self.storage)}") from None
+        if batch.num_rows != shard.batch_rows[index]:
+            raise CorruptSnapshotError(
+                f"{where} has {batch.num_rows} rows, the manifest says "
+                f"{shard.batch_rows[index]}. {way_out(self.storage)}")
+        return ShardFile.checked(batch, index, self._validator, shard_where,
+                                 way_out(self.storage))
+
+    def _batch_bytes(self, shard: ShardInfo, start: int, end: int, where: str, *,
+                     use_cache: bool = True) -> tuple[Any, bool]:
+        """(bytes ``[start, end)`` of ``shard``, whether they came from the node-local cache)."""
+        try:
+            if use_cache and self.cache is not None and not self.storage.local:
+                copy = self.cache.peek(self._cache_key(shard), shard.bytes)
+                if copy is not None:
+                    return copy.slice(start, end - start), True
+            data = self.storage.read_range(shard.path, start, end)
+        except FileNotFoundError:
+            raise CorruptSnapshotError(f"{where}: the shard is missing "
+                                       f"({self.storage.url_of(shard.path)}). "
+                                       f"{way_out(self.storage)}") from None
+        if len(data) != end - start:
+            raise CorruptSnapshotError(f"{where}: the shard is shorter than the manifest says. "
+                                       f"{way_out(self.storage)}")
+        return data, False
 
     def _cache_key(self, shard: ShardInfo) -> str:
         return f"{self.manifest.fingerprint}/{shard.path}"

@@ -8,6 +8,7 @@ Nothing is visible as a snapshot until the manifest is committed (see
 
 from __future__ import annotations
 
+import io
 import logging
 import queue
 import threading
@@ -59,20 +60,47 @@ def _payload_bytes(example: Any) -> int:
 
 
 class _HashingSink:
-    """A write-only file wrapper that checksums and counts what passes through it."""
+    """A write-only file wrapper that checksums and counts what passes through it: as a whole
+    (:attr:`hash`), and, past the Arrow IPC file's header (its magic and schema message), piece
+    by piece (:meth:`piece`, one record batch each)."""
 
     def __init__(self, raw: Any):
         self._raw = raw
         self.hash = xxhash.xxh3_64()
+        self._piece = xxhash.xxh3_64()
         self.size = 0
+        self.header_end: int | None = None
+        self._head = bytearray()
         self.closed = False
 
     def write(self, data: Any) -> int:
-        view = memoryview(data)
+        view = memoryview(data).cast("B")
         self.hash.update(view)
+        if self.header_end is None:
+            self._read_header(view)
+        skip = max(0, min(view.nbytes, (self.header_end or 1 << 62) - self.size))
+        if skip < view.nbytes:
+            self._piece.update(view[skip:])
         self._raw.write(view)
         self.size += view.nbytes
         return view.nbytes
+
+    def _read_header(self, view: memoryview) -> None:
+        """Learn where the file's header ends: 8 bytes of magic, then the schema message
+        (continuation marker, int32 length, that many bytes of metadata, no body)."""
+        self._head += view[:max(0, _HEADER_PREFIX - len(self._head))]
+        if len(self._head) < _HEADER_PREFIX:
+            return
+        if bytes(self._head[8:12]) != b"\xff\xff\xff\xff":
+            raise StoreError("pyarrow wrote an Arrow IPC file without the continuation "
+                             "marker; upgrade pyarrow (snapcache needs the 0.15+ IPC format)")
+        self.header_end = _HEADER_PREFIX + int.from_bytes(self._head[12:16], "little")
+
+    def piece(self) -> str:
+        """The xxh3_64 of what was written past the header since the last call."""
+        digest = self._piece.hexdigest()
+        self._piece.reset()
+        return digest
 
     def tell(self) -> int:
         return self.size
@@ -85,6 +113,8 @@ class _HashingSink:
             self.closed = True
             self._raw.close()
 
+
+_HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
 
 MIN_SAVINGS = 0.3
 """A shard is compressed only if compressing a sample of its first record batch saves at least
@@ -138,6 +168,29 @@ def _codec(name: str, options: WriteOptions) -> pa.Codec | None:
     return None if name == "none" else pa.Codec(name, options.compression_level)
 
 
+class _BatchIndexedWriter:
+    """An Arrow IPC file writer that notes where each record batch's message starts and ends
+    in the file and the xxh3 of its bytes (:attr:`ShardInfo.batch_offsets`,
+    :attr:`ShardInfo.batch_checksums`), from the bytes passing through ``sink``."""
+
+    def __init__(self, sink: _HashingSink, schema: pa.Schema, codec: pa.Codec | None):
+        self._sink = sink
+        self._writer = pa.ipc.new_file(pa.PythonFile(sink, mode="w"), schema,
+                                       options=pa.ipc.IpcWriteOptions(compression=codec))
+        self.offsets: list[int] = []
+        self.checksums: list[str] = []
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        self._writer.write_batch(batch)  # the first also writes the header
+        if not self.offsets:
+            self.offsets.append(self._sink.header_end)
+        self.offsets.append(self._sink.size)
+        self.checksums.append(self._sink.piece())
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class _ShardFile:
     """One shard being written: a temporary file that becomes final on :meth:`finish`.
 
@@ -157,9 +210,7 @@ class _ShardFile:
 
     def _open(self, schema: pa.Schema, compression: str) -> None:
         self.sink = _HashingSink(self.storage.open_output(self.tmp))
-        self.writer = pa.ipc.new_file(
-            pa.PythonFile(self.sink, mode="w"), schema,
-            options=pa.ipc.IpcWriteOptions(compression=_codec(compression, self.options)))
+        self.writer = _BatchIndexedWriter(self.sink, schema, _codec(compression, self.options))
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
         self.writer.write_batch(batch)
@@ -177,23 +228,26 @@ class _ShardFile:
         return ShardInfo(path=self.name, rows=self.rows, bytes=self.sink.size,
                          checksum=f"{CHECKSUM_ALGORITHM}:{self.sink.hash.hexdigest()}",
                          raw_bytes=self.raw_bytes, batch_rows=tuple(self.batch_rows),
-                         compression=self.compression)
+                         compression=self.compression,
+                         batch_offsets=tuple(self.writer.offsets),
+                         batch_checksums=tuple(self.writer.checksums))
 
     def _rewrite_raw(self) -> None:
         """The shard's later batches did not compress like its first: store it raw if that
         is smaller."""
         table = pa.ipc.open_file(pa.py_buffer(self.storage.read_bytes(self.tmp))).read_all()
-        raw = pa.BufferOutputStream()
-        with pa.ipc.new_file(raw, table.schema) as w:
-            for batch in table.to_batches():
-                w.write_batch(batch)
-        data = raw.getvalue()
-        if data.size >= self.sink.size:
+        buffer = io.BytesIO()
+        raw = _HashingSink(buffer)
+        writer = _BatchIndexedWriter(raw, table.schema, None)
+        for batch in table.to_batches():
+            writer.write_batch(batch)
+        writer.close()
+        if raw.size >= self.sink.size:
             return
         self.compression = "none"
-        self.sink = _HashingSink(self.storage.open_output(self.tmp))
-        self.sink.write(data)
-        self.sink.close()
+        self.sink, self.writer = raw, writer
+        with self.storage.open_output(self.tmp) as out:
+            out.write(buffer.getbuffer())
 
     def discard(self) -> None:
         try:
