@@ -44,6 +44,9 @@ from snapcache.options import ReadOptions
 START, END = "<!-- access-benchmarks:start -->", "<!-- access-benchmarks:end -->"
 SHARD = 4 << 20
 SMALL_BUDGET = 8 << 20   # bytes: far below the data, for the "does not fit" row
+SMALL_BATCHES = 64 << 10  # record_batch_size of the configuration tuned for random access
+TUNED = f"snapcache, record_batch_size={SMALL_BATCHES >> 10} KiB"
+OURS = ("snapcache", TUNED)  # the configurations the target is judged on, each
 NOTES: list[str] = []   # what the run had to do to make a peer work, printed and written
 
 
@@ -86,9 +89,11 @@ def missing(importer) -> str | None:
 
 
 # -- writing the same data three ways ------------------------------------------------------------
-def write_snapcache(root: str, n: int, storage_options=None) -> int:
+def write_snapcache(root: str, n: int, storage_options=None,
+                    record_batch_size: int = 16 << 20) -> int:
     ds = sc.Dataset.range(n).map(example).snapshot(root, shard_size=SHARD, progress=False,
-                                                   storage_options=storage_options)
+                                                   storage_options=storage_options,
+                                                   record_batch_size=record_batch_size)
     for _ in ds.batch(1024):
         pass
     return len(sc.open_snapshot(root, storage_options=storage_options).manifest.shards)
@@ -252,6 +257,12 @@ def local_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
     root = os.path.join(workdir, "snapcache")
     rows = [run_system("snapcache", "local disk", lambda: write_snapcache(root, n),
                        lambda: snapcache_open(root), n, workdir, cold_i, warm_i)]
+    # Record batches of 64 KiB (21 examples) instead of the default (a quarter of the 4 MiB
+    # shard): a first row of a record batch reads and verifies 64 KiB instead of 1 MiB.
+    tuned = os.path.join(workdir, "snapcache-small-batches")
+    rows.append(run_system(TUNED, "local disk",
+                           lambda: write_snapcache(tuned, n, record_batch_size=SMALL_BATCHES),
+                           lambda: snapcache_open(tuned), n, workdir, cold_i, warm_i))
     # The same with a read budget far below the data: decoded record batches (and open shards)
     # do not all stay, so a warm row is often a record batch decode again.
     small = ReadOptions(prefetch_bytes=SMALL_BUDGET)
@@ -300,6 +311,12 @@ def s3_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
         root = f"s3://{bucket}/snapcache"
         rows.append(run_system("snapcache", storage, lambda: write_snapcache(root, n),
                                lambda: snapcache_open(root), n, workdir, cold_i, warm_i, fresh))
+        tuned = f"s3://{bucket}/snapcache-small-batches"
+        rows.append(run_system(TUNED, storage,
+                               lambda: write_snapcache(tuned, n,
+                                                       record_batch_size=SMALL_BATCHES),
+                               lambda: snapcache_open(tuned), n, workdir, cold_i, warm_i,
+                               fresh))
 
         def upload(write, local: str) -> str:
             fs.put(local, f"{bucket}/{write.__name__}", recursive=True)
@@ -365,22 +382,23 @@ WHY = """What decides each column:
 def verdicts(rows: list[dict]) -> list[str]:
     out = []
     for storage in dict.fromkeys(r["storage"] for r in rows):
-        ours = next((r for r in rows if r["storage"] == storage and r["system"] == "snapcache"
-                     and "error" not in r), None)
         peers = [r for r in rows if r["storage"] == storage
                  and not r["system"].startswith("snapcache") and "error" not in r]
-        if ours is None or not peers:
-            out.append(f"- {storage}: not compared (snapcache or every peer failed).")
-            continue
-        for key, what in (("cold_median_ms", "cold"), ("warm_median_ms", "warm"),
-                          ("first_ms", "open + cold")):
-            best = min(peers, key=lambda r: r[key])
-            ratio = ours[key] / best[key]
-            met = all(ours[key] < r[key] for r in peers)
-            out.append(f"- {storage}, {what} median: snapcache {ours[key]:.3f} ms vs "
-                       f"{best['system']} {best[key]:.3f} ms (the faster peer) = "
-                       f"{ratio:.2f}x: target (faster than both) "
-                       f"{'**met**' if met else '**MISSED**'}.")
+        for name in OURS:
+            ours = next((r for r in rows if r["storage"] == storage and r["system"] == name
+                         and "error" not in r), None)
+            if ours is None or not peers:
+                out.append(f"- {storage}, {name}: not compared (it or every peer failed).")
+                continue
+            for key, what in (("cold_median_ms", "cold"), ("warm_median_ms", "warm"),
+                              ("first_ms", "open + cold")):
+                best = min(peers, key=lambda r: r[key])
+                ratio = ours[key] / best[key]
+                met = all(ours[key] < r[key] for r in peers)
+                out.append(f"- {storage}, {what} median: {name} {ours[key]:.3f} ms vs "
+                           f"{best['system']} {best[key]:.3f} ms (the faster peer) = "
+                           f"{ratio:.2f}x: target (faster than both) "
+                           f"{'**met**' if met else '**MISSED**'}.")
     return out
 
 

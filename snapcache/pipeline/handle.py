@@ -34,7 +34,7 @@ from snapcache.store import protocol
 from snapcache.store.manifest import Manifest, ShardInfo
 from snapcache.store.protocol import versions
 from snapcache.store.options import ReadOptions
-from snapcache.store.reader import SnapshotReader, open_reader
+from snapcache.store.reader import SnapshotReader, load_manifest, open_reader
 from snapcache.store.schema import Schema
 
 STATES = ("committed", "writing", "abandoned", "absent", "corrupt")
@@ -337,10 +337,15 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
 
 
 def _ready(snap: Snapshot) -> Snapshot:
-    """``snap`` with its manifest read and its rows indexed if it is committed (what the
-    peers do when a dataset is opened), so that a first ``snap[i]`` reads only its record
-    batch."""
-    if snap.state == "committed":
+    """``snap`` with its manifest read (one GET on S3) and its rows indexed if it is an
+    ordinary committed snapshot (what the peers do when a dataset is opened), so that a first
+    ``snap[i]`` reads only its record batch. Anything else is looked up when asked."""
+    try:
+        manifest = load_manifest(snap.storage)
+    except CorruptSnapshotError:
+        return snap  # its state says so when asked
+    if manifest is not None and manifest.version is None:
+        snap._manifest = manifest
         snap._row_access()
     return snap
 

@@ -299,28 +299,45 @@ class RowAccess:
         shard = self.reader.manifest.shards[index]
         if j >= 0 and self._alone and shard.batch_index:
             # The manifest has this record batch's checksum: read and verify it alone.
-            return ((index, j), lambda: self.reader.read_batch(shard, j),
-                    row - int(layout.start[block]))
+            return (index, j), _Alone(self.reader, shard, j), row - int(layout.start[block])
         return self._decoder.locate(block, row - int(layout.start[block]))
 
     def _getter(self, key: tuple[int, int], load: Any) -> Any:
-        """The row getter of record batch ``key`` (shard, batch), decoded on a miss."""
+        """The row getter of record batch ``key`` (shard, batch), decoded on a miss (or when
+        only one row of it was decoded so far)."""
         with self._lock:
-            if key in self._batches:
+            entry = self._batches.get(key)
+            if entry is not None:
                 self._batches.move_to_end(key)
-                return self._batches[key][0]
-        batch = load()
-        getter, size = self.reader._decoder.row_reader(batch), batch.nbytes
+                if not isinstance(entry[0], _Read):
+                    return entry[0]
+        batch = load() if entry is None else entry[0].checked()
+        getter = self.reader._decoder.row_reader(batch)
+        self._keep(key, getter, batch.nbytes)
+        return getter
+
+    def _keep(self, key: tuple[int, int], value: Any, size: int) -> None:
         with self._lock:
-            if key not in self._batches:
-                self._batches[key] = (getter, size)
-                self._held += size
+            old = self._batches.pop(key, None)
+            if old is not None:
+                self._held -= old[1]
+            self._batches[key] = (value, size)
+            self._held += size
             while self._held > self._batch_budget and len(self._batches) > 1:
                 self._held -= self._batches.popitem(last=False)[1][1]
-        return getter
 
     def __getitem__(self, i: Any) -> Any:
         key, load, k = self._locate(self._index(i))
+        if isinstance(load, _Alone):
+            with self._lock:
+                known = key in self._batches
+            if not known:
+                # The first row of a record batch: decode that row alone (decoding them all
+                # costs more than reading the batch); a second row decodes the batch.
+                batch = load(whole=False)
+                row = self.reader.row_at(load.shard, load.index, batch, k)
+                self._keep(key, _Read(load, batch), batch.nbytes)
+                return row
         return self._getter(key, load)(k)
 
     def take(self, indices: Sequence[int]) -> list:
@@ -334,3 +351,23 @@ class RowAccess:
                 getters[key] = self._getter(key, load)
             out.append(getters[key](k))
         return out
+
+
+class _Alone:
+    """Loads record batch ``index`` of ``shard`` alone (see :meth:`SnapshotReader.read_batch`)."""
+
+    def __init__(self, reader: "SnapshotReader", shard: Any, index: int):
+        self.reader, self.shard, self.index = reader, shard, index
+
+    def __call__(self, whole: bool = True) -> pa.RecordBatch:
+        return self.reader.read_batch(self.shard, self.index, whole=whole)
+
+
+class _Read:
+    """A record batch read for one row: the rest of its validation is still to do."""
+
+    def __init__(self, load: _Alone, batch: pa.RecordBatch):
+        self.load, self.batch = load, batch
+
+    def checked(self) -> pa.RecordBatch:
+        return self.load.reader.check_batch(self.load.shard, self.load.index, self.batch)

@@ -89,12 +89,16 @@ class ShardFile:
 
     @staticmethod
     def checked(batch: pa.RecordBatch, index: int, validator: BatchValidator | None,
-                where: str, way_out: str) -> pa.RecordBatch:
+                where: str, way_out: str, *, structure_only: bool = False) -> pa.RecordBatch:
         """Record batch ``index`` of the shard ``where`` once validated against the snapshot's
-        schema (see :mod:`snapcache.store.validate`); CorruptSnapshotError if not."""
+        schema (see :mod:`snapcache.store.validate`; ``structure_only``: all but the tensors'
+        shapes, for rows decoded one by one); CorruptSnapshotError if not."""
         try:
             if validator is not None:
-                validator(batch)
+                if structure_only:
+                    validator.check_structure(batch)
+                else:
+                    validator(batch)
             else:  # no schema to check against (an empty snapshot): Arrow's own full check
                 batch.validate(full=True)
         except CorruptSnapshotError as e:
@@ -258,11 +262,14 @@ class SnapshotReader:
                                        f"{way_out(self.storage)}")
         return ShardFile(reader, self._validator, where, way_out(self.storage))
 
-    def read_batch(self, shard: ShardInfo, index: int) -> pa.RecordBatch:
+    def read_batch(self, shard: ShardInfo, index: int, *, whole: bool = True
+                   ) -> pa.RecordBatch:
         """Record batch ``index`` of ``shard`` alone, for random access: only its bytes are
-        read (a ranged GET on object stores, pages of a memory map locally) and checked
-        against the manifest's checksum of that batch, then validated and its rows counted,
-        as a whole shard is before any of its rows is used. Needs the shard's batch index
+        read (a ranged GET on object stores, one read locally) and checked against the
+        manifest's checksum of that batch, then validated and its rows counted, as a whole
+        shard is before any of its rows is used. ``whole=False``: validated but for the
+        tensors' shapes, which :meth:`check_batch` or decoding a row
+        (:meth:`~snapcache.store.codec.Decoder.row_at`) checks. Needs the shard's batch index
         (:attr:`ShardInfo.batch_index`) and a schema."""
         shard_where = f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
         where = f"{shard_where} record batch {index}"
@@ -294,7 +301,26 @@ class SnapshotReader:
                 f"{where} has {batch.num_rows} rows, the manifest says "
                 f"{shard.batch_rows[index]}. {way_out(self.storage)}")
         return ShardFile.checked(batch, index, self._validator, shard_where,
-                                 way_out(self.storage))
+                                 way_out(self.storage), structure_only=not whole)
+
+    def row_at(self, shard: ShardInfo, index: int, batch: pa.RecordBatch, k: int) -> Any:
+        """Example ``k`` of ``batch`` (record batch ``index`` of ``shard``, read with
+        ``whole=False``), decoded alone and checked (:meth:`Decoder.row_at
+        <snapcache.store.codec.Decoder.row_at>`)."""
+        try:
+            return self._decoder.row_at(batch, k)  # type: ignore[union-attr]
+        except CorruptSnapshotError as e:
+            raise CorruptSnapshotError(
+                f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r} is corrupt: "
+                f"record batch {index}: {e}. {way_out(self.storage)}") from None
+
+    def check_batch(self, shard: ShardInfo, index: int, batch: pa.RecordBatch
+                    ) -> pa.RecordBatch:
+        """``batch`` (record batch ``index`` of ``shard``, read with ``whole=False``) with its
+        tensors' shapes validated too."""
+        return ShardFile.checked(batch, index, self._validator,
+                                 f"snapshot {self.manifest.fingerprint[:12]} shard "
+                                 f"{shard.path!r}", way_out(self.storage))
 
     def _batch_bytes(self, shard: ShardInfo, start: int, end: int, where: str, *,
                      use_cache: bool = True) -> tuple[Any, bool]:

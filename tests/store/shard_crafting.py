@@ -118,6 +118,23 @@ def crafted_offsets(storage, codec: str, column: str, mode: str) -> None:
     replace_shard(storage, _arrow_file(batches, codec))
 
 
+def crafted_shapes(storage, codec: str, row: int) -> None:
+    """Rewrite the shard with the 2-d tensor column ``m``'s shape of ``row`` claiming more
+    elements than its list holds; the manifest's checksums are recomputed."""
+    with open(shard_path(storage), "rb") as f:
+        reader = pa.ipc.open_file(pa.py_buffer(f.read()))
+    batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    batch = batches[0]
+    index = batch.schema.get_field_index("m.shape")
+    shapes = batch.column(index)
+    values = np.asarray(shapes.values.to_numpy(zero_copy_only=False), np.int32).copy()
+    values[row * 2 + 1] += 3
+    columns = list(batch.columns)
+    columns[index] = pa.FixedSizeListArray.from_arrays(pa.array(values, pa.int32()), 2)
+    batches[0] = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+    replace_shard(storage, _arrow_file(batches, codec))
+
+
 def forged_lengths(storage, how: str) -> None:
     """Change the uncompressed length that precedes every zstd frame in the body (IPC body
     compression: int64 length, then the frame) to ``how``: "huge", "short" or "long"."""
@@ -175,7 +192,8 @@ def outcome(case: str, action) -> dict:
 
 def run_case(workdir: str, case: str) -> list[dict]:
     """``case`` is ``kind:codec:arg:verify[:rows]``; kinds: offsets (arg column/mode),
-    zstd-length (arg how), fuzz (arg seed, 60 rounds); ``rows``: read by random access only."""
+    zstd-length (arg how), shapes (arg row), fuzz (arg seed, 60 rounds); ``rows``: read by
+    random access only."""
     kind, codec, arg, verify, *how = case.split(":")
     verify_flag, only_rows = verify == "verify", how == ["rows"]
     root = os.path.join(workdir, case.replace(":", "_").replace("/", "-"))
@@ -185,6 +203,8 @@ def run_case(workdir: str, case: str) -> list[dict]:
         crafted_offsets(storage, codec, column, mode)
     elif kind == "zstd-length":
         forged_lengths(storage, arg)
+    elif kind == "shapes":
+        crafted_shapes(storage, codec, int(arg))
     if kind != "fuzz":
         return [outcome(case, lambda: read_everything(storage, verify_flag, only_rows))]
     with open(shard_path(storage), "rb") as f:

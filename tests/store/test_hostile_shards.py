@@ -62,6 +62,15 @@ def test_crafted_offsets_with_recomputed_checksum_are_corrupt(tmp_path, codec):
         assert "record batch 0" in result["message"], result
 
 
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_a_tensor_shape_disagreeing_with_its_list_is_corrupt(tmp_path, codec):
+    """Row 0 or the middle row (which random access decodes first, alone) of a 2-d tensor
+    column claims more elements than its list holds; checksums recomputed."""
+    cases = [f"shapes:{codec}:{row}:verify{rows}" for row in (0, 60) for rows in ("", ":rows")]
+    for result in all_corrupt(tmp_path, cases):
+        assert "shapes disagree" in result["message"], result
+
+
 def test_forged_zstd_lengths_are_corrupt(tmp_path):
     cases = [f"zstd-length:zstd:{how}:{verify}{rows}" for how in ("huge", "short", "long")
              for verify in ("verify", "noverify") for rows in ("", ":rows")]
