@@ -12,12 +12,18 @@ damage with ``verify=False``, would otherwise read outside its buffers). Any dam
 
 from __future__ import annotations
 
+import logging
 import mmap
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import xxhash
 
+from snapcache import lifecycle
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
 from snapcache.store.cache import ShardCache, shared_cache
@@ -50,6 +56,8 @@ def load_manifest(storage: Storage) -> Manifest | None:
             "it")
     return manifest
 
+
+log = logging.getLogger(__name__)
 
 _READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
 # What damaged bytes make Arrow (or Python decoding them) raise: never let one escape as such.
@@ -156,6 +164,7 @@ class SnapshotReader:
         self._arrow_schema = self.schema.arrow_schema() if self.schema is not None else None
         self._validator = BatchValidator(self.schema) if self.schema is not None else None
         self._maps: dict[str, mmap.mmap] = {}   # low-memory shards being read
+        self._filler: _CacheFiller | None = None
 
     @classmethod
     def open(cls, storage: Storage, **kwargs: Any) -> "SnapshotReader":
@@ -314,6 +323,16 @@ class SnapshotReader:
                 f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r} is corrupt: "
                 f"record batch {index}: {e}. {way_out(self.storage)}") from None
 
+    def _fill_cache(self, shard: ShardInfo) -> None:
+        if self._filler is None:
+            self._filler = _CacheFiller(self)
+        self._filler.fill(shard)
+
+    def wait_for_cache(self, timeout: float | None = None) -> bool:
+        """Wait until the shards being copied into the node-local cache in the background
+        (after a record batch of them was read alone) are there; False on timeout."""
+        return self._filler is None or self._filler.wait(timeout)
+
     def check_batch(self, shard: ShardInfo, index: int, batch: pa.RecordBatch
                     ) -> pa.RecordBatch:
         """``batch`` (record batch ``index`` of ``shard``, read with ``whole=False``) with its
@@ -331,6 +350,8 @@ class SnapshotReader:
                 if copy is not None:
                     return copy.slice(start, end - start), True
             data = self.storage.read_range(shard.path, start, end)
+            if self.cache is not None:  # later record batches of it: from the local copy
+                self._fill_cache(shard)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where}: the shard is missing "
                                        f"({self.storage.url_of(shard.path)}). "
@@ -386,6 +407,46 @@ class SnapshotReader:
             except CorruptSnapshotError as e:
                 problems.append(str(e))
         return problems
+
+
+class _CacheFiller:
+    """Copies whole shards of a remote snapshot into the node-local cache on one background
+    thread, each at most once per reader: random access reads a record batch alone (one ranged
+    GET) and leaves the rest of its shard to come from the local copy. A copy is verified when
+    it is used, like any cached copy; a failed copy is only logged (reads go to the store)."""
+
+    def __init__(self, reader: SnapshotReader):
+        self._storage, self._cache = reader.storage, reader.cache
+        self._key = reader._cache_key
+        self._lock = threading.Lock()
+        self._started: set[str] = set()
+        self._pending: list[Future] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapcache-cache-fill")
+        pool = self._pool
+        forget = lifecycle.at_exit(lambda: pool.shutdown(wait=True, cancel_futures=True))
+        weakref.finalize(self, lambda: (forget(), pool.shutdown(wait=False)))
+
+    def fill(self, shard: ShardInfo) -> None:
+        with self._lock:
+            if shard.path in self._started or lifecycle.exiting():
+                return
+            self._started.add(shard.path)
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(self._pool.submit(self._copy, shard))
+
+    def _copy(self, shard: ShardInfo) -> None:
+        try:
+            self._cache.get(self._key(shard), shard.bytes,
+                            lambda: self._storage.read_bytes(shard.path, shard.bytes))
+        except Exception as e:  # noqa: BLE001 - the cache is an optimisation: reads go on
+            log.warning("could not copy %s into the local cache %s: %s",
+                        self._storage.url_of(shard.path), self._cache, e)
+
+    def wait(self, timeout: float | None) -> bool:
+        with self._lock:
+            pending = list(self._pending)
+        done, not_done = futures_wait(pending, timeout)
+        return not not_done
 
 
 def open_reader(storage: Storage, manifest: Manifest, read: ReadOptions | None = None

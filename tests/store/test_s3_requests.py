@@ -19,6 +19,7 @@ import pytest
 import s3server
 import snapcache as sc
 from snapcache.options import ReadOptions
+from snapcache.store.cache import SUFFIX as cache_suffix
 
 pytestmark = pytest.mark.skipif(s3server.missing_requirements() is not None,
                                 reason=str(s3server.missing_requirements()))
@@ -189,3 +190,30 @@ def test_a_row_on_s3_is_one_ranged_get_of_its_record_batch(logged, bucket_url, t
     since = logged.mark()
     assert fresh[row]["i"] == row
     assert logged.requests(since) == []
+
+    # An empty cache: the row is one ranged GET, its shard then comes whole into the cache
+    # in the background (one GET), and rows of the shard's other record batches read it.
+    empty = sc.open_snapshot(bucket_url, read=ReadOptions(local_cache=str(tmp_path / "c2")))
+    since = logged.mark()
+    assert empty[row]["i"] == row
+    assert empty._row_access().reader.wait_for_cache(timeout=60)
+    last = snap.shards[0].rows + shard.rows - 1  # the shard's last record batch
+    assert empty[last]["i"] == last
+    got = [(m, p.split("?")[0].rsplit("/", 1)[-1], st)
+           for m, p, st in logged.requests(since, status=True)]
+    assert sorted(got) == sorted([("GET", shard.path, PARTIAL), ("GET", shard.path, "200")]), got
+
+    # A damaged local copy is dropped and the record batch read from the store instead.
+    [copy] = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "c2") for f in files
+              if f.endswith(shard.path + cache_suffix)]
+    with open(copy, "r+b") as f:
+        f.seek(shard.batch_offsets[-2] + 40)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    again = sc.open_snapshot(bucket_url, read=ReadOptions(local_cache=str(tmp_path / "c2")))
+    since = logged.mark()
+    assert again[last]["i"] == last
+    reqs = [(m, st) for m, _, st in logged.requests(since, status=True)]
+    # then the dropped copy is fetched again in the background
+    assert reqs[0] == ("GET", PARTIAL) and set(reqs[1:]) <= {("GET", "200")}, reqs
