@@ -191,8 +191,11 @@ class Storage:
         """Bytes ``[start, end)`` of the file ``rel`` (one ranged GET on object stores);
         fewer when the file is shorter."""
         if self.local:
-            with open(self.full(rel), "rb") as f:
-                return os.pread(f.fileno(), end - start, start)
+            fd = os.open(self.full(rel), os.O_RDONLY)
+            try:
+                return os.pread(fd, end - start, start)
+            finally:
+                os.close(fd)
         return self.fs.cat_file(self.full(rel), start=start, end=end)
 
     def version(self, rel: str) -> tuple | None:
