@@ -20,7 +20,7 @@ import fsspec
 import xxhash
 from fsspec.core import url_to_fs
 
-from snapcache.store import fs_s3, layout
+from snapcache.store import checks, fs_s3, layout
 from snapcache.store.fs_s3 import Upload
 
 if TYPE_CHECKING:
@@ -186,38 +186,38 @@ class Storage:
         """``parse(self.read_bytes(rel))``, reusing the value this process parsed before from
         the same bytes: on S3 a later read of an unchanged file (a manifest) is one HEAD (its
         ETag, the MD5 of its content, compared) instead of a GET and a parse, and a missing one
-        one GET; locally the bytes are read and hashed, not parsed again. FileNotFoundError if
-        the file is missing. Values are shared between callers: ``parse`` must return
-        something immutable."""
+        one GET; locally the bytes are read and hashed, not parsed again. Inside
+        :func:`snapcache.store.checks.shared_epoch` the processes of one epoch on this node
+        make that check once between them. FileNotFoundError if the file is missing. Values
+        are shared between callers: ``parse`` must return something immutable."""
         key = (self.protocol, self.full(rel))
         with _PARSED_LOCK:
             known = _PARSED.get(key)
         if self.local:
             data = self.read_bytes(rel)
-            version: tuple | None = ("xxh3", xxhash.xxh3_128_digest(data))
-        elif known is not None:
+            return _parsed(key, known, ("xxh3", xxhash.xxh3_128_digest(data)), data, parse)
+        if checks.current() is not None:
+            return checks.shared_parse(
+                self.url_of(rel), known, parse,
+                lambda version, value, data: _remember(key, version, value, data),
+                lambda known: self._check_parsed(rel, key, known, parse))
+        return self._check_parsed(rel, key, known, parse)[0]
+
+    def _check_parsed(self, rel: str, key: tuple, known: tuple | None,
+                      parse: Callable[[bytes], Any]) -> tuple[Any, tuple | None, bytes]:
+        """(value, version, bytes) of the remote file ``rel``, given what is ``known`` of it
+        (version, value or None, bytes): a HEAD if known, a GET when new or changed."""
+        if known is not None:
             version = self.version(rel)
             if version is None:
                 with _PARSED_LOCK:
                     _PARSED.pop(key, None)
                 raise FileNotFoundError(self.url_of(rel))
             if known[0] == version:
-                return known[1]
-            data = self.read_bytes(rel)
-            version = self._content_version(rel, data)
-        else:
-            data = self.read_bytes(rel)
-            version = self._content_version(rel, data)
-        if known is not None and known[0] == version:
-            return known[1]
-        value = parse(data)
-        if version is not None:
-            with _PARSED_LOCK:
-                _PARSED[key] = (version, value)
-                _PARSED.move_to_end(key)
-                while len(_PARSED) > PARSED_ENTRIES:
-                    _PARSED.popitem(last=False)
-        return value
+                return _parsed(key, known, version, known[2], parse), version, known[2]
+        data = self.read_bytes(rel)
+        version = self._content_version(rel, data)
+        return _parsed(key, known, version, data, parse), version, data
 
     def _content_version(self, rel: str, data: bytes) -> tuple | None:
         """The object's version if its ETag is the MD5 of ``data`` (a single-PUT object that
@@ -408,6 +408,25 @@ class Storage:
             self.fs.rm(self.full(rel), recursive=recursive)
         except FileNotFoundError:
             pass
+
+
+def _parsed(key: tuple, known: tuple | None, version: tuple | None, data: bytes,
+            parse: Callable[[bytes], Any]) -> Any:
+    """The value of ``data`` at ``version``: the known one if it is of that version."""
+    if known is not None and known[0] == version and known[1] is not None:
+        return known[1]
+    value = parse(data)
+    if version is not None:
+        _remember(key, version, value, data)
+    return value
+
+
+def _remember(key: tuple, version: tuple, value: Any, data: bytes) -> None:
+    with _PARSED_LOCK:
+        _PARSED[key] = (version, value, data)
+        _PARSED.move_to_end(key)
+        while len(_PARSED) > PARSED_ENTRIES:
+            _PARSED.popitem(last=False)
 
 
 def _create(path: str) -> IO[bytes]:
