@@ -2,7 +2,7 @@
 (when installed in the bench venv) LitData and MosaicML streaming.
 
     python -m benchmarks.bench_s3 [--scale 1.0] [--systems snapcache,litdata,mosaic]
-                                  [--workers 0,2] [--write-doc]
+                                  [--workers 0,2] [--workloads image,token] [--write-doc]
 
 Phases, each in a fresh process; the timed part of each (after imports and set-up) is measured
 for wall time, the process's CPU (with its DataLoader workers) and the requests in the server's
@@ -346,6 +346,7 @@ def measure(args) -> tuple[list[dict], float]:
     from benchmarks.workloads import example_bytes
     sizes = {"image": max(200, int(2000 * args.scale)),
              "token": max(10_000, int(100_000 * args.scale))}
+    sizes = {w: n for w, n in sizes.items() if w in args.workloads}
     rows = []
     workdir = tempfile.mkdtemp(prefix="snapcache-s3-")
     server = Server(workdir)
@@ -460,9 +461,11 @@ def main(argv=None):
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--systems", default="snapcache,litdata,mosaic")
     parser.add_argument("--workers", default="0,2")
+    parser.add_argument("--workloads", default="image,token")
     parser.add_argument("--write-doc", action="store_true")
     args = parser.parse_args(argv)
     args.systems = args.systems.split(",")
+    args.workloads = args.workloads.split(",")
     args.workers = [int(w) for w in args.workers.split(",")]
     started = time.perf_counter()
     rows, _ = measure(args)

@@ -16,6 +16,7 @@ This module imports without torch (for :func:`numpy_example`); :func:`to_torch` 
 from __future__ import annotations
 
 import sys
+import uuid
 from typing import Any, Iterator
 
 import numpy as np
@@ -71,6 +72,8 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         self._loaded: dict | None = None   # this worker's state from load_state_dict
         self._iterator: Any = None
         self._yielded = 0
+        self._loader_id = uuid.uuid4().hex  # the same in every worker of its loaders
+        self._epochs = 0                    # epochs this copy (this worker) has started
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s shuffle order from the next iteration on (call it before each epoch,
@@ -98,17 +101,29 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         loaded, self._loaded = self._loaded, None
         state = loaded["iterator"] if loaded is not None else self._resume
         self._resume = None
-        iterator = self.dataset.iterate(epoch=self.epoch, stream=self.stream(), state=state,
-                                        balance=self.balance)
-        self._iterator, self._yielded = iterator, 0
-        try:
-            for example in iterator:
-                self._yielded += 1
-                yield to_tensors(example)
-        finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
+        with queries.shared_epoch(self._epoch_token()):
+            iterator = self.dataset.iterate(epoch=self.epoch, stream=self.stream(),
+                                            state=state, balance=self.balance)
+            self._iterator, self._yielded = iterator, 0
+            try:
+                for example in iterator:
+                    self._yielded += 1
+                    yield to_tensors(example)
+            finally:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
+
+    def _epoch_token(self) -> str | None:
+        """In a DataLoader worker: a name for this epoch of this loader, the same in each of
+        its workers and never again, so the workers check the snapshot's manifest once between
+        them. Workers started together share the loader's base seed (a new one each time a
+        loader starts workers), and persistent workers each count the epochs they start."""
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return None
+        self._epochs += 1
+        return f"{self._loader_id}-{info.seed - info.id}-{self._epochs}"
 
     def state_dict(self) -> dict:
         """This worker's place in the epoch (``StatefulDataLoader`` calls it in each worker)."""
@@ -178,6 +193,7 @@ def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = 
              ) -> TorchDataset:
     require("torch", "ds.to_torch()")
     queries.take_fingerprints(dataset)  # once, here: workers forked each epoch inherit it
+    queries.hold_for_workers(dataset)   # a committed snapshot: one read lease, held here
     return TorchDataset(dataset, rank=rank, world_size=world_size,
                         drop_remainder=drop_remainder, pad=pad, state=state)
 

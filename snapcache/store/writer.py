@@ -27,6 +27,7 @@ from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
 from snapcache.store.schema import merge_schemas
+from snapcache.store.upload import Spool, Uploads
 from snapcache.store.protocol import (
     StreamRecord, commit_fields, try_commit, write_marker, write_progress)
 
@@ -192,7 +193,9 @@ class _BatchIndexedWriter:
 
 
 class _ShardFile:
-    """One shard being written: a temporary file that becomes final on :meth:`finish`.
+    """One shard being written: a temporary file that becomes final on :meth:`finish` (on a
+    remote filesystem a :class:`Spool` the writer then uploads whole, see
+    :mod:`snapcache.store.upload`).
 
     Its codec is chosen from its first record batch (:func:`choose_compression`) and recorded
     in its :class:`ShardInfo`; a compressed shard that ends up larger than its raw payload is
@@ -202,14 +205,21 @@ class _ShardFile:
                  options: WriteOptions):
         self.storage, self.name, self.options = storage, name, options
         self.tmp = layout.tmp_name(name) if storage.local else name
+        self.spool: Spool | None = None
         self.compression = choose_compression(first, options)
         self._open(first.schema, self.compression)
         self.rows = 0
         self.raw_bytes = 0
         self.batch_rows: list[int] = []
 
+    def _output(self) -> Any:
+        if self.storage.local:
+            return self.storage.open_output(self.tmp)
+        self.spool = Spool()
+        return self.spool
+
     def _open(self, schema: pa.Schema, compression: str) -> None:
-        self.sink = _HashingSink(self.storage.open_output(self.tmp))
+        self.sink = _HashingSink(self._output())
         self.writer = _BatchIndexedWriter(self.sink, schema, _codec(compression, self.options))
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
@@ -235,7 +245,9 @@ class _ShardFile:
     def _rewrite_raw(self) -> None:
         """The shard's later batches did not compress like its first: store it raw if that
         is smaller."""
-        table = pa.ipc.open_file(pa.py_buffer(self.storage.read_bytes(self.tmp))).read_all()
+        written = self.spool.read() if self.spool is not None else \
+            self.storage.read_bytes(self.tmp)
+        table = pa.ipc.open_file(pa.py_buffer(written)).read_all()
         buffer = io.BytesIO()
         raw = _HashingSink(buffer)
         writer = _BatchIndexedWriter(raw, table.schema, None)
@@ -245,9 +257,12 @@ class _ShardFile:
         if raw.size >= self.sink.size:
             return
         self.compression = "none"
+        if self.spool is not None:
+            self.spool.discard()
+        out = self._output()
+        out.write(buffer.getbuffer())
+        out.close()
         self.sink, self.writer = raw, writer
-        with self.storage.open_output(self.tmp) as out:
-            out.write(buffer.getbuffer())
 
     def discard(self) -> None:
         try:
@@ -255,7 +270,10 @@ class _ShardFile:
         except Exception:  # already broken; the file is removed anyway
             pass
         self.sink.close()
-        self.storage.remove(self.tmp)
+        if self.spool is not None:
+            self.spool.discard()
+        elif self.storage.local:  # (a remote shard handed to its upload is the writer's)
+            self.storage.remove(self.tmp)
 
 
 class SnapshotWriter:
@@ -294,6 +312,7 @@ class SnapshotWriter:
         self._shards: list[ShardInfo] = list(resume.shards) if resume else []
         self._latest_schema: dict | None = self._resume_schema
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
+        self._uploads: Uploads | None = None  # remote: finished shards uploading
         self._state = "open"
         # A shard holds several record batches, so batches stay well below the shard size.
         self._batch_target = min(self.options.record_batch_size,
@@ -499,8 +518,23 @@ class SnapshotWriter:
     _discard = False
 
     def _finish(self, shard: _ShardFile) -> None:
-        self._shards.append(shard.finish())
-        self._tmp.remove(shard.name)
+        info = shard.finish()
+        if shard.spool is None:  # local: the file is in place
+            self._stored([info])
+            return
+        if self._uploads is None:
+            self._uploads = Uploads(self.storage, self.options.uploads_in_flight)
+        stored = self._uploads.submit(info, shard.spool)
+        shard.spool = None  # the upload has it now, and discards it once stored
+        self._stored(stored)
+
+    def _stored(self, shards: list[ShardInfo]) -> None:
+        """Record shards that are in place (in order): one progress record for them all."""
+        if not shards:
+            return
+        for info in shards:
+            self._shards.append(info)
+            self._tmp.remove(info.path)
         write_progress(self.storage, self._record(self._latest_schema))
 
     def _drain(self) -> None:
@@ -525,6 +559,8 @@ class SnapshotWriter:
             if shard is not None and not self._discard:
                 self._finish(shard)
                 shard = None
+            if self._uploads is not None and not self._discard:
+                self._stored(self._uploads.finish())
         except BaseException as e:  # reported to the consumer on its next call
             self._error = e
             while item is not _END:  # keep the consumer from blocking on a full queue
@@ -532,3 +568,6 @@ class SnapshotWriter:
         finally:
             if shard is not None:
                 shard.discard()
+            if self._uploads is not None:  # a failure or a discard: wait for those under way
+                self._uploads.close()
+                self._uploads = None

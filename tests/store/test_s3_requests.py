@@ -224,3 +224,25 @@ def test_a_row_on_s3_is_one_ranged_get_of_its_record_batch(logged, bucket_url, t
     reqs = [(m, st) for m, _, st in not_leases(logged.requests(since, status=True))]
     # then the dropped copy is fetched again in the background
     assert reqs[0] == ("GET", PARTIAL) and set(reqs[1:]) <= {("GET", "200")}, reqs
+
+
+def test_a_build_makes_at_most_two_requests_per_shard(logged, bucket_url):
+    """Each shard goes up whole (one PUT) from the background upload pool; the stream's
+    progress record is rewritten at most once per shard; nothing else grows with the count."""
+    totals, shard_puts = {}, {}
+    for n in (40, 400):  # 1 shard and 10 shards of ~160 KB
+        since = logged.mark()
+        ds = sc.Dataset.range(n).map(example).snapshot(f"{bucket_url}-{n}", progress=False,
+                                                       shard_size=160 << 10)
+        assert sum(1 for _ in ds) == n
+        bucket = "/" + bucket_url[len("s3://"):].split("/")[0]
+        reqs = [(m, p) for m, p in logged.requests(since)
+                if p == bucket or p.startswith((bucket + "/", bucket + "?"))]
+        puts = [p for m, p in reqs if m == "PUT" and p.split("?")[0].endswith(".arrow")]
+        assert not [p for m, p in reqs if m == "POST" and p.endswith("?uploads")], \
+            "no multipart upload for small shards"
+        assert len(puts) == len(set(puts)), puts  # one PUT a shard, never retried
+        shard_puts[n], totals[n] = len(puts), len(reqs)
+    few, many = shard_puts[40], shard_puts[400]
+    assert few == 1 and many >= 8, shard_puts
+    assert totals[400] - totals[40] <= 2 * (many - few), totals
