@@ -178,6 +178,18 @@ def gather(decoded: dict[int, Any], blocks: np.ndarray, offsets: np.ndarray, mod
     return out
 
 
+def blocks_of(blocks: np.ndarray) -> list[int]:
+    """The distinct blocks of a piece, ascending. Not ``np.unique``: its first call in a process
+    imports ``numpy.ma`` (~30 ms, paid by the first epoch read), and a piece without a shuffle
+    window lies in one block."""
+    if not len(blocks):
+        return []
+    first = int(blocks[0])
+    if first == int(blocks[-1]) and (blocks == first).all():
+        return [first]
+    return np.flatnonzero(np.bincount(blocks)).tolist()
+
+
 def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                    ranges: Iterable[tuple[int, int]], *, mode: str, piece: int = 1024,
                    threads: int | None = None, budget: int | None = None
@@ -214,7 +226,7 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                     break
                 a, b = nxt
                 blocks, offsets = order.locate(a, b)
-                unique = np.unique(blocks).tolist()
+                unique = blocks_of(blocks)
                 for block in unique:
                     if block not in futures:
                         futures[block] = pool.submit(decoder.decode, block)

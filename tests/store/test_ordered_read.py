@@ -13,7 +13,7 @@ import pytest
 import snapcache as sc
 from snapcache.store.fs import Storage
 from snapcache.store.order import EpochOrder, Layout, Share
-from snapcache.store.ordered_read import RowAccess, layout_of, ordered_pieces
+from snapcache.store.ordered_read import RowAccess, blocks_of, layout_of, ordered_pieces
 from snapcache.store.reader import SnapshotReader
 from tests.equality import assert_same_example
 
@@ -58,6 +58,14 @@ def test_ordered_pieces_give_the_rows_of_the_order(root, compression, seed, wind
                     got.extend(ids)
             seen.extend(got)
         assert sorted(seen) == list(range(500))
+
+
+def test_blocks_of_a_piece_are_its_distinct_blocks_ascending():
+    rng = np.random.default_rng(0)
+    for blocks in ([], [3], [5] * 7, [4, 4, 2, 9, 2], rng.integers(0, 50, 300),
+                   rng.permutation(20)):
+        blocks = np.asarray(blocks, dtype=np.int64)
+        assert blocks_of(blocks) == np.unique(blocks).tolist()
 
 
 def test_ragged_snapshots_read_as_examples(root):
