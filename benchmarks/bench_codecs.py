@@ -25,22 +25,32 @@ START, END = markers("codecs-benchmark")
 RUNS = (("snapcache", "none"), ("snapcache", "auto"), ("snapcache", "zstd"), ("hf", "none"))
 """snapcache's "auto" is the default; "zstd" asked explicitly shows a zstd-bound read."""
 TARGETS = {"image": 1.2, "token": 4.0}
+ROUNDS = 2
+"""Read processes of each system, alternated; the best counts."""
 
 
-def measure(sizes) -> dict:
+def measure(sizes, rounds: int = ROUNDS) -> dict:
     results = {}
     with tempfile.TemporaryDirectory(prefix="snapcache-codecs-", dir=os.getcwd()) as workdir:
         for workload, n in sizes.items():
+            runs = []
             for system, codec in RUNS:
                 if system == "hf" and not available("datasets"):
                     results[(workload, system, codec)] = {"error": "datasets not installed"}
                     continue
                 root = os.path.join(workdir, f"{system}-{workload}-{codec}")
                 w = sub("write", system, workload, codec, n, root)
-                r = sub("read", system, workload, codec, n, root) if "error" not in w else {}
-                results[(workload, system, codec)] = {**w, **r}
-                print(f"  {workload} {system} {codec} {results[(workload, system, codec)]}",
-                      file=sys.stderr, flush=True)
+                results[(workload, system, codec)] = w
+                if "error" not in w:
+                    runs.append((system, codec, root))
+            for _ in range(rounds):  # alternated, so that load from other jobs lands on all
+                for system, codec, root in runs:
+                    r = sub("read", system, workload, codec, n, root)
+                    key = (workload, system, codec)
+                    best = results[key].get("batched_mb_s", 0)
+                    if "error" in r or r["batched_mb_s"] > best:
+                        results[key] = {**results[key], **r}
+                    print(f"  {workload} {system} {codec} {r}", file=sys.stderr, flush=True)
     return results
 
 
@@ -52,7 +62,8 @@ def render(args, sizes, results, elapsed, load) -> str:
              f"mean anything). {sizes['image']:,} image-like examples (uint8[128,128,3] of "
              f"values 0..63 + label) and {sizes['token']:,} token-like ones (int32[128] + "
              "length); the pipeline object built once, batches of 256 copied into a staging "
-             "buffer, best of 3 later epochs, no `key=`. `auto` is the default: per shard, "
+             f"buffer, best of 3 later epochs in each of {ROUNDS} reading processes a system "
+             "(alternated between systems), no `key=`. `auto` is the default: per shard, "
              "from a sample of its first record batch, lz4 where it saves >= 30% (it decodes "
              "~3x faster than zstd), zstd only where it leaves at most half of lz4's bytes, "
              "raw where neither saves 30% (image-like pixels save ~25%: stored raw; "
