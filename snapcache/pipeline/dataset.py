@@ -236,7 +236,7 @@ class Dataset:
         """Keep the examples in memory after the first complete epoch."""
         return self._then(ops.CacheOp)
 
-    def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "zstd",
+    def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "auto",
                  compression_level: int | None = None, shard_size: int = 64 << 20,
                  record_batch_size: int = 16 << 20,
                  key: str | None = None, name: str | None = None, verify: bool = True,

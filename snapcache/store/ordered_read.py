@@ -75,6 +75,13 @@ class _Shards:
                 self._trim(keep=index)
             return file_reader, starts
 
+    def fits(self, index: int) -> bool:
+        """True if shard ``index`` is not open and opening it evicts no open shard."""
+        shards = self.reader.manifest.shards
+        with self._lock:
+            return index not in self._open and \
+                sum(shards[i].bytes for i in self._open) + shards[index].bytes <= self.budget
+
     def _trim(self, keep: int) -> None:
         shards = self.reader.manifest.shards
         total = sum(shards[i].bytes for i in self._open)
@@ -178,6 +185,52 @@ def gather(decoded: dict[int, Any], blocks: np.ndarray, offsets: np.ndarray, mod
     return out
 
 
+def blocks_of(blocks: np.ndarray) -> list[int]:
+    """The distinct blocks of a piece, ascending. Not ``np.unique``: its first call in a process
+    imports ``numpy.ma`` (~30 ms, paid by the first epoch read), and a piece without a shuffle
+    window lies in one block."""
+    if not len(blocks):
+        return []
+    first = int(blocks[0])
+    if first == int(blocks[-1]) and (blocks == first).all():
+        return [first]
+    return np.flatnonzero(np.bincount(blocks)).tolist()
+
+
+class _OpenAhead:
+    """Opens (maps and verifies) the next shard the reading will reach while the consumer is
+    still on the one before, so that on a cold disk reading and hashing a shard overlaps with
+    decoding and consuming the previous one instead of following it. One shard ahead, only when
+    it fits the open-shard budget beside the open ones (never evicting one); a shard that fails
+    to open raises where its rows are read, after the rows before it."""
+
+    def __init__(self, order: EpochOrder, ranges: Sequence[tuple[int, int]], shards: _Shards,
+                 pool: ThreadPoolExecutor):
+        self._shards, self._pool, self._layout = shards, pool, order.layout
+        self._sequence: list[int] = []  # shards in the order the reading first reaches them
+        self._rank: dict[int, int] = {}
+        for a, b in ranges:
+            for shard in self._layout.shard[order.blocks_in(a, b)].tolist():
+                if shard not in self._rank:
+                    self._rank[shard] = len(self._sequence)
+                    self._sequence.append(shard)
+        self._next = 0
+
+    def reached(self, blocks: list[int]) -> None:
+        """The consumer is at ``blocks``: open the shard after theirs if it fits."""
+        rank = max(self._rank.get(int(self._layout.shard[b]), -1) for b in blocks)
+        self._next = max(self._next, rank + 1)
+        if self._next < len(self._sequence) and self._shards.fits(self._sequence[self._next]):
+            future = self._pool.submit(self._shards.get, self._sequence[self._next])
+            future.add_done_callback(_ignore_failure)  # read again, and raised, in order
+            self._next += 1
+
+
+def _ignore_failure(future: Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                    ranges: Iterable[tuple[int, int]], *, mode: str, piece: int = 1024,
                    threads: int | None = None, budget: int | None = None
@@ -190,6 +243,8 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
     threads, budget = read_budget(threads or reader.read_threads,
                                   budget or reader.prefetch_bytes)
     decoder = BlockDecoder(reader, order.layout, mode, shard_budget=max(1, budget // 2))
+    ranges = list(ranges)
+
     def split() -> Iterator[tuple[int, int]]:
         for a, b in ranges:
             while a < b:
@@ -200,7 +255,9 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
     todo = split()
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="snapcache-read")
-    planned: collections.deque[tuple[int, int, np.ndarray, np.ndarray, list[int]]] = \
+    ahead = _OpenAhead(order, ranges, decoder.shards, pool)
+    # (start, stop, blocks and offsets a position, or None and the first row of a run, blocks)
+    planned: collections.deque[tuple[int, int, Any, Any, list[int]]] = \
         collections.deque()
     futures: dict[int, Future] = {}
     last_use: dict[int, int] = {}
@@ -208,13 +265,21 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
     serial = 0
     try:
         while True:
-            while not planned or (held < budget // 2 and len(planned) < 4 * max(1, threads)):
+            # Plan a few pieces ahead, and further while they come from few blocks (pieces of
+            # one block are cheap to plan; decoding must stay a few blocks ahead of the
+            # consumer), within half the budget.
+            while not planned or (held < budget // 2 and (
+                    len(planned) < 4 * max(1, threads) or len(futures) <= 2 * max(1, threads))):
                 nxt = next(todo, None)
                 if nxt is None:
                     break
                 a, b = nxt
-                blocks, offsets = order.locate(a, b)
-                unique = np.unique(blocks).tolist()
+                run = order.run(a, b)  # rows of one block (no window): a slice, no arrays
+                if run is not None:
+                    blocks, offsets, unique = None, run[1], [run[0]]
+                else:
+                    blocks, offsets = order.locate(a, b)
+                    unique = blocks_of(blocks)
                 for block in unique:
                     if block not in futures:
                         futures[block] = pool.submit(decoder.decode, block)
@@ -231,7 +296,14 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                 if last_use[block] == done:
                     del futures[block], last_use[block]
                     held -= decoder.estimate(block)
-            yield a, b, gather(decoded, blocks, offsets, mode)
+            ahead.reached(unique)  # after the first piece: it does not delay the first batch
+            if blocks is None:
+                block = decoded[unique[0]]
+                part = {name: column[offsets:offsets + b - a] for name, column in block.items()} \
+                    if mode == "columns" else block[offsets:offsets + b - a]
+                yield a, b, part
+            else:
+                yield a, b, gather(decoded, blocks, offsets, mode)
     finally:
         for future in futures.values():
             future.cancel()
