@@ -82,11 +82,41 @@ def snapshot_tree(op: ops.SnapshotOp) -> FingerprintNode:
 
 def delta_source(op: ops.SnapshotOp) -> ops.Op | None:
     """The file source a delta snapshot op builds unit by unit, or None when ``op`` is an
-    ordinary snapshot (``delta=False``, a ``key``, or an upstream that is not a unit source
-    followed by element-wise ops)."""
-    if not op.options.delta or op.options.key or op.parent is None:
+    ordinary snapshot: ``delta=False``, a ``key``, an upstream that is not a unit source
+    followed by element-wise ops, or (``delta=None``, the default) an ordinary snapshot of
+    exactly this pipeline already committed by an earlier release (:func:`reads_legacy`)."""
+    if op.options.delta is False or op.options.key or op.parent is None:
         return None
-    return ops.delta_source(op.parent)
+    source = ops.delta_source(op.parent)
+    if source is None or op.options.delta is True:
+        return source
+    return None if reads_legacy(op, source) else source
+
+
+def reads_legacy(op: ops.SnapshotOp, source: ops.Op) -> bool:
+    """Migration (docs/format.md, "Delta by default"): a pipeline that may be built as a delta
+    snapshot but did not ask for it (``delta=None``) keeps reading the ordinary snapshot an
+    earlier release committed for exactly its files (``<root>/<fingerprint>/manifest.json``),
+    unless its lineage already holds a version of these files. Decided once per snapshot op
+    object, like its fingerprint; only looked up when no version matches (the full per-file
+    fingerprint is taken then)."""
+    def decide() -> bool:
+        from snapcache.pipeline.delta_exec import source_units
+        from snapcache.store import layout
+        from snapcache.store.fs import Storage
+        from snapcache.store.protocol import versions
+
+        root = Storage(op.path, op.options.storage_options)
+        digest = lineage_tree(op).digest
+        others = [n for n in root.listdir() if layout.is_fingerprint(n) and n != digest]
+        if not others:  # nothing an earlier release made here
+            return False
+        if versions.find_version(root.child(digest), source_units(source).digest) is not None:
+            return False
+        legacy = snapshot_tree(op).digest
+        return legacy in others and root.child(legacy).exists(layout.MANIFEST)
+
+    return op.memo("reads_legacy", decide)
 
 
 def lineage_tree(op: ops.SnapshotOp) -> FingerprintNode:

@@ -41,7 +41,7 @@ from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import WriteLease, live_leases
 from snapcache.store.protocol.records import StreamRecord, fence
-from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.store.manifest import FORMAT, LINEAGE_MARKER_VERSION, Manifest, ShardInfo
 
 log = logging.getLogger(__name__)
 
@@ -255,12 +255,26 @@ def commit_version(storage: Storage, manifest: Manifest, units: Sequence[Unit], 
     storage.write_atomic(name, record)
     manifest = _with_record(manifest, name, record)
     fence(storage, manifest, lease)  # the lease generation, then every listed shard
+    storage.create_exclusive(layout.MANIFEST, lineage_marker(manifest))  # once per lineage
     if storage.create_exclusive(manifest_name(manifest.version), manifest.dumps()):
         log.info("committed version %d of %s: %d examples in %d shards", manifest.version,
                  storage.url, manifest.num_examples, len(manifest.shards))
         return True
     storage.remove(name)
     return False
+
+
+def lineage_marker(manifest: Manifest) -> bytes:
+    """The ``manifest.json`` of a lineage folder: not a snapshot manifest but a marker of format
+    version :data:`~snapcache.store.manifest.LINEAGE_MARKER_VERSION`, which releases that only
+    know ``manifest.json`` refuse with "upgrade snapcache" (so they never take the folder for
+    an abandoned write and purge it); this release looks for ``manifest-<v>.json`` first."""
+    return json.dumps({
+        "format": FORMAT, "format_version": LINEAGE_MARKER_VERSION,
+        "fingerprint": manifest.fingerprint,
+        "lineage": {"versions": "manifest-<v>.json", "first_version": manifest.version},
+        "pipeline": manifest.pipeline, "created_at": manifest.created_at,
+        "library_version": manifest.library_version}, indent=1).encode()
 
 
 def _with_record(manifest: Manifest, name: str, record: bytes) -> Manifest:
