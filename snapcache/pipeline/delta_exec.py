@@ -30,14 +30,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from snapcache.errors import LeaseTimeoutError
 from snapcache.fingerprint.units import UnitDiff, describe_delta, diff_units, unit_key, units_digest
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest, ShardInfo
 from snapcache.store.protocol import WriteLease, commit_fields, versions
-from snapcache.store.protocol.negotiate import writers
+from snapcache.store.protocol.negotiate import Poll
 from snapcache.store.protocol.versions import SegmentRecord as Segment
 from snapcache.store.schema import Schema, merge_schemas
 from snapcache.store.writer import SnapshotWriter
@@ -185,7 +184,7 @@ def _negotiate(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUn
                run_id: str, source: ops.Op, lineage, describe: str) -> Manifest | None:
     """The version built from ``units``: found, built here, or built by another process."""
     coordination = op.options.coordination
-    start, delay = time.monotonic(), 0.02
+    poll = Poll(coordination.wait_timeout)
     while True:
         found = versions.find_version(storage, units.digest)
         if found is not None:
@@ -207,14 +206,8 @@ def _negotiate(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUn
             log.info("delta snapshot %s is being built by another process: computing without "
                      "writing", storage.url)
             return None
-        if coordination.wait_timeout is not None and \
-                time.monotonic() - start > coordination.wait_timeout:
-            raise LeaseTimeoutError(
-                f"waited {coordination.wait_timeout:.0f} s for a version of delta snapshot "
-                f"{storage.url} (being built by {writers(storage)}); raise wait_timeout, or pass "
-                "on_busy='compute' to compute without writing")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
+        poll.check(f"a version of delta snapshot {storage.url}", storage)
+        poll.sleep()
 
 
 def build(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, *, run_id: str,

@@ -561,3 +561,23 @@ def test_verify_checks_the_shards_of_every_version(src, tmp_path):
     open(path, "wb").write(bytes(data))
     (check,) = verify(root=str(root)).checks
     assert not check.ok and only_v1[0].path in " ".join(check.problems)
+
+
+def test_a_waiting_delta_build_times_out_naming_the_builder(src, tmp_path):
+    """The delta build waits with the protocol's own poll (store/protocol/negotiate.Poll):
+    wait_timeout, the holder named, the way out."""
+    from snapcache.errors import LeaseTimeoutError
+    from snapcache.store.protocol import HOST, WriteLease
+
+    root = tmp_path / "root"
+    ds = (sc.Dataset.from_files(str(src / "*.txt")).map(load)
+          .snapshot(str(root), progress=False, wait_timeout=0.2))
+    folder = Storage(str(root)).child(ds.open_snapshot().id)
+    held = WriteLease.acquire(folder, run_id="0badc0de", ttl=30.0)  # another builder
+    try:
+        with pytest.raises(LeaseTimeoutError, match=f"a version of delta snapshot .*{HOST} pid "
+                                                    f"{os.getpid()}.*on_busy='compute'"):
+            list(ds)
+    finally:
+        held.release()
+    assert CALLS == []
