@@ -446,12 +446,10 @@ class Dataset:
                              "to get a snapshot handle")
         source = plan.delta_source(snap)
         if source is not None:  # a delta snapshot: the version built from this pipeline's files
-            from snapcache.pipeline.delta_exec import source_units
-
             folder = Storage(snap.path, snap.options.storage_options).child(
                 plan.lineage_tree(snap).digest)
             return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap),
-                            source_digest=source_units(source).digest)
+                            source_digest=plan.delta_units(snap, source).digest)
         folder = Storage(snap.path, snap.options.storage_options).child(
             plan.snapshot_tree(snap).digest)
         return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap))
@@ -468,14 +466,13 @@ class Dataset:
         snap = plan.last_snapshot(self._op)
         source = plan.delta_source(snap) if snap is not None else None
         if snap is not None and source is not None:
-            from snapcache.pipeline.delta_exec import source_units
             from snapcache.pipeline.explain import explain_delta
 
             root = os.fspath(path) if path is not None else snap.path
             options = storage_options if storage_options is not None else \
                 snap.options.storage_options
             return explain_delta(plan.lineage_tree(snap), Storage(root, options),
-                                 source_units(source))
+                                 plan.delta_units(snap, source))
         if snap is not None:
             tree = plan.snapshot_tree(snap)
             root = os.fspath(path) if path is not None else snap.path

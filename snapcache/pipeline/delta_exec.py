@@ -28,9 +28,11 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from snapcache.fingerprint.units import UnitDiff, describe_delta, diff_units, unit_key, units_digest
+from snapcache.errors import CorruptSnapshotError
+from snapcache.fingerprint.units import (
+    UnitDiff, describe_delta, diff_units, unit_key, unit_label, units_digest)
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
@@ -67,13 +69,34 @@ class SourceUnits:
 
     @property
     def size(self) -> int:
-        return sum(int(i.get("size") or 0) for i in self.identities)
+        """Bytes of the source: its files' (each counted once for row groups)."""
+        files = {str(i["path"]): i.get("file_size", i.get("size")) for i in self.identities}
+        return sum(int(size or 0) for size in files.values())
+
+    @functools.cached_property
+    def row_groups(self) -> bool:
+        return versions.has_row_groups(self.identities)
+
+    @property
+    def noun(self) -> str:
+        return "row group" if self.row_groups else "file"
 
 
-def source_units(source: ops.Op) -> SourceUnits:
-    """The units of ``source`` (taken once per source op object)."""
+def source_units(source: ops.Op, lineage: Callable[[], Storage] | None = None) -> SourceUnits:
+    """The units of ``source`` (taken once per source op object). Sources whose identities
+    cost reads (Parquet row groups) reuse those of the newest version of the lineage folder
+    (``lineage()``) for the files that did not change."""
+    def known() -> list[dict]:
+        folder = lineage() if lineage is not None else None
+        try:
+            base = versions.newest(folder) if folder is not None else None
+            return [u.identity for u in versions.read_units(folder, base)] if base else []
+        except CorruptSnapshotError as e:
+            log.warning("not reusing the unit identities of %s: %s", folder.url, e)
+            return []
+
     def compute() -> SourceUnits:
-        identities = tuple(source.unit_identities())
+        identities = tuple(source.unit_identities(known))
         return SourceUnits(source.kind, identities)
 
     return source.memo("source_units", compute)
@@ -129,9 +152,12 @@ class Plan:
         expected = self.reused_rows + per_unit * len(self.compute)
         return self.reused_rows / expected if expected else 1.0
 
+    noun: str = "file"
+
     def describe(self) -> str:
         return describe_delta(self.diff, computing=len(self.compute), total=self.total,
-                              reusing=self.reused_units, reused_share=self.reused_share())
+                              reusing=self.reused_units, reused_share=self.reused_share(),
+                              noun=self.noun)
 
 
 def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Segment],
@@ -140,8 +166,8 @@ def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Seg
     A segment stays when every one of its units is still in the source, unchanged; a segment
     that lost some, whose rows per unit are known, has its other units' rows copied."""
     current = set(units.keys)
-    old = {str(identity["path"]): key for seg in segments for key, identity in seg.units}
-    diff = diff_units(old, list(zip((str(i["path"]) for i in units.identities), units.keys)))
+    old = {unit_label(identity): key for seg in segments for key, identity in seg.units}
+    diff = diff_units(old, list(zip((unit_label(i) for i in units.identities), units.keys)))
     reused: list[Segment] = []
     copied: list[tuple[Segment, tuple[int, ...]]] = []
     covered: set[str] = set()
@@ -159,7 +185,7 @@ def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Seg
             copied.append((seg, kept))
             covered |= {seg.units[i][0] for i in kept}
     compute = tuple(i for i, key in enumerate(units.keys) if key not in covered)
-    return Plan(base, diff, tuple(reused), compute, len(units.keys), tuple(copied))
+    return Plan(base, diff, tuple(reused), compute, len(units.keys), tuple(copied), units.noun)
 
 
 # -- running -----------------------------------------------------------------------------------
@@ -169,8 +195,8 @@ def run_delta(op: ops.SnapshotOp, epoch: int, *, source: ops.Op, lineage, descri
     from snapcache.pipeline.snapshot_exec import _read, open_reader
 
     options = op.options
-    units = source_units(source)
     storage = Storage(op.path, options.storage_options).child(lineage.digest)
+    units = source_units(source, lambda: storage)
     run_id = layout.new_run_id()
     spec = streams.current()
     manifest = _negotiate(op, epoch, storage, units, run_id=run_id, source=source,
@@ -233,8 +259,12 @@ def build(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, 
     ordered += [seg for seg in plan.reused if seg not in segments] + new
     manifest = _assemble(ordered, storage, units, lineage, base, run_id=run_id,
                          describe=describe, options=op.options)
-    unit_rows = [versions.Unit(identity, i, seg.unit_rows[k] if seg.unit_rows else None)
-                 for i, seg in enumerate(ordered) for k, (_, identity) in enumerate(seg.units)]
+    # Each unit as the source has it now (a kept row group's file may have been rewritten: its
+    # record must carry the file's current stamp, see ParquetSource.unit_identities).
+    current = dict(zip(units.keys, units.identities))
+    unit_rows = [versions.Unit(current.get(key, identity), i,
+                               seg.unit_rows[k] if seg.unit_rows else None)
+                 for i, seg in enumerate(ordered) for k, (key, identity) in enumerate(seg.units)]
     if not versions.commit_version(storage, manifest, unit_rows, run_id=run_id, lease=lease):
         return None
     versions.cleanup(storage, run_id)
@@ -255,11 +285,11 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     known = all(node.traits.order_preserving and node.traits.length != "unknown"
                 for node in ops.lineage(op.parent)[1:])
     for seq, chunk in enumerate(chunks):
-        urls = [str(units.identities[i]["path"]) for i in chunk]
+        chosen = [units.identities[i] for i in chunk]
         writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
                                 options=op.options.write, stream=seq, streams=len(chunks),
                                 run_id=run_id, lease=lease)
-        upstream = ops.run(ops.rebase(op.parent, source.with_units(urls)), epoch,
+        upstream = ops.run(ops.rebase(op.parent, source.with_units(chosen)), epoch,
                            streams.StreamSpec())
         try:
             for example in upstream:
@@ -271,7 +301,7 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
             if close is not None:
                 close()
         members = tuple((units.keys[i], units.identities[i]) for i in chunk)
-        unit_rows = unit_rows_of(op.parent, source, urls) if known else None
+        unit_rows = unit_rows_of(op.parent, source, chosen) if known else None
         if unit_rows is not None and sum(unit_rows) != record.rows:
             unit_rows = None  # the ops' length rules disagree with what was written
         segment = Segment(members, record.shards, record.schema, unit_rows)
@@ -283,16 +313,18 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     return segments
 
 
-def unit_rows_of(upstream: ops.Op, source: ops.Op, urls: Sequence[str]) -> tuple[int, ...] | None:
-    """Examples each of ``urls`` yields through the upstream, in order, when the ops say it
-    without running them: the source knows each file's length (from_files: one; Parquet: its
-    footer), then only order-preserving ops with a length rule (map). None otherwise (a filter,
-    an interleave): the rows of each file in a segment are then unknown."""
+def unit_rows_of(upstream: ops.Op, source: ops.Op, units: Sequence[dict]
+                 ) -> tuple[int, ...] | None:
+    """Examples each of ``units`` yields through the upstream, in order, when the ops say it
+    without running them: the source knows each unit's length (from_files: one; Parquet: the
+    row group's rows in the footer), then only order-preserving ops with a length rule (map).
+    None otherwise (a filter, an interleave): the rows of each unit in a segment are then
+    unknown."""
     chain = ops.lineage(upstream)[1:]
     if not all(node.traits.order_preserving and node.traits.length != "unknown"
                for node in chain):
         return None
-    lengths = source.unit_lengths(urls)
+    lengths = source.unit_lengths(units)
     if lengths is None:
         return None
     rows = []
@@ -364,7 +396,8 @@ def _assemble(segments: Sequence[Segment], storage: Storage, units: SourceUnits,
     return Manifest(
         schema=schema.to_json() if schema is not None else None,
         shards=tuple(s for seg in segments for s in seg.shards),
-        format_version=DELTA_FORMAT_VERSION,
+        format_version=versions.ROW_GROUPS_FORMAT_VERSION if units.row_groups
+        else DELTA_FORMAT_VERSION,
         version=(base.version if base is not None else 0) + 1,
         source=versions.version_source(units.kind, len(units.keys), units.size, units.digest),
         segments=tuple({"shards": len(seg.shards), "units": len(seg.units), "rows": seg.rows}

@@ -19,10 +19,11 @@ from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
 
 FORMAT = "snapcache-snapshot"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The newest format this version reads. Ordinary snapshots are still written as version 1
 (readable by every snapcache); a delta snapshot's versioned manifests (``manifest-<v>.json``,
-see :mod:`snapcache.store.protocol.versions`) are version 2, which older readers refuse with a clear
+see :mod:`snapcache.store.protocol.versions`) are version 2, or 3 when its units are Parquet
+row groups (its source record has more columns), which older readers refuse with a clear
 error."""
 DELTA_FORMAT_VERSION = 2
 LINEAGE_MARKER_VERSION = 3

@@ -160,7 +160,7 @@ def test_filter_and_parallel_map_upstream(src, tmp_path):
     assert sorted(CALLS) == ["f0040.txt", "f0041.txt"]
 
 
-def test_parquet_files_are_units(tmp_path):
+def test_parquet_row_groups_are_units(tmp_path):
     folder = tmp_path / "pq"
     folder.mkdir()
     for i in range(3):
@@ -169,24 +169,77 @@ def test_parquet_files_are_units(tmp_path):
     seen = []
 
     def double(row):
-        seen.append(row["x"])
+        seen.append(int(row["x"]))
         return {"x": row["x"] * 2}
 
     def make():
         return (sc.Dataset.from_parquet(str(folder / "*.parquet")).map(double)
-                .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+                .snapshot(str(tmp_path / "root"), progress=False))
 
-    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)]
+    def values(ds):
+        return sorted(int(r["x"]) // 2 for r in ds)
+
+    assert values(make()) == list(range(30)) and sorted(seen) == list(range(30))
+    storage = lineage(tmp_path / "root")
+    first = versions.load_version(storage, 1)
+    assert first.format_version == 3 and first.source["units"] == 9  # 3 files x 3 groups
     pq.write_table(pa.table({"x": list(range(100, 105))}), folder / "part-9.parquet")
     seen.clear()
-    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)] + \
-        [2 * x for x in range(100, 105)]
+    assert values(make()) == list(range(30)) + list(range(100, 105))
     assert sorted(seen) == list(range(100, 105))
+
+    # A re-exported file: the same rows but one, in the same row groups: only the row group
+    # holding the changed row runs through the map; the others keep their identity (content).
+    rows = list(range(0, 10))
+    rows[5] = 55
+    pq.write_table(pa.table({"x": rows}), folder / "part-0.parquet", row_group_size=4)
+    seen.clear()  # (the map captures `seen`: its value counts in the lineage)
+    ds = make()
+    assert "1 row group changed; computing 1 of 10 units, reusing 9" in str(ds.explain())
+    assert values(ds) == sorted(rows + list(range(10, 30)) + list(range(100, 105)))
+    assert sorted(seen) == [4, 6, 7, 55]
+
+    # Touched, not changed: read and hashed again, nothing computed.
+    os.utime(folder / "part-2.parquet", ns=(1, 1))
+    seen.clear()
+    assert values(make()) == sorted(rows + list(range(10, 30)) + list(range(100, 105)))
+    assert seen == []
+
     os.remove(folder / "part-1.parquet")          # its rows leave; the others' are copied
     seen.clear()
-    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(10)] + \
-        [2 * x for x in range(20, 30)] + [2 * x for x in range(100, 105)]
+    assert values(make()) == sorted(rows + list(range(20, 30)) + list(range(100, 105)))
     assert seen == []
+
+
+def test_row_group_identities_are_read_only_for_changed_files(tmp_path, monkeypatch):
+    from snapcache.store import parquet as parquet_store
+
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for i in range(4):
+        pq.write_table(pa.table({"x": list(range(i * 8, i * 8 + 8)), "y": [b"a"] * 8}),
+                       folder / f"part-{i}.parquet", row_group_size=3)
+    hashed = []
+    real = parquet_store.row_group_digests
+    monkeypatch.setattr(parquet_store, "row_group_digests",
+                        lambda url, *a, **k: (hashed.append(os.path.basename(url)),
+                                              real(url, *a, **k))[1])
+
+    def make():
+        return (sc.Dataset.from_parquet(str(folder / "*.parquet"), columns=["x"])
+                .map(lambda r: {"x": r["x"] + 1})
+                .snapshot(str(tmp_path / "root"), progress=False))
+
+    assert len(list(make())) == 32 and len(hashed) == 4
+    hashed.clear()
+    assert len(list(make())) == 32 and hashed == []          # a hit: nothing read
+    # a column that is not read changes: the file is hashed again, nothing is computed
+    pq.write_table(pa.table({"x": list(range(8, 16)), "y": [b"b"] * 8}),
+                   folder / "part-1.parquet", row_group_size=3)
+    hashed.clear()
+    ds = make()
+    assert "computing 0 of 12 units, reusing 12" in str(ds.explain())
+    assert len(list(ds)) == 32 and hashed == ["part-1.parquet"]
 
 
 def test_format_2_manifest_refused_by_a_format_1_reader(src, tmp_path, monkeypatch):

@@ -50,11 +50,18 @@ _UNITS_RE = re.compile(r"^units-(\d{6})-([0-9a-f]{8})\.arrow$")
 _SEGMENT_RE = re.compile(r"^segment-([0-9a-f]{8})-(\d{6})\.json$")
 
 UNIT_COLUMNS = ("path", "size", "mtime_ns", "etag", "xxh3_128", "rows", "segment")
+ROW_GROUP_COLUMNS = ("row_group", "row_group_rows", "file_size")
+"""Extra columns of a source record whose units are Parquet row groups (format version 3)."""
 _IDENTITY_COLUMNS = UNIT_COLUMNS[:5]
 _UNIT_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()),
                           ("mtime_ns", pa.int64()), ("etag", pa.string()),
                           ("xxh3_128", pa.string()), ("rows", pa.int64()),
                           ("segment", pa.int32())])
+_ROW_GROUP_SCHEMA = pa.schema(list(_UNIT_SCHEMA) + [
+    ("row_group", pa.int32()), ("row_group_rows", pa.int64()), ("file_size", pa.int64())])
+ROW_GROUPS_FORMAT_VERSION = 3
+"""The format version of a version whose units are row groups (its source record has
+:data:`ROW_GROUP_COLUMNS`): readers that know only format 2 refuse it with "upgrade"."""
 
 
 def manifest_name(version: int) -> str:
@@ -124,16 +131,27 @@ class Unit:
     rows: int | None = None   # its examples (consecutive in its segment), when known
 
 
+def has_row_groups(identities: Iterable[dict]) -> bool:
+    """True if these unit identities are Parquet row groups (not whole files)."""
+    return any(i.get("row_group") is not None for i in identities)
+
+
 def encode_units(units: Sequence[Unit]) -> bytes:
-    columns: dict[str, list] = {name: [] for name in UNIT_COLUMNS}
+    groups = has_row_groups(u.identity for u in units)
+    schema = _ROW_GROUP_SCHEMA if groups else _UNIT_SCHEMA
+    columns: dict[str, list] = {name: [] for name in schema.names}
     for unit in units:
         for name in _IDENTITY_COLUMNS:
             columns[name].append(unit.identity.get(name))
         columns["rows"].append(unit.rows)
         columns["segment"].append(unit.segment)
-    table = pa.Table.from_pydict(columns, schema=_UNIT_SCHEMA)
+        if groups:
+            columns["row_group"].append(unit.identity.get("row_group"))
+            columns["row_group_rows"].append(unit.identity.get("rows"))
+            columns["file_size"].append(unit.identity.get("file_size"))
+    table = pa.Table.from_pydict(columns, schema=schema)
     sink = io.BytesIO()
-    with ipc.new_file(sink, _UNIT_SCHEMA,
+    with ipc.new_file(sink, schema,
                       options=ipc.IpcWriteOptions(compression="zstd")) as writer:
         writer.write_table(table, max_chunksize=1 << 16)
     return sink.getvalue()
@@ -159,14 +177,19 @@ def read_units(storage: Storage, manifest: Manifest) -> list[Unit]:
         table = ipc.open_file(pa.py_buffer(data)).read_all()
     except pa.ArrowInvalid as e:
         raise CorruptSnapshotError(f"{where}: unreadable source record ({e})") from None
-    if table.schema.names != list(UNIT_COLUMNS):
+    groups = table.schema.names == list(UNIT_COLUMNS + ROW_GROUP_COLUMNS)
+    if table.schema.names != list(UNIT_COLUMNS) and not groups:
         raise CorruptSnapshotError(f"{where}: unexpected columns {table.schema.names}")
-    columns = {name: table.column(name).to_pylist() for name in UNIT_COLUMNS}
+    columns = {name: table.column(name).to_pylist() for name in table.schema.names}
     segments = len(manifest.segments or ())
     units = []
     for i in range(table.num_rows):
         identity = {name: columns[name][i] for name in _IDENTITY_COLUMNS
                     if columns[name][i] is not None}
+        if groups:
+            identity.update({"row_group": columns["row_group"][i],
+                             "rows": columns["row_group_rows"][i],
+                             "file_size": columns["file_size"][i]})
         segment = columns["segment"][i]
         if not 0 <= segment < segments:
             raise CorruptSnapshotError(f"{where}: row {i} names segment {segment} of "
