@@ -380,12 +380,13 @@ import sys
 CHILD = os.path.join(os.path.dirname(__file__), "delta_child.py")
 
 
-def start(src, root, out, calls, pause=None):
+def start(src, root, out, calls, pause=None, stream=()):
     env = dict(os.environ, DELTA_CALLS=str(calls))
     env.pop("SNAPCACHE_TEST_DELTA_PAUSE", None)
     if pause is not None:
         env["SNAPCACHE_TEST_DELTA_PAUSE"] = str(pause)
-    return subprocess.Popen([sys.executable, CHILD, str(src), str(root), str(out)], env=env)
+    return subprocess.Popen([sys.executable, CHILD, str(src), str(root), str(out)]
+                            + [str(n) for n in stream], env=env)
 
 
 def wait_for(path, proc):
@@ -399,6 +400,8 @@ def called(calls):
 
 
 def test_a_build_killed_after_a_segment_is_resumed_by_the_next(src, tmp_path):
+    """(A build is split into tasks the same way by every run: the killed run's finished
+    segment is found again by its units' keys.)"""
     root, calls, pause = tmp_path / "root", tmp_path / "calls", tmp_path / "pause"
     first = start(src, root, tmp_path / "out0", calls)
     assert first.wait(timeout=120) == 0                  # version 1: 3 segments of 4 files
@@ -458,8 +461,9 @@ def test_the_snapshot_handle_of_a_delta_pipeline_is_its_own_version(src, tmp_pat
     assert ds.open_snapshot().num_examples == 12        # the old pipeline's version
     by_path = sc.open_snapshot(str(root))               # the lineage: its newest version
     assert by_path.state == "committed" and by_path.num_examples == 13
-    with pytest.raises(SnapshotStateError, match="delta snapshot"):
-        grown.open_snapshot().write_stream(0, 2)
+    assert grown.open_snapshot().write_stream(0, 2).status == "committed"
+    with pytest.raises(SnapshotStateError, match="opened from a path"):
+        by_path.write_stream(0, 2)
 
 
 def test_s3_identities_come_from_the_paginated_listing(s3_root, s3_server):
@@ -634,3 +638,77 @@ def test_a_waiting_delta_build_times_out_naming_the_builder(src, tmp_path):
     finally:
         held.release()
     assert CALLS == []
+
+
+# -- several builders of one version: streams split its segments -------------------------------
+def test_streams_of_a_handle_split_the_segments_and_the_last_commits(src, tmp_path,
+                                                                      monkeypatch):
+    from snapcache.pipeline import delta_exec
+
+    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+    root = tmp_path / "root"
+    assert run(src, root) == expected(src)              # version 1: 3 segments
+    for i in range(100, 110):                            # 3 tasks: 100-103, 104-107, 108-109
+        write(src, i)
+    ds = pipeline(src, root)
+    snap = ds.open_snapshot()
+    one = snap.write_stream(1, 2)                        # stream 1 of 2: task 1
+    assert (one.status, one.examples) == ("written", 4)
+    assert sorted(CALLS) == [f"f{i:04d}.txt" for i in range(104, 108)]
+    assert snap.state != "committed"
+    assert snap.commit(2) is None                        # tasks 0 and 2 are missing
+    assert snap.write_stream(1, 2).status == "complete"  # a rerun finds its share done
+    zero = snap.write_stream(0, 2)                       # tasks 0 and 2, then the commit
+    assert (zero.status, zero.examples) == ("written", 6)
+    assert sorted(CALLS) == [f"f{i:04d}.txt" for i in range(100, 110)]  # each once
+    assert snap.state == "committed" and len(snap) == 22
+    assert snap.commit(2).num_examples == 22
+    CALLS.clear()
+    assert sorted((x["name"], x["value"]) for x in ds) == expected(src) and CALLS == []
+    storage = lineage(root)
+    assert versions.versions(storage) == [1, 2]
+    assert not [n for n in storage.listdir() if n.startswith(("segment-", "lease-"))]
+
+
+def test_two_stream_processes_each_compute_their_share_of_a_version(src, tmp_path):
+    root, pause = tmp_path / "root", tmp_path / "pause"
+    assert start(src, root, tmp_path / "out0", tmp_path / "calls0").wait(timeout=120) == 0
+    for i in range(100, 110):                            # 3 tasks: 100-103, 104-107, 108-109
+        write(src, i)
+    a = start(src, root, tmp_path / "a", tmp_path / "calls-a", pause=pause, stream=(0, 2))
+    wait_for(pause, a)                                   # a: task 0 recorded, holds stream 0
+    b = start(src, root, tmp_path / "b", tmp_path / "calls-b", stream=(1, 2))
+    while not called(tmp_path / "calls-b") or len(called(tmp_path / "calls-b")) < 4:
+        assert b.poll() is None, "stream 1 ended before computing its share"
+        time.sleep(0.01)                                 # b computes task 1, then waits for a
+    os.remove(pause)
+    assert a.wait(timeout=120) == 0 and b.wait(timeout=120) == 0
+    assert called(tmp_path / "calls-b") == [f"f{i:04d}.txt" for i in range(104, 108)]
+    assert called(tmp_path / "calls-a") == [f"f{i:04d}.txt" for i in
+                                             [100, 101, 102, 103, 108, 109]]
+    shares = [[tuple(x) for x in json.load(open(tmp_path / out))] for out in ("a", "b")]
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == expected(src)
+    assert versions.versions(lineage(root)) == [1, 2]
+
+
+def test_a_killed_streams_segments_are_built_by_the_other(src, tmp_path):
+    root, pause = tmp_path / "root", tmp_path / "pause"
+    assert start(src, root, tmp_path / "out0", tmp_path / "calls0").wait(timeout=120) == 0
+    for i in range(100, 110):
+        write(src, i)
+    a = start(src, root, tmp_path / "a", tmp_path / "calls-a", pause=pause, stream=(0, 2))
+    wait_for(pause, a)                                   # task 0 recorded
+    a.send_signal(signal.SIGKILL)
+    a.wait(timeout=60)
+    b = start(src, root, tmp_path / "b", tmp_path / "calls-b", stream=(1, 2))
+    assert b.wait(timeout=120) == 0                      # its task 1, then the dead a's task 2
+    assert called(tmp_path / "calls-b") == [f"f{i:04d}.txt" for i in range(104, 110)]
+    assert called(tmp_path / "calls-a") == [f"f{i:04d}.txt" for i in range(100, 104)]
+    manifest = versions.newest(lineage(root))
+    assert manifest.version == 2 and manifest.num_examples == 22
+    # b read its share of version 2; stream 0's share is read by a new stream-0 process
+    again = start(src, root, tmp_path / "a2", tmp_path / "calls-a2", stream=(0, 2))
+    assert again.wait(timeout=120) == 0 and called(tmp_path / "calls-a2") == []
+    shares = [[tuple(x) for x in json.load(open(tmp_path / out))] for out in ("a2", "b")]
+    assert sorted(shares[0] + shares[1]) == expected(src)

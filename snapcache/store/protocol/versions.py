@@ -8,7 +8,8 @@ its columns), not by file list. Each time the source changes, a new *version* is
     <root>/<lineage>/units-<v>-<run>.arrow      its source record: one row per file (side record)
     <root>/<lineage>/<run>-<stream>-<seq>.arrow shards, shared by every version that lists them
     <root>/<lineage>/segment-<run>-<seq>.json   a segment finished by a build not yet committed
-    <root>/<lineage>/lease-0001-0000-<gen>.json the build lease (one builder at a time)
+    <root>/<lineage>/lease-<n>-<i>-<gen>.json   write lease of stream i of n builders
+    <root>/<lineage>/manifest.json              lineage marker (format 3, older readers refuse)
     <root>/<lineage>/reader-<run>.json          read leases
 
 A *segment* is a group of units (files) computed together and the shards holding their
