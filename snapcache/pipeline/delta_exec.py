@@ -313,42 +313,50 @@ def advance(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits
     ttl = op.options.coordination.lease_ttl
     work = survey(storage, units)
     busy, written = False, 0
+    own: WriteLease | None = None  # this stream's lease, held until the commit
     order = [stream] + ([j for j in range(count) if j != stream] if steal else [])
-    for j in order if compute else ():
-        if not work.pending(j, count):
-            continue
-        lease = WriteLease.acquire(storage, run_id=run_id, stream=j, streams=count, ttl=ttl)
-        if lease is None:
-            busy = busy or j == stream
-            continue
-        try:
-            found = versions.find_version(storage, units.digest)
-            if found is not None:
-                return Progress(found, busy, written)
-            work = survey(storage, units)  # what others recorded meanwhile
-            pending = work.pending(j, count)
-            if pending:
-                log.info("delta snapshot %s: %s%s", storage.url, work.plan.describe(),
-                         f" (stream {j} of {count}: {len(pending)} segments)" if count > 1
-                         else "")
-            for task in pending:
-                segment = _run_task(op, epoch, storage, units, task, run_id=run_id,
-                                    source=source, lease=lease)
-                work.done[task.keys(units)] = segment
-                written += segment.rows
-        finally:
-            lease.release()
-    if not work.complete:
-        missing = tuple(j for j in range(count) if work.pending(j, count))
-        return Progress(None, busy, written, missing)
-    lease = WriteLease.acquire(storage, run_id=run_id, stream=stream, streams=count, ttl=ttl)
-    if lease is None:  # its holder commits
-        return Progress(None, True, written)
     try:
+        for j in order if compute else ():
+            if not work.pending(j, count):
+                continue
+            lease = WriteLease.acquire(storage, run_id=run_id, stream=j, streams=count,
+                                       ttl=ttl)
+            if lease is None:
+                busy = busy or j == stream
+                continue
+            if j == stream:
+                own = lease
+            try:
+                found = versions.find_version(storage, units.digest)
+                if found is not None:
+                    return Progress(found, busy, written)
+                work = survey(storage, units)  # what others recorded meanwhile
+                pending = work.pending(j, count)
+                if pending:
+                    log.info("delta snapshot %s: %s%s", storage.url, work.plan.describe(),
+                             f" (stream {j} of {count}: {len(pending)} segments)"
+                             if count > 1 else "")
+                for task in pending:
+                    segment = _run_task(op, epoch, storage, units, task, run_id=run_id,
+                                        source=source, lease=lease)
+                    work.done[task.keys(units)] = segment
+                    written += segment.rows
+            finally:
+                if lease is not own:
+                    lease.release()
+        if not work.complete:
+            missing = tuple(j for j in range(count) if work.pending(j, count))
+            return Progress(None, busy, written, missing)
+        if own is None:
+            own = WriteLease.acquire(storage, run_id=run_id, stream=stream, streams=count,
+                                     ttl=ttl)
+            if own is None:  # its holder commits
+                return Progress(None, True, written)
         return Progress(_commit(op, storage, units, work, run_id=run_id, lineage=lineage,
-                                describe=describe, lease=lease), busy, written)
+                                describe=describe, lease=own), busy, written)
     finally:
-        lease.release()
+        if own is not None:
+            own.release()
 
 
 def _commit(op: ops.SnapshotOp, storage: Storage, units: SourceUnits, work: Work, *,
