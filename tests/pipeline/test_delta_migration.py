@@ -69,6 +69,17 @@ def run(code_dir: Path, tmp_path: Path, script: str) -> str:
     return done.stdout
 
 
+def build(code_dir: Path, tmp_path: Path, data: Path, root: Path) -> tuple[str, str]:
+    """One epoch of the pipeline with ``code_dir``'s snapcache: (its sorted values, the id
+    of its snapshot)."""
+    values, ident = run(code_dir, tmp_path, f"""
+        ds = dataset({str(data)!r}, {str(root)!r})
+        print(sorted(x["n"] for x in ds))
+        print(ds.open_snapshot().id)
+    """).split("\n")[:2]
+    return values, ident
+
+
 def calls(tmp_path: Path) -> int:
     log = tmp_path / "calls.log"
     n = len(log.read_text().splitlines()) if log.exists() else 0
@@ -93,14 +104,9 @@ def files_of(folder: Path) -> dict[str, int]:
 def test_an_ordinary_snapshot_of_a_previous_release_is_read_not_rebuilt(tmp_path, source,
                                                                           commit):
     data, root = source
-    old = release(commit, tmp_path)
-    made = run(old, tmp_path, f"""
-        ds = dataset({str(data)!r}, {str(root)!r})
-        print(sorted(x["n"] for x in ds))
-        print(ds.open_snapshot().id)
-    """).split("\n")
-    assert made[0] == "[0, 1, 2, 3, 4, 5]" and calls(tmp_path) == 6
-    legacy = root / made[1]
+    values, ident = build(release(commit, tmp_path), tmp_path, data, root)
+    assert values == "[0, 1, 2, 3, 4, 5]" and calls(tmp_path) == 6
+    legacy = root / ident
     before = files_of(legacy)
     assert "manifest.json" in before
 
@@ -124,26 +130,18 @@ def test_an_ordinary_snapshot_of_a_previous_release_is_read_not_rebuilt(tmp_path
     # A grown source is a new delta lineage (built once, in full); the old folder stays for
     # pipelines of the old files until purged by age or id.
     (data / "6.txt").write_text("6")
-    out = run(REPO, tmp_path, f"""
-        ds = dataset({str(data)!r}, {str(root)!r})
-        print(sorted(x["n"] for x in ds))
-        print(ds.open_snapshot().id)
-    """).split("\n")
-    assert out[0] == "[0, 1, 2, 3, 4, 5, 6]" and calls(tmp_path) == 7
-    assert out[1] != legacy.name and (root / out[1] / "manifest-000001.json").exists()
+    values, ident = build(REPO, tmp_path, data, root)
+    assert values == "[0, 1, 2, 3, 4, 5, 6]" and calls(tmp_path) == 7
+    assert ident != legacy.name and (root / ident / "manifest-000001.json").exists()
     assert legacy.is_dir() and (legacy / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("commit", [DELTA_OPT_IN, BEFORE_DELTA])
 def test_a_previous_release_never_purges_a_lineage_as_incomplete(tmp_path, source, commit):
     data, root = source
-    out = run(REPO, tmp_path, f"""
-        ds = dataset({str(data)!r}, {str(root)!r})
-        print(sorted(x["n"] for x in ds))
-        print(ds.open_snapshot().id)
-    """).split("\n")
-    assert out[0] == "[0, 1, 2, 3, 4, 5]" and calls(tmp_path) == 6
-    lineage = root / out[1]
+    values, ident = build(REPO, tmp_path, data, root)
+    assert values == "[0, 1, 2, 3, 4, 5]" and calls(tmp_path) == 6
+    lineage = root / ident
     assert (lineage / "manifest-000001.json").exists()
     marker = json.loads((lineage / "manifest.json").read_text())
     assert marker["format_version"] == 3 and marker["fingerprint"] == lineage.name
