@@ -523,7 +523,10 @@ def _assemble(segments: Sequence[Segment], storage: Storage, units: SourceUnits,
         format_version=versions.ROW_GROUPS_FORMAT_VERSION if units.row_groups
         else DELTA_FORMAT_VERSION,
         version=(base.version if base is not None else 0) + 1,
-        source=versions.version_source(units.kind, len(units.keys), units.size, units.digest),
+        source=versions.version_source(
+            units.kind, len(units.keys), units.size, units.digest,
+            files=len({str(i["path"]) for i in units.identities}) if units.row_groups
+            else None),
         segments=tuple({"shards": len(seg.shards), "units": len(seg.units), "rows": seg.rows}
                        for seg in segments),
         **fields)

@@ -160,7 +160,9 @@ def test_filter_and_parallel_map_upstream(src, tmp_path):
     assert sorted(CALLS) == ["f0040.txt", "f0041.txt"]
 
 
-def test_parquet_row_groups_are_units(tmp_path):
+def test_parquet_row_groups_are_units(tmp_path, capsys):
+    from snapcache.cli.main import main
+
     folder = tmp_path / "pq"
     folder.mkdir()
     for i in range(3):
@@ -183,6 +185,11 @@ def test_parquet_row_groups_are_units(tmp_path):
     storage = lineage(tmp_path / "root")
     first = versions.load_version(storage, 1)
     assert first.format_version == 3 and first.source["units"] == 9  # 3 files x 3 groups
+    assert first.source["files"] == 3
+    assert main(["info", storage.url.rsplit("/", 1)[-1][:10], "--root",
+                 str(tmp_path / "root"), "--files"]) == 0
+    out = capsys.readouterr().out
+    assert "3 files, 9 row groups" in out and "part-1.parquet#2" in out
     pq.write_table(pa.table({"x": list(range(100, 105))}), folder / "part-9.parquet")
     seen.clear()
     assert values(make()) == list(range(30)) + list(range(100, 105))

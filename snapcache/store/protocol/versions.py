@@ -395,6 +395,11 @@ def shard_bytes(manifests: Sequence[Manifest]) -> tuple[int, int]:
     return sum(sizes.values()), sum(sizes[p] for p, n in listed.items() if n > 1)
 
 
-def version_source(kind: str, units: int, size: int, digest: str) -> dict[str, Any]:
-    """The ``source`` field of a version's manifest, before its record is attached."""
-    return {"kind": kind, "units": units, "bytes": size, "digest": digest}
+def version_source(kind: str, units: int, size: int, digest: str,
+                   files: int | None = None) -> dict[str, Any]:
+    """The ``source`` field of a version's manifest, before its record is attached
+    (``files``: the number of files, when units are Parquet row groups)."""
+    source = {"kind": kind, "units": units, "bytes": size, "digest": digest}
+    if files is not None:
+        source["files"] = files
+    return source
