@@ -195,3 +195,30 @@ def test_delta_false_and_true(tmp_path, source):
         str(root), progress=False)
     assert len(list(batched)) == 3
     assert (root / batched.open_snapshot().id / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("commit", [DELTA_OPT_IN, BEFORE_DELTA])
+def test_a_row_group_lineage_says_upgrade_to_a_previous_release(tmp_path, commit):
+    """Versions whose units are Parquet row groups are format 3 (their source record has more
+    columns): both previous releases refuse them with "upgrade", and keep them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import snapcache as sc
+
+    data, root = tmp_path / "pq", tmp_path / "snaps"
+    data.mkdir()
+    pq.write_table(pa.table({"x": list(range(10))}), data / "a.parquet", row_group_size=4)
+    ds = sc.Dataset.from_parquet(str(data)).snapshot(str(root), progress=False)
+    assert sorted(int(r["x"]) for r in ds) == list(range(10))
+    lineage = root / ds.open_snapshot().id
+    before = files_of(lineage)
+    seen = run(release(commit, tmp_path), tmp_path, f"""
+        import json
+        (snap,) = sc.ls({str(root)!r})
+        report = sc.purge({str(root)!r}, incomplete=True)
+        print(json.dumps([snap.state, snap.problem, len(report.deleted), len(report.tidied)]))
+    """).strip().split("\n")
+    state, problem, deleted, tidied = json.loads(seen[-1])
+    assert state == "corrupt" and "format version 3" in problem and "upgrade" in problem
+    assert (deleted, tidied) == (0, 0) and files_of(lineage) == before
