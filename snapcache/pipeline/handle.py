@@ -205,7 +205,12 @@ class Snapshot:
 
     # -- building, one stream at a time (what a distributed build needs) ------------------------
     def stream_status(self, streams: int) -> protocol.StreamStatus:
-        """The commit (if any) and which of ``streams`` streams are complete."""
+        """The commit (if any) and which of ``streams`` streams are complete (a delta
+        snapshot's stream: its share of the next version's segments is recorded)."""
+        if self._source_digest is not None and self._builder is not None:
+            progress = self._builder.delta_stream(0, streams, compute=False)
+            return protocol.StreamStatus(progress.manifest, frozenset(
+                set(range(streams)) - set(progress.missing)), streams)
         return protocol.stream_status(self._folder, streams)
 
     def write_stream(self, index: int, count: int) -> StreamWrite:

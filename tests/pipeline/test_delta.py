@@ -664,6 +664,7 @@ def test_streams_of_a_handle_split_the_segments_and_the_last_commits(src, tmp_pa
     assert sorted(CALLS) == [f"f{i:04d}.txt" for i in range(104, 108)]
     assert snap.state != "committed"
     assert snap.commit(2) is None                        # tasks 0 and 2 are missing
+    assert snap.stream_status(2).missing == [0]
     assert snap.write_stream(1, 2).status == "complete"  # a rerun finds its share done
     zero = snap.write_stream(0, 2)                       # tasks 0 and 2, then the commit
     assert (zero.status, zero.examples) == ("written", 6)
