@@ -60,7 +60,7 @@ def unit_key(identity: Mapping[str, Any]) -> str:
 def unit_label(identity: Mapping[str, Any]) -> str:
     """How ``explain`` names a unit: its path, and ``#<index>`` for a row group."""
     group = identity.get("row_group")
-    return str(identity["path"]) if group is None else f"{identity['path']}#{group}"
+    return identity["path"] if group is None else f"{identity['path']}#{group}"
 
 
 def units_digest(identities: Sequence[Mapping[str, Any]]) -> str:

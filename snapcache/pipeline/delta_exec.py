@@ -232,16 +232,22 @@ class Work:
         return all(t.keys(self.units) in self.done for t in self.tasks)
 
 
-def survey(storage: Storage, units: SourceUnits) -> Work:
-    """The plan of the next version and which of its tasks are recorded already."""
+def survey(storage: Storage, units: SourceUnits, previous: Work | None = None) -> Work:
+    """The plan of the next version and which of its tasks are recorded already (the plan of
+    ``previous`` is kept when no version was committed since)."""
     names = storage.listdir()
-    base = versions.newest(storage, names)
-    segments = base_segments(storage, base)
-    plan = plan_build(units, base, segments)
-    chunks = _chunks(plan.compute, units)
-    tasks = [Task(seq, compute=tuple(chunk)) for seq, chunk in enumerate(chunks)]
-    tasks += [Task(len(chunks) + n, copy=seg, kept=kept)
-              for n, (seg, kept) in enumerate(plan.copied)]
+    numbers = versions.versions(storage, names)
+    base_version = previous.plan.base.version if previous and previous.plan.base else None
+    if previous is not None and (numbers[-1] if numbers else None) == base_version:
+        plan, segments, tasks = previous.plan, previous.segments, previous.tasks
+    else:
+        base = versions.load_version(storage, numbers[-1]) if numbers else None
+        segments = base_segments(storage, base)
+        plan = plan_build(units, base, segments)
+        chunks = _chunks(plan.compute, units)
+        tasks = [Task(seq, compute=tuple(chunk)) for seq, chunk in enumerate(chunks)]
+        tasks += [Task(len(chunks) + n, copy=seg, kept=kept)
+                  for n, (seg, kept) in enumerate(plan.copied)]
     wanted = {t.keys(units) for t in tasks}
     done = {}
     for record in versions.finished_segments(storage, names):
@@ -330,7 +336,7 @@ def advance(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits
                 found = versions.find_version(storage, units.digest)
                 if found is not None:
                     return Progress(found, busy, written)
-                work = survey(storage, units)  # what others recorded meanwhile
+                work = survey(storage, units, work)  # what others recorded meanwhile
                 pending = work.pending(j, count)
                 if pending:
                     log.info("delta snapshot %s: %s%s", storage.url, work.plan.describe(),
