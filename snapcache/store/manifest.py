@@ -19,12 +19,19 @@ from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
 
 FORMAT = "snapcache-snapshot"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The newest format this version reads. Ordinary snapshots are still written as version 1
 (readable by every snapcache); a delta snapshot's versioned manifests (``manifest-<v>.json``,
-see :mod:`snapcache.store.protocol.versions`) are version 2, which older readers refuse with a clear
+see :mod:`snapcache.store.protocol.versions`) are version 2, or 3 when its units are Parquet
+row groups (its source record has more columns), which older readers refuse with a clear
 error."""
 DELTA_FORMAT_VERSION = 2
+LINEAGE_MARKER_VERSION = 3
+"""A delta snapshot's lineage folder also holds a ``manifest.json`` that is no snapshot
+manifest but a marker (``{"lineage": {...}}``, format version 3): readers of format 1 (and 2,
+which look for ``manifest-<v>.json`` first) refuse it with their "upgrade snapcache" error, so
+their ``ls`` shows the folder as unreadable, never as an abandoned write that ``purge
+--incomplete`` deletes (docs/format.md, "Delta by default")."""
 CHECKSUM_ALGORITHM = "xxh3_64"
 SHARD_COMPRESSIONS = ("zstd", "lz4", "none")
 
@@ -160,6 +167,11 @@ class Manifest:
         version = doc.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise bad(f"format_version must be an int, got {version!r}")
+        if version == LINEAGE_MARKER_VERSION and isinstance(doc.get("lineage"), dict):
+            raise CorruptSnapshotError(
+                f"{where}: the marker of a delta snapshot's lineage, whose versions "
+                "(manifest-<v>.json) are missing: its first build stopped before committing; "
+                "run the pipeline again, or delete it with `snapcache purge <id>`")
         if version > FORMAT_VERSION or version < 1:
             raise UnknownFormatVersionError(
                 f"{where}: format version {version} is not readable by snapcache {__version__} "
