@@ -357,16 +357,18 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
 
 
 def _ready(snap: Snapshot) -> Snapshot:
-    """``snap`` with its manifest read (one GET on S3) and its rows indexed if it is an
-    ordinary committed snapshot (what the peers do when a dataset is opened), so that a first
-    ``snap[i]`` reads only its record batch. Anything else is looked up when asked."""
+    """``snap`` with its manifest read (one GET on S3 for an ordinary snapshot; a delta
+    lineage's newest version) and its rows indexed if it is committed (what the peers do when
+    a dataset is opened), so that a first ``snap[i]`` reads only its record batch."""
     try:
         manifest = load_manifest(snap.storage)
-    except CorruptSnapshotError:
-        return snap  # its state says so when asked
+    except CorruptSnapshotError:  # a delta lineage's marker, or damage (its state says which)
+        manifest = None
     if manifest is not None and manifest.version is None:
         snap._manifest = manifest
-        snap._row_access()
+    elif not (manifest is None and snap.state == "committed"):  # the newest version, if any
+        return snap
+    snap._row_access()
     return snap
 
 
