@@ -155,8 +155,6 @@ def test_a_handle_opened_from_a_path_reads_but_does_not_build(tmp_path):
 def test_a_delta_snapshots_newest_version_is_indexed_at_open(tmp_path, monkeypatch):
     """A file source makes a delta lineage by default: open_snapshot reads its newest version,
     and a row reads its record batch alone, as for an ordinary snapshot."""
-    from snapcache.store.fs import Storage
-
     src = tmp_path / "src"
     src.mkdir()
     for k in range(3):
