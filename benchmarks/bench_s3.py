@@ -325,20 +325,24 @@ PEERS = {"litdata": _litdata, "mosaic": _mosaic}
 
 
 NOTES = """
-- **A warm epoch's requests.** With workers 0 the held pipeline's epoch makes one request, a HEAD
-  of the manifest (has it changed?). Its read lease is taken once per process and snapshot,
-  renewed in the background (every `lease_ttl / 4`), and released when the pipeline object is
-  collected or at exit; the last-use record is written with it. Each DataLoader worker is a
-  reader process of its own: one HEAD per worker per epoch.
-- **A build's requests.** Per shard: one upload of the shard (a single PUT, or 50 MB parts) and
-  one PUT of the stream's progress record; no listing per shard. The other ~25 are the write
-  protocol's fixed cost (lease, fence, stream marker, manifest, clean-up), the same for 1 shard
-  or 100.
+- **A warm epoch's requests.** The held pipeline's epoch makes one request, a HEAD of the
+  manifest (has it changed?). Its read lease is taken once per process and snapshot, renewed
+  in the background (every `lease_ttl / 4`), and released when the pipeline object is
+  collected or at exit; the last-use record is written with it. With DataLoader workers the
+  epoch's workers on a node share that one check (`snapcache/store/checks.py`: a node-local
+  record named by the epoch's token, under `flock`), and the loader's process holds the read
+  lease for its workers (`to_torch`, or before it forks the next epoch's workers), so the
+  warm epoch is one request with workers too, persistent or not.
+- **A build's requests.** Per shard: one PUT of the whole shard (written in memory, uploaded
+  from a background pool while the next shard is encoded; parallel parts above 128 MB) and at
+  most one PUT of the stream's progress record; no listing per shard. The other ~25 are the
+  write protocol's fixed cost (lease, fence, stream marker, manifest, clean-up), the same for
+  1 shard or 100.
 - **Checksums.** snapcache verifies each shard (xxh3) before use, Mosaic its shards (xxh64,
   `validate_hash`); LitData has no verification.
-- **Noise.** Five jobs share the 2 cores: wall times swing by up to 2x between runs of the same
-  system (a peer's warm epoch took 0.4 s in one run and 8 s in another); CPU s/GB is steadier.
-  A missed target here may be noise or real; the CPU column says which."""
+- **Noise.** Other jobs share the 2 cores: wall times swing by up to 2x between runs of the
+  same system (a peer's warm epoch took 0.4 s in one run and 8 s in another); CPU s/GB is
+  steadier. A missed target here may be noise or real; the CPU column says which."""
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -390,8 +394,9 @@ def render(args, rows, elapsed) -> str:
              "cache. "
              + "; ".join(f"{w}-like: {n:,} examples ({p / 1e6:,.0f} MB)" for w, n, p in
                          sorted({(r["workload"], r["n"], r["payload"]) for r in rows}))
-             + "; 64 MB shards; best setting of each system = the faster of workers 0 and 2."
-             "\n")
+             + "; 64 MB shards; best setting of each system = the faster of workers 0 and 2. "
+             + (f"Load average (1 min) {args.load[0]:.1f} at the start, {args.load[1]:.1f} at "
+                "the end." if getattr(args, "load", None) else "") + "\n")
     L.append("| workload | system | phase | workers | s | MB/s | CPU s/GB | server CPU s | "
              "requests | by kind |")
     L.append("|---|---|---|---|---|---|---|---|---|---|")
@@ -468,7 +473,9 @@ def main(argv=None):
     args.workloads = args.workloads.split(",")
     args.workers = [int(w) for w in args.workers.split(",")]
     started = time.perf_counter()
+    args.load = [os.getloadavg()[0]]
     rows, _ = measure(args)
+    args.load.append(os.getloadavg()[0])
     section = render(args, rows, time.perf_counter() - started)
     print(section)
     if args.write_doc:
