@@ -435,6 +435,7 @@ def render(args, rows, elapsed) -> str:
                  f"{r['cpu_s'] / gb:.1f} | {r['server_cpu_s']:.1f} | "
                  f"{r['requests'].get('total', 0)} | {kinds} |")
     L += targets(rows)
+    L += bounds(rows)
     L.append(NOTES)
     notes = sorted({n for r in rows for n in r.get("notes", [])})
     if notes:
@@ -480,6 +481,31 @@ def targets(rows) -> list[str]:
     return L
 
 
+def bounds(rows) -> list[str]:
+    """For each missed time target: how much of the phase the client's start-up takes, what
+    the server spent, and the time the target asks for."""
+    up = next((r for r in rows if r["phase"] == "start-up" and "error" not in r), None)
+    peers = sorted({r["system"] for r in rows} - {"snapcache"})
+    L = []
+    for workload in sorted({r["workload"] for r in rows} - {"-"}):
+        for phase, factor in (("cold", 2.0), ("warm", 2.0), ("build", 1.0)):
+            ours = _best(rows, workload, "snapcache", phase)
+            theirs = [p for p in (_best(rows, workload, s, phase) for s in peers) if p]
+            if ours is None or not theirs or up is None:
+                continue
+            best = min(theirs, key=lambda r: r["seconds"])
+            if best["seconds"] / ours["seconds"] >= factor:
+                continue
+            L.append(f"- {workload} {phase} missed: snapcache {ours['seconds']:.2f} s, of which "
+                     f"the S3 client's start-up is {up['seconds']:.2f} s "
+                     f"({up['seconds'] / ours['seconds']:.0%}); the server spent "
+                     f"{ours['server_cpu_s']:.2f} CPU s on its requests (the peer "
+                     f"{best['server_cpu_s']:.2f}); the target asks for "
+                     f"{best['seconds'] / factor:.2f} s ({best['system']} "
+                     f"{best['seconds']:.2f} s / {factor:g}).")
+    return ["", *L] if L else []
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
@@ -493,6 +519,7 @@ def main(argv=None):
     parser.add_argument("--workers", default="0,2")
     parser.add_argument("--workloads", default="image,token")
     parser.add_argument("--write-doc", action="store_true")
+    parser.add_argument("--rows-json", help="also write the measured rows to this file")
     args = parser.parse_args(argv)
     args.systems = args.systems.split(",")
     args.workloads = args.workloads.split(",")
@@ -501,6 +528,9 @@ def main(argv=None):
     args.load = [os.getloadavg()[0]]
     rows, _ = measure(args)
     args.load.append(os.getloadavg()[0])
+    if args.rows_json:
+        with open(args.rows_json, "w") as f:
+            json.dump(rows, f)
     section = render(args, rows, time.perf_counter() - started)
     print(section)
     if args.write_doc:
