@@ -15,8 +15,11 @@ This module imports without torch (for :func:`numpy_example`); :func:`to_torch` 
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import uuid
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
@@ -24,6 +27,8 @@ import numpy as np
 from snapcache.adapters._imports import require
 from snapcache.options import distributed_env
 from snapcache.pipeline import queries
+
+log = logging.getLogger(__name__)
 
 try:
     import torch
@@ -193,9 +198,30 @@ def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = 
              ) -> TorchDataset:
     require("torch", "ds.to_torch()")
     queries.take_fingerprints(dataset)  # once, here: workers forked each epoch inherit it
-    queries.hold_for_workers(dataset)   # a committed snapshot: one read lease, held here
-    return TorchDataset(dataset, rank=rank, world_size=world_size,
-                        drop_remainder=drop_remainder, pad=pad, state=state)
+    torch_dataset = TorchDataset(dataset, rank=rank, world_size=world_size,
+                                 drop_remainder=drop_remainder, pad=pad, state=state)
+    if not queries.hold_for_workers(dataset):  # not committed yet: before a later fork
+        _not_held.add(torch_dataset)
+    return torch_dataset
+
+
+_not_held: "weakref.WeakSet[TorchDataset]" = weakref.WeakSet()
+
+
+def _hold_before_fork() -> None:
+    """Before this process forks (a DataLoader starting its workers): hold, here, the read
+    lease of each loader dataset's snapshots that were not committed when ``to_torch`` was
+    called and are now (after the writing epoch), so that workers started afresh every epoch
+    take no lease of their own. Nothing happens once they are held."""
+    for torch_dataset in list(_not_held):
+        try:
+            if queries.hold_for_workers(torch_dataset.dataset):
+                _not_held.discard(torch_dataset)
+        except Exception as e:  # never fail a fork; the workers then take their own leases
+            log.debug("snapshot read lease not taken before fork: %r", e)
+
+
+os.register_at_fork(before=_hold_before_fork)
 
 
 def job_state(loader_state: dict) -> dict | None:

@@ -33,15 +33,15 @@ def take_fingerprints(dataset: Any) -> None:
             plan.snapshot_id(node)  # a delta snapshot: its lineage and files, no per-file tree
 
 
-def hold_for_workers(dataset: Any) -> None:
+def hold_for_workers(dataset: Any) -> bool:
     """Hold, in this process, a read lease on each committed snapshot of the pipeline while
     the pipeline object lives: the DataLoader workers forked from here to read it then take
-    none of their own (no lease requests per worker and epoch)."""
+    none of their own (no lease requests per worker and epoch). True if every snapshot of the
+    pipeline is committed and held (False: call again later, e.g. after the writing epoch)."""
     from snapcache.pipeline.snapshot_exec import hold_for_workers as hold
 
-    for node in ops.lineage(dataset._op):
-        if isinstance(node, ops.SnapshotOp):
-            hold(node)
+    return all([hold(node) for node in ops.lineage(dataset._op)
+                if isinstance(node, ops.SnapshotOp)])
 
 
 def shared_epoch(token: str | None) -> Any:

@@ -249,15 +249,22 @@ def read_session(reader: SnapshotReader, op: ops.SnapshotOp) -> Iterator[None]:
     yield
 
 
-def hold_for_workers(op: ops.SnapshotOp) -> None:
+def hold_for_workers(op: ops.SnapshotOp) -> bool:
     """Hold a read lease on ``op``'s snapshot in this process while ``op`` lives, if it is
     committed: the worker processes forked from here to read it then take none of their own
-    (one lease for a DataLoader, not one per worker and epoch)."""
+    (one lease for a DataLoader, not one per worker and epoch). True if held; False if not
+    committed, or if the storage cannot be reached now (the workers then take their own)."""
     from snapcache.pipeline.plan import committed_snapshot
 
-    storage, manifest = committed_snapshot(op)
-    if manifest is not None:
-        _hold(storage, manifest, op)
+    try:
+        storage, manifest = committed_snapshot(op)
+        if manifest is not None:
+            _hold(storage, manifest, op)
+    except OSError as e:
+        log.info("snapshot %s: not held for the loader's workers (%s); each worker holds its "
+                 "own read lease", op.path, e)
+        return False
+    return manifest is not None
 
 
 def _hold(storage: Storage, manifest: Manifest, op: ops.SnapshotOp) -> None:

@@ -226,14 +226,20 @@ class Storage:
                 raise FileNotFoundError(self.url_of(rel))
             if known[0] == version:
                 return _parsed(key, known, version, known[2], parse), version, known[2]
-        data = self.read_bytes(rel)
-        version = self._content_version(rel, data)
+        if self._s3:
+            data, version = fs_s3.read_versioned(self.fs, self.full(rel))
+            version = self._content_version(rel, data, version)
+        else:
+            data = self.read_bytes(rel)
+            version = self._content_version(rel, data)
         return _parsed(key, known, version, data, parse), version, data
 
-    def _content_version(self, rel: str, data: bytes) -> tuple | None:
-        """The object's version if its ETag is the MD5 of ``data`` (a single-PUT object that
-        has not changed since ``data`` was read), else None (not worth keeping)."""
-        version = self.version(rel)
+    def _content_version(self, rel: str, data: bytes, version: tuple | None = None
+                         ) -> tuple | None:
+        """The object's version (asked for if not given) if its ETag is the MD5 of ``data`` (a
+        single-PUT object that has not changed since ``data`` was read), else None (not worth
+        keeping)."""
+        version = version or self.version(rel)
         if version is None or str(version[0]).strip('"') != hashlib.md5(data).hexdigest():
             return None
         return version
@@ -581,21 +587,11 @@ def file_identities(urls: Sequence[str], strict: bool = False,
         if len(indices) == 1:
             identities[indices[0]] = file_identity(urls[indices[0]], False, storage_options)
             continue
-        fs, path = _filesystem(folder, storage_options)
-        fs.invalidate_cache(path)
-        try:
-            listing = {posixpath.basename(e["name"].rstrip("/")): e
-                       for e in fs.ls(path, detail=True, refresh=True)}
-        except FileNotFoundError:
-            listing = {}
+        listed = fs_s3.listed_identities(*_filesystem(folder, storage_options))
         for i in indices:
-            entry = listing.get(posixpath.basename(urls[i]))
-            etag = (entry or {}).get("ETag") or (entry or {}).get("etag")
-            if entry is None or not etag:
-                identities[i] = file_identity(urls[i], False, storage_options)
-            else:
-                identities[i] = {"path": urls[i], "size": int(entry.get("size") or 0),
-                                 "etag": str(etag).strip('"')}
+            found = listed.get(posixpath.basename(urls[i]))
+            identities[i] = {"path": urls[i], **found} if found else \
+                file_identity(urls[i], False, storage_options)
     return identities  # type: ignore[return-value]
 
 

@@ -8,11 +8,13 @@ how many requests it makes, because on S3 requests are what a snapshot's phases 
 - :func:`read_whole`: one GET, or concurrent ranged GETs for a large file of known size;
 - :func:`create`: a conditional PUT (``If-None-Match: *``), the primitive of leases and commits;
 - :func:`upload`: one PUT, or a multipart upload whose parts go up in parallel;
+- :func:`listed_identities`: the size and ETag of a folder's objects, one LIST per 1,000;
 - :func:`incomplete_uploads` / :func:`abort_upload`: multipart uploads nobody completed.
 """
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any, NamedTuple
 
 import fsspec
@@ -65,6 +67,22 @@ def read_whole(fs: Any, path: str, size: int | None) -> bytes:
     return b"".join(parts)
 
 
+def read_versioned(fs: Any, path: str) -> tuple[bytes, tuple]:
+    """The whole object and its version, (ETag, size) as a HEAD would give them, from one
+    GET (no HEAD after it). FileNotFoundError if it is missing."""
+    bucket, key, _ = fs.split_path(path)
+
+    async def get() -> tuple[bytes, tuple]:
+        response = await fs._call_s3("get_object", Bucket=bucket, Key=key)
+        try:
+            data = await response["Body"].read()
+        finally:
+            response["Body"].close()
+        return data, (str(response["ETag"]), int(response["ContentLength"]))
+
+    return fsspec.asyn.sync(fs.loop, get)
+
+
 def create(fs: Any, path: str, data: bytes) -> bool:
     """Create ``path`` holding ``data`` unless it exists (a conditional PUT); True if this call
     created it."""
@@ -87,6 +105,23 @@ def upload(fs: Any, path: str, data: bytes | str) -> None:
         fs.put_file(data, path, chunksize=PART_BYTES, max_concurrency=PART_CONCURRENCY)
     else:
         fs.pipe_file(path, data, chunksize=PART_BYTES, max_concurrency=PART_CONCURRENCY)
+
+
+def listed_identities(fs: Any, path: str) -> dict[str, dict]:
+    """``{name: {"size", "etag"}}`` of the objects directly in the folder ``path`` that the
+    listing gives an ETag for: one LIST request per 1,000 keys, none per object."""
+    fs.invalidate_cache(path)
+    try:
+        entries = fs.ls(path, detail=True, refresh=True)
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for entry in entries:
+        etag = entry.get("ETag") or entry.get("etag")
+        if etag:
+            found[posixpath.basename(entry["name"].rstrip("/"))] = {
+                "size": int(entry.get("size") or 0), "etag": str(etag).strip('"')}
+    return found
 
 
 def _bucket_prefix(root: str) -> tuple[str, str]:

@@ -246,3 +246,19 @@ def test_a_build_makes_at_most_two_requests_per_shard(logged, bucket_url):
     few, many = shard_puts[40], shard_puts[400]
     assert few == 1 and many >= 8, shard_puts
     assert totals[400] - totals[40] <= 2 * (many - few), totals
+
+
+def test_a_cold_read_gets_the_manifest_with_its_version_in_one_request(logged, bucket_url,
+                                                                       tmp_path):
+    """The manifest's ETag comes with its GET (no HEAD after it); the one HEAD left is the
+    check, after taking the read lease, that no purge removed the snapshot meanwhile."""
+    from snapcache.store import fs
+
+    ds = sc.Dataset.range(100).map(example).snapshot(bucket_url, progress=False)
+    assert sum(1 for _ in ds) == 100
+    fs._PARSED.clear()  # as in a new process
+    again = sc.Dataset.range(100).map(example).snapshot(bucket_url, progress=False)
+    since = logged.mark()
+    assert sum(1 for _ in again) == 100
+    manifest = [m for m, p in logged.requests(since) if p.endswith("/manifest.json")]
+    assert sorted(manifest) == ["GET", "HEAD"], manifest

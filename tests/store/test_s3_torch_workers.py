@@ -6,6 +6,7 @@ noticed at the next epoch."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -83,23 +84,35 @@ def test_a_manifest_replaced_or_withdrawn_between_epochs_is_noticed(logged, buck
     assert rebuilt["writer"]["run_id"] != first_run
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent"])
-def test_workers_release_their_read_leases_when_they_exit(logged, bucket_url, tmp_path,
-                                                          persistent):
-    """A loader made before the snapshot exists: its workers build it, then read it under
-    read leases of their own, released when the workers exit (no lease left to expire)."""
+def test_workers_started_afresh_leave_no_read_lease_behind(logged, bucket_url, tmp_path):
+    """A loader made before the snapshot exists: its workers build it; before it forks the
+    next epoch's workers the loader's process takes the read lease, which the workers use,
+    so none of theirs is left when they exit (nor is the parent's released by them)."""
     ds = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
                                                      shard_size=64 << 10)
     loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
-                                         num_workers=2, persistent_workers=persistent)
+                                         num_workers=2, persistent_workers=False)
     assert epoch(loader) == list(range(200))  # the workers build it (two streams)
     assert epoch(loader) == list(range(200))  # and read it
+    assert epoch(loader) == list(range(200))
     fs = logged.server.filesystem()
     folder = manifest_path(logged, bucket_url).rsplit("/", 1)[0]
-    if persistent:
-        assert [p for p in fs.ls(folder, refresh=True) if "/reader-" in p]  # held while alive
-    del loader  # persistent workers exit with their loader
-    import gc
-    gc.collect()
-    left = [p for p in fs.ls(folder, refresh=True) if "/reader-" in p]
-    assert left == []
+    left = [json.loads(fs.cat_file(p)) for p in fs.ls(folder, refresh=True) if "/reader-" in p]
+    assert [lease["pid"] for lease in left] == [os.getpid()]
+
+
+def test_a_loader_made_before_the_build_holds_one_lease_for_fresh_workers(logged, bucket_url,
+                                                                          tmp_path):
+    """Workers started afresh each epoch by a loader made before the snapshot existed: after
+    the writing epoch, the loader's process holds the read lease (taken before it forks the
+    next epoch's workers), so a warm epoch is still one request."""
+    ds = sc.Dataset.range(200).map(example).snapshot(
+        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"))
+    loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
+                                         num_workers=2, persistent_workers=False)
+    assert epoch(loader) == list(range(200))  # the workers build it
+    assert epoch(loader) == list(range(200))  # read: fills the local cache
+    since = logged.mark()
+    assert epoch(loader) == list(range(200))  # warm
+    reqs = logged.requests(since)
+    assert [m for m, _ in reqs] in ([], ["HEAD"]), reqs

@@ -57,6 +57,8 @@ class _Held:
         self.release()
 
     def release(self) -> None:
+        if self.key[0] != os.getpid():
+            return  # inherited over fork: the parent's lease, not ours to release
         with _lock:
             if _held.get(self.key) is self:
                 del _held[self.key]
