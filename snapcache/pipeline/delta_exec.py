@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from snapcache.errors import CorruptSnapshotError
+from snapcache.errors import CorruptSnapshotError, LeaseLostError
 from snapcache.fingerprint.units import (
     UnitDiff, describe_delta, diff_units, unit_key, unit_label, units_digest)
 from snapcache.pipeline import ops, streams
@@ -347,6 +347,11 @@ def advance(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits
                                         source=source, lease=lease)
                     work.done[task.keys(units)] = segment
                     written += segment.rows
+            except LeaseLostError as e:  # taken over: its new holder goes on; so do we
+                log.warning("delta snapshot %s: stream %d of %d: %s", storage.url, j, count, e)
+                busy = busy or j == stream
+                if lease is own:
+                    own = None
             finally:
                 if lease is not own:
                     lease.release()
@@ -358,8 +363,13 @@ def advance(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits
                                      ttl=ttl)
             if own is None:  # its holder commits
                 return Progress(None, True, written)
-        return Progress(_commit(op, storage, units, work, run_id=run_id, lineage=lineage,
-                                describe=describe, lease=own), busy, written)
+        try:
+            return Progress(_commit(op, storage, units, work, run_id=run_id, lineage=lineage,
+                                    describe=describe, lease=own), busy, written)
+        except LeaseLostError as e:  # taken over before the fence: its new holder commits
+            log.warning("delta snapshot %s: %s", storage.url, e)
+            own = None
+            return Progress(None, True, written)
     finally:
         if own is not None:
             own.release()

@@ -720,3 +720,30 @@ def test_a_killed_streams_segments_are_built_by_the_other(src, tmp_path):
     assert again.wait(timeout=120) == 0 and called(tmp_path / "calls-a2") == []
     shares = [[tuple(x) for x in json.load(open(tmp_path / out))] for out in ("a2", "b")]
     assert sorted(shares[0] + shares[1]) == expected(src)
+
+
+def test_a_builder_taken_over_while_stopped_reads_the_version_the_other_committed(src,
+                                                                                  tmp_path):
+    """SIGSTOP a builder after its first segment until its lease expires (ttl 5 s of the
+    other's own clock); the other takes the stream over, reuses that segment, builds the rest
+    and commits. Resumed, the first finds its lease lost: it commits nothing and reads the
+    committed version (was: the epoch failed with LeaseLostError)."""
+    root, pause = tmp_path / "root", tmp_path / "pause"
+    assert start(src, root, tmp_path / "out0", tmp_path / "calls0").wait(timeout=120) == 0
+    for i in range(100, 110):
+        write(src, i)
+    a = start(src, root, tmp_path / "a", tmp_path / "calls-a", pause=pause)
+    wait_for(pause, a)                                   # task 0 recorded, lease held
+    a.send_signal(signal.SIGSTOP)
+    try:
+        b = start(src, root, tmp_path / "b", tmp_path / "calls-b")
+        assert b.wait(timeout=180) == 0                  # took the stream over, committed
+    finally:
+        os.remove(pause)
+        a.send_signal(signal.SIGCONT)
+    assert a.wait(timeout=120) == 0
+    assert called(tmp_path / "calls-a") == [f"f{i:04d}.txt" for i in range(100, 104)]
+    assert called(tmp_path / "calls-b") == [f"f{i:04d}.txt" for i in range(104, 110)]
+    for out in ("a", "b"):
+        assert [tuple(x) for x in json.load(open(tmp_path / out))] == expected(src)
+    assert versions.versions(lineage(root)) == [1, 2]
