@@ -27,7 +27,8 @@ import time
 import snapcache as sc
 from snapcache import machine
 from benchmarks import classic, cpu_work
-from benchmarks.report import DOC, command_line, markers, publish, verdict, write_doc  # noqa: F401
+from benchmarks.report import (  # noqa: F401 (write_doc: imported from here by others)
+    DOC, command_line, load_average, markers, publish, verdict, write_doc)
 
 START, END = markers("runtime-benchmarks")
 COMPRESSIONS = ("none", "auto", "lz4", "zstd")
@@ -139,7 +140,9 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
              f"took {elapsed / 60:.1f} min. Machine: {platform.machine()}, "
              f"{machine.available_cpus()} usable CPUs, "
              f"{machine.total_memory() / 2**30:.0f} GiB RAM, Python "
-             f"{platform.python_version()}, {platform.platform()}. All numbers from this one run.\n")
+             f"{platform.python_version()}, {platform.platform()}; 1-minute load average "
+             f"{args.load} at the start (other jobs share the 2 cores). All numbers from this "
+             "one run.\n")
     naive = classic_rows[0][1]
     L.append("### 1. Classic input-pipeline experiments\n")
     L.append(f"Source: open {classic.OPEN_S * 1e3:.0f} ms, {classic.READ_S * 1e3:.0f} ms an "
@@ -255,6 +258,7 @@ def main(argv=None):
     parser = command_line(__doc__, scale=1.0, writes_by_default=True)
     parser.add_argument("--skip-baselines", action="store_true")
     args = parser.parse_args(argv)
+    args.load = load_average()
     started = time.perf_counter()
     sizes = {"image": max(512, int(8192 * args.scale)),
              "token": max(10_000, int(200_000 * args.scale))}
