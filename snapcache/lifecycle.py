@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401  its exit hook is registered before ours runs
 import itertools
 import logging
+import os
 import threading
 import weakref
 from typing import Any, Callable
@@ -85,6 +86,17 @@ def _shutdown() -> None:
         except BaseException as e:  # keep stopping the others
             log.debug("stopping background work at exit: %r", e)
 
+
+def _forget_all_in_child() -> None:
+    """A forked child has none of its parent's threads, and its parent's iterators, leases and
+    writers are the parent's to stop: what the parent registered is not run at the child's
+    exit (a DataLoader worker exiting would otherwise release its parent's leases)."""
+    global _lock
+    _lock = threading.Lock()  # (another thread may have held it when the parent forked)
+    _closers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_all_in_child)
 
 # Runs before threading joins non-daemon threads and, registered after concurrent.futures'
 # hook, before that hook shuts the thread pools down (they run in reverse order).

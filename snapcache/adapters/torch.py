@@ -15,7 +15,11 @@ This module imports without torch (for :func:`numpy_example`); :func:`to_torch` 
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import uuid
+import weakref
 from typing import Any, Iterator
 
 import numpy as np
@@ -23,6 +27,8 @@ import numpy as np
 from snapcache.adapters._imports import require
 from snapcache.options import distributed_env
 from snapcache.pipeline import queries
+
+log = logging.getLogger(__name__)
 
 try:
     import torch
@@ -71,6 +77,8 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         self._loaded: dict | None = None   # this worker's state from load_state_dict
         self._iterator: Any = None
         self._yielded = 0
+        self._loader_id = uuid.uuid4().hex  # the same in every worker of its loaders
+        self._epochs = 0                    # epochs this copy (this worker) has started
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s shuffle order from the next iteration on (call it before each epoch,
@@ -98,17 +106,29 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         loaded, self._loaded = self._loaded, None
         state = loaded["iterator"] if loaded is not None else self._resume
         self._resume = None
-        iterator = self.dataset.iterate(epoch=self.epoch, stream=self.stream(), state=state,
-                                        balance=self.balance)
-        self._iterator, self._yielded = iterator, 0
-        try:
-            for example in iterator:
-                self._yielded += 1
-                yield to_tensors(example)
-        finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                close()
+        with queries.shared_epoch(self._epoch_token()):
+            iterator = self.dataset.iterate(epoch=self.epoch, stream=self.stream(),
+                                            state=state, balance=self.balance)
+            self._iterator, self._yielded = iterator, 0
+            try:
+                for example in iterator:
+                    self._yielded += 1
+                    yield to_tensors(example)
+            finally:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
+
+    def _epoch_token(self) -> str | None:
+        """In a DataLoader worker: a name for this epoch of this loader, the same in each of
+        its workers and never again, so the workers check the snapshot's manifest once between
+        them. Workers started together share the loader's base seed (a new one each time a
+        loader starts workers), and persistent workers each count the epochs they start."""
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return None
+        self._epochs += 1
+        return f"{self._loader_id}-{info.seed - info.id}-{self._epochs}"
 
     def state_dict(self) -> dict:
         """This worker's place in the epoch (``StatefulDataLoader`` calls it in each worker)."""
@@ -178,8 +198,30 @@ def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = 
              ) -> TorchDataset:
     require("torch", "ds.to_torch()")
     queries.take_fingerprints(dataset)  # once, here: workers forked each epoch inherit it
-    return TorchDataset(dataset, rank=rank, world_size=world_size,
-                        drop_remainder=drop_remainder, pad=pad, state=state)
+    torch_dataset = TorchDataset(dataset, rank=rank, world_size=world_size,
+                                 drop_remainder=drop_remainder, pad=pad, state=state)
+    if not queries.hold_for_workers(dataset):  # not committed yet: before a later fork
+        _not_held.add(torch_dataset)
+    return torch_dataset
+
+
+_not_held: "weakref.WeakSet[TorchDataset]" = weakref.WeakSet()
+
+
+def _hold_before_fork() -> None:
+    """Before this process forks (a DataLoader starting its workers): hold, here, the read
+    lease of each loader dataset's snapshots that were not committed when ``to_torch`` was
+    called and are now (after the writing epoch), so that workers started afresh every epoch
+    take no lease of their own. Nothing happens once they are held."""
+    for torch_dataset in list(_not_held):
+        try:
+            if queries.hold_for_workers(torch_dataset.dataset):
+                _not_held.discard(torch_dataset)
+        except Exception as e:  # never fail a fork; the workers then take their own leases
+            log.debug("snapshot read lease not taken before fork: %r", e)
+
+
+os.register_at_fork(before=_hold_before_fork)
 
 
 def job_state(loader_state: dict) -> dict | None:

@@ -33,6 +33,26 @@ def take_fingerprints(dataset: Any) -> None:
             plan.snapshot_id(node)  # a delta snapshot: its lineage and files, no per-file tree
 
 
+def hold_for_workers(dataset: Any) -> bool:
+    """Hold, in this process, a read lease on each committed snapshot of the pipeline while
+    the pipeline object lives: the DataLoader workers forked from here to read it then take
+    none of their own (no lease requests per worker and epoch). True if every snapshot of the
+    pipeline is committed and held (False: call again later, e.g. after the writing epoch)."""
+    from snapcache.pipeline.snapshot_exec import hold_for_workers as hold
+
+    return all([hold(node) for node in ops.lineage(dataset._op)
+                if isinstance(node, ops.SnapshotOp)])
+
+
+def shared_epoch(token: str | None) -> Any:
+    """A context in which this process reads one epoch together with the other processes of
+    this node that use the same ``token`` (a DataLoader's workers): they check each snapshot's
+    manifest once between them (see :mod:`snapcache.store.checks`). None: no sharing."""
+    from snapcache.store import checks
+
+    return checks.shared_epoch(token)
+
+
 def batch_dims(dataset: Any) -> int:
     """Leading batch dimensions the pipeline adds to its examples (one per ``batch``)."""
     return sum(node.traits.batch_dims for node in ops.lineage(dataset._op))

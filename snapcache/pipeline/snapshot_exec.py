@@ -6,7 +6,6 @@ import contextlib
 import hashlib
 import itertools
 import logging
-import multiprocessing
 import os
 import time
 import warnings
@@ -24,7 +23,7 @@ from snapcache.store.order import EpochOrder
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 from snapcache.runtime.progress import EpochProgress
 from snapcache.store.protocol import (
-    ReadLease, StreamRecord, best_progress, commit_fields, discard, hold_read, negotiate,
+    StreamRecord, best_progress, commit_fields, discard, held_by_parent, hold_read, negotiate,
     record_last_use, try_commit)
 from snapcache.store.options import WriteOptions
 from snapcache.store.protocol.versions import manifest_file
@@ -237,36 +236,50 @@ def _read(reader: SnapshotReader, op: ops.SnapshotOp, spec: streams.StreamSpec
 
 @contextlib.contextmanager
 def read_session(reader: SnapshotReader, op: ops.SnapshotOp) -> Iterator[None]:
-    """Read under a lease, so ``purge`` keeps the snapshot. The process that holds the pipeline
-    keeps its lease (renewed in the background) for as long as the snapshot op ``op`` can read
-    again: later epochs make no lease request. A child process (a DataLoader worker, which
-    lives for one epoch and exits without running exit hooks) holds one for this read only."""
-    ttl = op.options.coordination.lease_ttl
+    """Read under a lease, so ``purge`` keeps the snapshot. The process keeps its lease
+    (renewed in the background) for as long as the snapshot op ``op`` can read again, and
+    releases it at exit: later epochs make no lease request. A process forked from one that
+    holds the lease (a DataLoader worker of a loader made after the snapshot was committed,
+    see :func:`hold_for_workers`) takes none: its parent's covers its reads."""
     storage = reader.storage
-    lease = None
+    if held_by_parent(storage):
+        yield
+        return
+    _hold(storage, reader.manifest, op)
+    yield
+
+
+def hold_for_workers(op: ops.SnapshotOp) -> bool:
+    """Hold a read lease on ``op``'s snapshot in this process while ``op`` lives, if it is
+    committed: the worker processes forked from here to read it then take none of their own
+    (one lease for a DataLoader, not one per worker and epoch). True if held; False if not
+    committed, or if the storage cannot be reached now (the workers then take their own)."""
+    from snapcache.pipeline.plan import committed_snapshot
+
     try:
-        if multiprocessing.parent_process() is None:
-            fresh = hold_read(storage, ttl=ttl, holder=op)
-        else:
-            lease = ReadLease(storage, run_id=layout.new_run_id(), ttl=ttl)
-            fresh = True
+        storage, manifest = committed_snapshot(op)
+        if manifest is not None:
+            _hold(storage, manifest, op)
+    except OSError as e:
+        log.info("snapshot %s: not held for the loader's workers (%s); each worker holds its "
+                 "own read lease", op.path, e)
+        return False
+    return manifest is not None
+
+
+def _hold(storage: Storage, manifest: Manifest, op: ops.SnapshotOp) -> None:
+    try:
+        fresh = hold_read(storage, ttl=op.options.coordination.lease_ttl, holder=op)
         if fresh:
-            _touch_last_used(reader)
+            _touch_last_used(storage)
     except OSError as e:  # read-only storage: reading still works, purge just cannot see us
         log.debug("cannot record the read of %s: %s", storage.url, e)
         fresh = False
-    if fresh and not storage.exists(manifest_file(reader.manifest)):
+    if fresh and not storage.exists(manifest_file(manifest)):
         # A purge removed the snapshot between our reading its manifest and taking the lease.
-        if lease is not None:
-            lease.release()
         raise CorruptSnapshotError(
             f"snapshot {storage.url} was purged while it was being opened; iterate "
             "again to rebuild it")
-    try:
-        yield
-    finally:
-        if lease is not None:
-            lease.release()
 
 
 def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None,
@@ -321,13 +334,13 @@ def _partial_manifest(resume: StreamRecord, fingerprint: str) -> Manifest:
                     compression="", created_at="", committed_at="", writer={})
 
 
-def _touch_last_used(reader: SnapshotReader) -> None:
-    url = reader.storage.url
+def _touch_last_used(storage: Storage) -> None:
+    url = storage.url
     now = time.monotonic()
     if now - _last_used.get(url, -1e9) < LAST_USED_INTERVAL:
         return
     _last_used[url] = now
-    record_last_use(reader.storage)
+    record_last_use(storage)
 
 
 def _warn_randomness(op: ops.SnapshotOp, labelled) -> None:

@@ -1,4 +1,4 @@
-"""The one module that talks to fsspec.
+"""The module that talks to fsspec (with :mod:`snapcache.store.fs_s3`, its S3-specific part).
 
 Everything else in snapcache addresses storage through :class:`Storage`, a thin wrapper around an
 fsspec filesystem rooted at a URL (a local path, ``memory://...``, ``s3://bucket/prefix``, ...).
@@ -17,11 +17,11 @@ import threading
 from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import fsspec
-import fsspec.asyn
 import xxhash
 from fsspec.core import url_to_fs
 
-from snapcache.store import layout
+from snapcache.store import checks, fs_s3, layout
+from snapcache.store.fs_s3 import Upload
 
 if TYPE_CHECKING:
     import mmap
@@ -61,9 +61,6 @@ _PARSED: "collections.OrderedDict[tuple[str, str], tuple[tuple, Any]]" = \
 _PARSED_LOCK = threading.Lock()
 PARSED_ENTRIES = 256
 """Parsed files (manifests) kept per process by :meth:`Storage.read_parsed`."""
-RANGE_BYTES = 32 << 20
-"""A remote file larger than this whose size is known is fetched in ranges of this size,
-concurrently."""
 
 
 class FileStat(NamedTuple):
@@ -72,14 +69,6 @@ class FileStat(NamedTuple):
     path: str             # relative to the folder walked, ``/``-separated
     size: int
     mtime: float | None   # seconds since the epoch, if the filesystem reports it
-
-
-class Upload(NamedTuple):
-    """An unfinished multipart upload (object stores) below a Storage."""
-
-    path: str             # relative to the Storage
-    upload_id: str
-    initiated: float      # seconds since the epoch
 
 
 class Storage:
@@ -143,8 +132,7 @@ class Storage:
         path = self.full(rel)
         try:
             if self._s3:
-                entries = [e["name"] for e in fsspec.asyn.sync(
-                    self.fs.loop, self.fs._lsdir, path.rstrip("/"), refresh=True)]
+                entries = fs_s3.list_names(self.fs, path)
             else:
                 entries = self.fs.ls(path, detail=False, refresh=True)
         except FileNotFoundError:
@@ -160,7 +148,7 @@ class Storage:
 
     @property
     def _s3(self) -> bool:
-        return self.protocol in ("s3", "s3a") and hasattr(self.fs, "_lsdir")
+        return fs_s3.is_s3(self.fs, self.protocol)
 
     # -- reads ---------------------------------------------------------------------------------
     def read_bytes(self, rel: str, size: int | None = None) -> bytes:
@@ -174,18 +162,18 @@ class Storage:
         path = self.full(rel)
         if not self._s3:
             return self.fs.cat_file(path)
-        if size is None or size <= RANGE_BYTES:
-            return self.fs.cat_file(path, max_concurrency=1)
-        starts = list(range(0, size, RANGE_BYTES))
-        try:
-            parts = self.fs.cat_ranges([path] * len(starts), starts,
-                                       [min(size, s + RANGE_BYTES) for s in starts],
-                                       on_error="raise")
-        except FileNotFoundError:
-            raise
-        except OSError:  # e.g. a range past the end of a file shorter than said: read it whole
-            return self.fs.cat_file(path, max_concurrency=1)
-        return b"".join(parts)
+        return fs_s3.read_whole(self.fs, path, size)
+
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the file ``rel`` (one ranged GET on object stores);
+        fewer when the file is shorter."""
+        if self.local:
+            fd = os.open(self.full(rel), os.O_RDONLY)
+            try:
+                return os.pread(fd, end - start, start)
+            finally:
+                os.close(fd)
+        return self.fs.cat_file(self.full(rel), start=start, end=end)
 
     def version(self, rel: str) -> tuple | None:
         """What changes whenever the file ``rel`` is replaced, or None if it is missing:
@@ -209,43 +197,49 @@ class Storage:
         """``parse(self.read_bytes(rel))``, reusing the value this process parsed before from
         the same bytes: on S3 a later read of an unchanged file (a manifest) is one HEAD (its
         ETag, the MD5 of its content, compared) instead of a GET and a parse, and a missing one
-        one GET; locally the bytes are read and hashed, not parsed again. FileNotFoundError if
-        the file is missing. Values are shared between callers: ``parse`` must return
-        something immutable."""
+        one GET; locally the bytes are read and hashed, not parsed again. Inside
+        :func:`snapcache.store.checks.shared_epoch` the processes of one epoch on this node
+        make that check once between them. FileNotFoundError if the file is missing. Values
+        are shared between callers: ``parse`` must return something immutable."""
         key = (self.protocol, self.full(rel))
         with _PARSED_LOCK:
             known = _PARSED.get(key)
         if self.local:
             data = self.read_bytes(rel)
-            version: tuple | None = ("xxh3", xxhash.xxh3_128_digest(data))
-        elif known is not None:
+            return _parsed(key, known, ("xxh3", xxhash.xxh3_128_digest(data)), data, parse)
+        if checks.current() is not None:
+            return checks.shared_parse(
+                self.url_of(rel), known, parse,
+                lambda version, value, data: _remember(key, version, value, data),
+                lambda known: self._check_parsed(rel, key, known, parse))
+        return self._check_parsed(rel, key, known, parse)[0]
+
+    def _check_parsed(self, rel: str, key: tuple, known: tuple | None,
+                      parse: Callable[[bytes], Any]) -> tuple[Any, tuple | None, bytes]:
+        """(value, version, bytes) of the remote file ``rel``, given what is ``known`` of it
+        (version, value or None, bytes): a HEAD if known, a GET when new or changed."""
+        if known is not None:
             version = self.version(rel)
             if version is None:
                 with _PARSED_LOCK:
                     _PARSED.pop(key, None)
                 raise FileNotFoundError(self.url_of(rel))
             if known[0] == version:
-                return known[1]
-            data = self.read_bytes(rel)
-            version = self._content_version(rel, data)
+                return _parsed(key, known, version, known[2], parse), version, known[2]
+        if self._s3:
+            data, version = fs_s3.read_versioned(self.fs, self.full(rel))
+            version = self._content_version(rel, data, version)
         else:
             data = self.read_bytes(rel)
             version = self._content_version(rel, data)
-        if known is not None and known[0] == version:
-            return known[1]
-        value = parse(data)
-        if version is not None:
-            with _PARSED_LOCK:
-                _PARSED[key] = (version, value)
-                _PARSED.move_to_end(key)
-                while len(_PARSED) > PARSED_ENTRIES:
-                    _PARSED.popitem(last=False)
-        return value
+        return _parsed(key, known, version, data, parse), version, data
 
-    def _content_version(self, rel: str, data: bytes) -> tuple | None:
-        """The object's version if its ETag is the MD5 of ``data`` (a single-PUT object that
-        has not changed since ``data`` was read), else None (not worth keeping)."""
-        version = self.version(rel)
+    def _content_version(self, rel: str, data: bytes, version: tuple | None = None
+                         ) -> tuple | None:
+        """The object's version (asked for if not given) if its ETag is the MD5 of ``data`` (a
+        single-PUT object that has not changed since ``data`` was read), else None (not worth
+        keeping)."""
+        version = version or self.version(rel)
         if version is None or str(version[0]).strip('"') != hashlib.md5(data).hexdigest():
             return None
         return version
@@ -277,6 +271,18 @@ class Storage:
         if self.local:
             return _create(self.full(rel))
         return self.fs.open(self.full(rel), "wb")
+
+    def upload(self, rel: str, data: bytes | str) -> None:
+        """Store a finished file whole on a remote filesystem: ``data`` is its bytes, or the
+        name of a local file holding them. On S3 one PUT, or a multipart upload in parallel
+        parts for a large file (:func:`snapcache.store.fs_s3.upload`)."""
+        path = self.full(rel)
+        if self._s3:
+            fs_s3.upload(self.fs, path, data)
+        elif isinstance(data, str):
+            self.fs.put_file(data, path)
+        else:
+            self.fs.pipe_file(path, data)
 
     def remove_if_empty(self) -> bool:
         """Remove this folder if nothing is in it (local disk; object stores have no empty
@@ -340,15 +346,7 @@ class Storage:
             finally:
                 _silent_remove(tmp)
         if self.protocol in ("s3", "s3a"):
-            try:
-                self.fs.pipe_file(target, data, mode="create")
-                return True
-            except FileExistsError:
-                return False
-            except OSError:
-                if self.fs.exists(target):  # a PreconditionFailed the client did not map
-                    return False
-                raise
+            return fs_s3.create(self.fs, target, data)
         with _MEMORY_LOCK:
             if self.fs.exists(target):
                 return False
@@ -403,26 +401,10 @@ class Storage:
         parts are billed but no listing shows them."""
         if self.protocol not in ("s3", "s3a"):
             return []
-        bucket, _, prefix = self.root.partition("/")
-        prefix = prefix.rstrip("/") + "/" if prefix else ""
-        found, markers = [], {}
-        while True:
-            page = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix,
-                                   **markers)
-            for upload in page.get("Uploads", []) or []:
-                initiated = upload.get("Initiated")
-                found.append(Upload(upload["Key"][len(prefix):], upload["UploadId"],
-                                    initiated.timestamp() if initiated is not None else 0.0))
-            if not page.get("IsTruncated"):
-                return found
-            markers = {"KeyMarker": page.get("NextKeyMarker", ""),
-                       "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+        return fs_s3.incomplete_uploads(self.fs, self.root)
 
     def abort_upload(self, upload: Upload) -> None:
-        bucket, _, prefix = self.root.partition("/")
-        key = f"{prefix.rstrip('/')}/{upload.path}" if prefix else upload.path
-        self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
-                        UploadId=upload.upload_id)
+        fs_s3.abort_upload(self.fs, self.root, upload)
 
     def link_target(self, rel: str = "") -> str | None:
         """Where ``rel`` points if it is a symbolic link (local disk), else None."""
@@ -443,6 +425,25 @@ class Storage:
             self.fs.rm(self.full(rel), recursive=recursive)
         except FileNotFoundError:
             pass
+
+
+def _parsed(key: tuple, known: tuple | None, version: tuple | None, data: bytes,
+            parse: Callable[[bytes], Any]) -> Any:
+    """The value of ``data`` at ``version``: the known one if it is of that version."""
+    if known is not None and known[0] == version and known[1] is not None:
+        return known[1]
+    value = parse(data)
+    if version is not None:
+        _remember(key, version, value, data)
+    return value
+
+
+def _remember(key: tuple, version: tuple, value: Any, data: bytes) -> None:
+    with _PARSED_LOCK:
+        _PARSED[key] = (version, value, data)
+        _PARSED.move_to_end(key)
+        while len(_PARSED) > PARSED_ENTRIES:
+            _PARSED.popitem(last=False)
 
 
 def _create(path: str) -> IO[bytes]:
@@ -586,21 +587,11 @@ def file_identities(urls: Sequence[str], strict: bool = False,
         if len(indices) == 1:
             identities[indices[0]] = file_identity(urls[indices[0]], False, storage_options)
             continue
-        fs, path = _filesystem(folder, storage_options)
-        fs.invalidate_cache(path)
-        try:
-            listing = {posixpath.basename(e["name"].rstrip("/")): e
-                       for e in fs.ls(path, detail=True, refresh=True)}
-        except FileNotFoundError:
-            listing = {}
+        listed = fs_s3.listed_identities(*_filesystem(folder, storage_options))
         for i in indices:
-            entry = listing.get(posixpath.basename(urls[i]))
-            etag = (entry or {}).get("ETag") or (entry or {}).get("etag")
-            if entry is None or not etag:
-                identities[i] = file_identity(urls[i], False, storage_options)
-            else:
-                identities[i] = {"path": urls[i], "size": int(entry.get("size") or 0),
-                                 "etag": str(etag).strip('"')}
+            found = listed.get(posixpath.basename(urls[i]))
+            identities[i] = {"path": urls[i], **found} if found else \
+                file_identity(urls[i], False, storage_options)
     return identities  # type: ignore[return-value]
 
 

@@ -42,6 +42,10 @@ class WriteOptions:
     """Target uncompressed bytes of one Arrow record batch inside a shard. Batches hold a
     power-of-two number of rows within it, so common batch sizes are cut from one record batch
     (zero copy when uncompressed, one decompression when compressed)."""
+    uploads_in_flight: int = 2
+    """Remote snapshots: finished shards uploading in the background at most at once while
+    the next is written (each held in memory, or a local temporary file when large, until
+    stored)."""
 
     def __post_init__(self) -> None:
         if self.compression is None:  # as every peer spells "no compression"
@@ -57,6 +61,10 @@ class WriteOptions:
                                 else "compresses nothing") + "): pass one of them with it")
         _positive_bytes(self.shard_size, "shard_size")
         _positive_bytes(self.record_batch_size, "record_batch_size")
+        if not isinstance(self.uploads_in_flight, int) or isinstance(self.uploads_in_flight, bool) \
+                or self.uploads_in_flight < 1:
+            raise ValueError(f"uploads_in_flight must be an int >= 1; got "
+                             f"{self.uploads_in_flight!r}")
 
 
 @dataclass(frozen=True)

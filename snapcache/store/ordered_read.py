@@ -319,11 +319,12 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
 
 class RowAccess:
-    """Random access to the rows of a committed snapshot. The first row of a shard loads and
-    verifies that shard, which is then kept open (least recently used first out, within half
-    of ``budget`` bytes); the first row of a record batch decodes that batch once (zero-copy
-    views where it can be) and keeps it, within the other half; any row of a kept batch is
-    then an index into it.
+    """Random access to the rows of a committed snapshot. The first row of a record batch
+    reads that record batch alone and checks it against its checksum in the manifest (or, in
+    snapshots written before those were recorded, loads and verifies its whole shard, then
+    kept open, least recently used first out, within half of ``budget`` bytes), decodes it
+    once (zero-copy views where it can be) and keeps it, within the other half; any row of a
+    kept batch is then an index into it.
 
     Example::
 
@@ -339,6 +340,10 @@ class RowAccess:
         _, budget = read_budget(1, self._budget or self.reader.prefetch_bytes)
         self.layout = layout_of(self.reader.manifest)
         self._decoder = BlockDecoder(self.reader, self.layout, "rows", shard_budget=budget // 2)
+        # Record batches read one by one need the schema to decode them outside their file.
+        arrow = self.reader.schema.arrow_schema() if self.reader.schema is not None else None
+        self._alone = arrow is not None and not any(
+            pa.types.is_dictionary(f.type) for f in arrow)
         self._batch_budget = budget // 2
         # (shard, record batch) -> (row getter, bytes), least recently used first
         self._batches: collections.OrderedDict[tuple[int, int], tuple[Any, int]] = \
@@ -368,27 +373,51 @@ class RowAccess:
         return j
 
     def _locate(self, row: int) -> tuple[tuple[int, int], Any, int]:
-        block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
-        return self._decoder.locate(block, row - int(self.layout.start[block]))
+        layout = self.layout
+        block = int(np.searchsorted(layout.start, row, side="right") - 1)
+        index, j = int(layout.shard[block]), int(layout.batch[block])
+        shard = self.reader.manifest.shards[index]
+        if j >= 0 and self._alone and shard.batch_index:
+            # The manifest has this record batch's checksum: read and verify it alone.
+            return (index, j), _Alone(self.reader, shard, j), row - int(layout.start[block])
+        return self._decoder.locate(block, row - int(layout.start[block]))
 
     def _getter(self, key: tuple[int, int], load: Any) -> Any:
-        """The row getter of record batch ``key`` (shard, batch), decoded on a miss."""
+        """The row getter of record batch ``key`` (shard, batch), decoded on a miss (or when
+        only one row of it was decoded so far)."""
         with self._lock:
-            if key in self._batches:
+            entry = self._batches.get(key)
+            if entry is not None:
                 self._batches.move_to_end(key)
-                return self._batches[key][0]
-        batch = load()
-        getter, size = self.reader._decoder.row_reader(batch), batch.nbytes
+                if not isinstance(entry[0], _Read):
+                    return entry[0]
+        batch = load() if entry is None else entry[0].checked()
+        getter = self.reader._decoder.row_reader(batch)
+        self._keep(key, getter, batch.nbytes)
+        return getter
+
+    def _keep(self, key: tuple[int, int], value: Any, size: int) -> None:
         with self._lock:
-            if key not in self._batches:
-                self._batches[key] = (getter, size)
-                self._held += size
+            old = self._batches.pop(key, None)
+            if old is not None:
+                self._held -= old[1]
+            self._batches[key] = (value, size)
+            self._held += size
             while self._held > self._batch_budget and len(self._batches) > 1:
                 self._held -= self._batches.popitem(last=False)[1][1]
-        return getter
 
     def __getitem__(self, i: Any) -> Any:
         key, load, k = self._locate(self._index(i))
+        if isinstance(load, _Alone):
+            with self._lock:
+                known = key in self._batches
+            if not known:
+                # The first row of a record batch: decode that row alone (decoding them all
+                # costs more than reading the batch); a second row decodes the batch.
+                batch = load(whole=False)
+                row = self.reader.row_at(load.shard, load.index, batch, k)
+                self._keep(key, _Read(load, batch), batch.nbytes)
+                return row
         return self._getter(key, load)(k)
 
     def take(self, indices: Sequence[int]) -> list:
@@ -402,3 +431,23 @@ class RowAccess:
                 getters[key] = self._getter(key, load)
             out.append(getters[key](k))
         return out
+
+
+class _Alone:
+    """Loads record batch ``index`` of ``shard`` alone (see :meth:`SnapshotReader.read_batch`)."""
+
+    def __init__(self, reader: "SnapshotReader", shard: Any, index: int):
+        self.reader, self.shard, self.index = reader, shard, index
+
+    def __call__(self, whole: bool = True) -> pa.RecordBatch:
+        return self.reader.read_batch(self.shard, self.index, whole=whole)
+
+
+class _Read:
+    """A record batch read for one row: the rest of its validation is still to do."""
+
+    def __init__(self, load: _Alone, batch: pa.RecordBatch):
+        self.load, self.batch = load, batch
+
+    def checked(self) -> pa.RecordBatch:
+        return self.load.reader.check_batch(self.load.shard, self.load.index, self.batch)

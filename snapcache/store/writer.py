@@ -8,6 +8,7 @@ Nothing is visible as a snapshot until the manifest is committed (see
 
 from __future__ import annotations
 
+import io
 import logging
 import queue
 import threading
@@ -26,6 +27,7 @@ from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
 from snapcache.store.schema import merge_schemas
+from snapcache.store.upload import Spool, Uploads
 from snapcache.store.protocol import (
     StreamRecord, commit_fields, try_commit, write_marker, write_progress)
 
@@ -59,20 +61,47 @@ def _payload_bytes(example: Any) -> int:
 
 
 class _HashingSink:
-    """A write-only file wrapper that checksums and counts what passes through it."""
+    """A write-only file wrapper that checksums and counts what passes through it: as a whole
+    (:attr:`hash`), and, past the Arrow IPC file's header (its magic and schema message), piece
+    by piece (:meth:`piece`, one record batch each)."""
 
     def __init__(self, raw: Any):
         self._raw = raw
         self.hash = xxhash.xxh3_64()
+        self._piece = xxhash.xxh3_64()
         self.size = 0
+        self.header_end: int | None = None
+        self._head = bytearray()
         self.closed = False
 
     def write(self, data: Any) -> int:
-        view = memoryview(data)
+        view = memoryview(data).cast("B")
         self.hash.update(view)
+        if self.header_end is None:
+            self._read_header(view)
+        skip = max(0, min(view.nbytes, (self.header_end or 1 << 62) - self.size))
+        if skip < view.nbytes:
+            self._piece.update(view[skip:])
         self._raw.write(view)
         self.size += view.nbytes
         return view.nbytes
+
+    def _read_header(self, view: memoryview) -> None:
+        """Learn where the file's header ends: 8 bytes of magic, then the schema message
+        (continuation marker, int32 length, that many bytes of metadata, no body)."""
+        self._head += view[:max(0, _HEADER_PREFIX - len(self._head))]
+        if len(self._head) < _HEADER_PREFIX:
+            return
+        if bytes(self._head[8:12]) != b"\xff\xff\xff\xff":
+            raise StoreError("pyarrow wrote an Arrow IPC file without the continuation "
+                             "marker; upgrade pyarrow (snapcache needs the 0.15+ IPC format)")
+        self.header_end = _HEADER_PREFIX + int.from_bytes(self._head[12:16], "little")
+
+    def piece(self) -> str:
+        """The xxh3_64 of what was written past the header since the last call."""
+        digest = self._piece.hexdigest()
+        self._piece.reset()
+        return digest
 
     def tell(self) -> int:
         return self.size
@@ -85,6 +114,8 @@ class _HashingSink:
             self.closed = True
             self._raw.close()
 
+
+_HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
 
 MIN_SAVINGS = 0.3
 """A shard is compressed only if compressing a sample of its first record batch saves at least
@@ -170,8 +201,33 @@ def _codec(name: str, options: WriteOptions) -> pa.Codec | None:
     return pa.Codec(name, level)
 
 
+class _BatchIndexedWriter:
+    """An Arrow IPC file writer that notes where each record batch's message starts and ends
+    in the file and the xxh3 of its bytes (:attr:`ShardInfo.batch_offsets`,
+    :attr:`ShardInfo.batch_checksums`), from the bytes passing through ``sink``."""
+
+    def __init__(self, sink: _HashingSink, schema: pa.Schema, codec: pa.Codec | None):
+        self._sink = sink
+        self._writer = pa.ipc.new_file(pa.PythonFile(sink, mode="w"), schema,
+                                       options=pa.ipc.IpcWriteOptions(compression=codec))
+        self.offsets: list[int] = []
+        self.checksums: list[str] = []
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        self._writer.write_batch(batch)  # the first also writes the header
+        if not self.offsets:
+            self.offsets.append(self._sink.header_end)
+        self.offsets.append(self._sink.size)
+        self.checksums.append(self._sink.piece())
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class _ShardFile:
-    """One shard being written: a temporary file that becomes final on :meth:`finish`.
+    """One shard being written: a temporary file that becomes final on :meth:`finish` (on a
+    remote filesystem a :class:`Spool` the writer then uploads whole, see
+    :mod:`snapcache.store.upload`).
 
     Its codec is chosen from its first record batch (:func:`choose_compression`) and recorded
     in its :class:`ShardInfo`; a compressed shard that ends up larger than its raw payload is
@@ -181,17 +237,22 @@ class _ShardFile:
                  options: WriteOptions):
         self.storage, self.name, self.options = storage, name, options
         self.tmp = layout.tmp_name(name) if storage.local else name
+        self.spool: Spool | None = None
         self.compression = choose_compression(first, options, local=storage.local)
         self._open(first.schema, self.compression)
         self.rows = 0
         self.raw_bytes = 0
         self.batch_rows: list[int] = []
 
+    def _output(self) -> Any:
+        if self.storage.local:
+            return self.storage.open_output(self.tmp)
+        self.spool = Spool()
+        return self.spool
+
     def _open(self, schema: pa.Schema, compression: str) -> None:
-        self.sink = _HashingSink(self.storage.open_output(self.tmp))
-        self.writer = pa.ipc.new_file(
-            pa.PythonFile(self.sink, mode="w"), schema,
-            options=pa.ipc.IpcWriteOptions(compression=_codec(compression, self.options)))
+        self.sink = _HashingSink(self._output())
+        self.writer = _BatchIndexedWriter(self.sink, schema, _codec(compression, self.options))
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
         self.writer.write_batch(batch)
@@ -209,23 +270,31 @@ class _ShardFile:
         return ShardInfo(path=self.name, rows=self.rows, bytes=self.sink.size,
                          checksum=f"{CHECKSUM_ALGORITHM}:{self.sink.hash.hexdigest()}",
                          raw_bytes=self.raw_bytes, batch_rows=tuple(self.batch_rows),
-                         compression=self.compression)
+                         compression=self.compression,
+                         batch_offsets=tuple(self.writer.offsets),
+                         batch_checksums=tuple(self.writer.checksums))
 
     def _rewrite_raw(self) -> None:
         """The shard's later batches did not compress like its first: store it raw if that
         is smaller."""
-        table = pa.ipc.open_file(pa.py_buffer(self.storage.read_bytes(self.tmp))).read_all()
-        raw = pa.BufferOutputStream()
-        with pa.ipc.new_file(raw, table.schema) as w:
-            for batch in table.to_batches():
-                w.write_batch(batch)
-        data = raw.getvalue()
-        if data.size >= self.sink.size:
+        written = self.spool.read() if self.spool is not None else \
+            self.storage.read_bytes(self.tmp)
+        table = pa.ipc.open_file(pa.py_buffer(written)).read_all()
+        buffer = io.BytesIO()
+        raw = _HashingSink(buffer)
+        writer = _BatchIndexedWriter(raw, table.schema, None)
+        for batch in table.to_batches():
+            writer.write_batch(batch)
+        writer.close()
+        if raw.size >= self.sink.size:
             return
         self.compression = "none"
-        self.sink = _HashingSink(self.storage.open_output(self.tmp))
-        self.sink.write(data)
-        self.sink.close()
+        if self.spool is not None:
+            self.spool.discard()
+        out = self._output()
+        out.write(buffer.getbuffer())
+        out.close()
+        self.sink, self.writer = raw, writer
 
     def discard(self) -> None:
         try:
@@ -233,7 +302,10 @@ class _ShardFile:
         except Exception:  # already broken; the file is removed anyway
             pass
         self.sink.close()
-        self.storage.remove(self.tmp)
+        if self.spool is not None:
+            self.spool.discard()
+        elif self.storage.local:  # (a remote shard handed to its upload is the writer's)
+            self.storage.remove(self.tmp)
 
 
 class SnapshotWriter:
@@ -272,6 +344,7 @@ class SnapshotWriter:
         self._shards: list[ShardInfo] = list(resume.shards) if resume else []
         self._latest_schema: dict | None = self._resume_schema
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
+        self._uploads: Uploads | None = None  # remote: finished shards uploading
         self._state = "open"
         # A shard holds several record batches, so batches stay well below the shard size.
         self._batch_target = min(self.options.record_batch_size,
@@ -477,8 +550,23 @@ class SnapshotWriter:
     _discard = False
 
     def _finish(self, shard: _ShardFile) -> None:
-        self._shards.append(shard.finish())
-        self._tmp.remove(shard.name)
+        info = shard.finish()
+        if shard.spool is None:  # local: the file is in place
+            self._stored([info])
+            return
+        if self._uploads is None:
+            self._uploads = Uploads(self.storage, self.options.uploads_in_flight)
+        stored = self._uploads.submit(info, shard.spool)
+        shard.spool = None  # the upload has it now, and discards it once stored
+        self._stored(stored)
+
+    def _stored(self, shards: list[ShardInfo]) -> None:
+        """Record shards that are in place (in order): one progress record for them all."""
+        if not shards:
+            return
+        for info in shards:
+            self._shards.append(info)
+            self._tmp.remove(info.path)
         write_progress(self.storage, self._record(self._latest_schema))
 
     def _drain(self) -> None:
@@ -503,6 +591,8 @@ class SnapshotWriter:
             if shard is not None and not self._discard:
                 self._finish(shard)
                 shard = None
+            if self._uploads is not None and not self._discard:
+                self._stored(self._uploads.finish())
         except BaseException as e:  # reported to the consumer on its next call
             self._error = e
             while item is not _END:  # keep the consumer from blocking on a full queue
@@ -510,3 +600,6 @@ class SnapshotWriter:
         finally:
             if shard is not None:
                 shard.discard()
+            if self._uploads is not None:  # a failure or a discard: wait for those under way
+                self._uploads.close()
+                self._uploads = None

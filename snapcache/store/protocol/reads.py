@@ -14,6 +14,7 @@ next read takes a new one after checking that the snapshot is still committed.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import threading
 import uuid
@@ -56,6 +57,8 @@ class _Held:
         self.release()
 
     def release(self) -> None:
+        if self.key[0] != os.getpid():
+            return  # inherited over fork: the parent's lease, not ours to release
         with _lock:
             if _held.get(self.key) is self:
                 del _held[self.key]
@@ -108,6 +111,19 @@ def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
     if new_holder:
         weakref.finalize(holder, _drop_later, held, id(holder))
     return fresh
+
+
+def held_by_parent(storage: Storage) -> bool:
+    """Whether this process was forked from one that held a read lease on ``storage`` (and
+    holds it still, while the pipeline it forked us to read lives): a DataLoader worker of a
+    loader whose process holds the lease needs none of its own. Its state is inherited by
+    ``fork`` only; a process started otherwise takes its own."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return False
+    with _lock:
+        held = _held.get((parent.pid, storage.url))
+    return held is not None and held.alive
 
 
 def held_reads() -> list[str]:

@@ -1,0 +1,118 @@
+"""A warm epoch read through a torch DataLoader with worker processes makes at most one request
+in total (the manifest check is shared by the epoch's workers on this node), with
+``persistent_workers`` False and True; a manifest replaced or withdrawn between epochs is
+noticed at the next epoch."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import s3server
+import snapcache as sc
+
+from test_s3_requests import LoggedServer, bucket_url, logged  # noqa: F401  (fixtures)
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(s3server.missing_requirements() is not None,
+                                reason=str(s3server.missing_requirements()))
+
+
+def example(i):
+    return {"x": np.full(1024, i % 251, dtype=np.uint8), "i": i}
+
+
+def epoch(loader):
+    return sorted(int(i) for batch in loader for i in batch["i"])
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent"])
+def test_a_warm_epoch_with_two_workers_makes_at_most_one_request(logged, bucket_url, tmp_path,
+                                                                 persistent):
+    ds = sc.Dataset.range(400).map(example).snapshot(
+        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"))
+    assert sum(1 for _ in ds) == 400  # build
+    loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
+                                         num_workers=2, persistent_workers=persistent)
+    assert epoch(loader) == list(range(400))  # cold: fills the local cache
+    for _ in range(2):
+        since = logged.mark()
+        assert epoch(loader) == list(range(400))  # warm
+        reqs = logged.requests(since)
+        assert len(reqs) <= 1, reqs
+        assert [m for m, _ in reqs] in ([], ["HEAD"]), reqs  # the epoch's manifest check
+
+
+def manifest_path(logged, bucket_url):
+    fs = logged.server.filesystem()
+    (path,) = [p for p in fs.find(bucket_url[len("s3://"):]) if p.endswith("/manifest.json")]
+    return path
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["fresh-workers", "persistent"])
+def test_a_manifest_replaced_or_withdrawn_between_epochs_is_noticed(logged, bucket_url,
+                                                                     tmp_path, persistent):
+    ds = sc.Dataset.range(300).map(example).snapshot(
+        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"))
+    assert sum(1 for _ in ds) == 300  # build
+    loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
+                                         num_workers=2, persistent_workers=persistent)
+    assert epoch(loader) == list(range(300))
+    assert epoch(loader) == list(range(300))
+    fs = logged.server.filesystem()
+    path = manifest_path(logged, bucket_url)
+    # replaced: the next epoch's check sees a new version and fetches it
+    manifest = json.loads(fs.cat_file(path))
+    manifest["name"] = "replaced"
+    fs.pipe_file(path, json.dumps(manifest).encode())
+    since = logged.mark()
+    assert epoch(loader) == list(range(300))
+    gets = [p for m, p in logged.requests(since) if m == "GET" and p.endswith("manifest.json")]
+    assert gets, "the replaced manifest was not fetched"
+    # withdrawn: the next epoch does not read the old shards from the local cache as if
+    # committed; the snapshot is written again (by the workers, as two streams) and committed
+    first_run = manifest["writer"]["run_id"]
+    fs.rm(path)
+    since = logged.mark()
+    assert epoch(loader) == list(range(300))
+    reqs = logged.requests(since)
+    assert [p for m, p in reqs if m == "PUT" and p.endswith(".arrow")], reqs
+    rebuilt = json.loads(fs.cat_file(manifest_path(logged, bucket_url)))
+    assert rebuilt["writer"]["run_id"] != first_run
+
+
+def test_workers_started_afresh_leave_no_read_lease_behind(logged, bucket_url, tmp_path):
+    """A loader made before the snapshot exists: its workers build it; before it forks the
+    next epoch's workers the loader's process takes the read lease, which the workers use,
+    so none of theirs is left when they exit (nor is the parent's released by them)."""
+    ds = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
+                                                     shard_size=64 << 10)
+    loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
+                                         num_workers=2, persistent_workers=False)
+    assert epoch(loader) == list(range(200))  # the workers build it (two streams)
+    assert epoch(loader) == list(range(200))  # and read it
+    assert epoch(loader) == list(range(200))
+    fs = logged.server.filesystem()
+    folder = manifest_path(logged, bucket_url).rsplit("/", 1)[0]
+    left = [json.loads(fs.cat_file(p)) for p in fs.ls(folder, refresh=True) if "/reader-" in p]
+    assert [lease["pid"] for lease in left] == [os.getpid()]
+
+
+def test_a_loader_made_before_the_build_holds_one_lease_for_fresh_workers(logged, bucket_url,
+                                                                          tmp_path):
+    """Workers started afresh each epoch by a loader made before the snapshot existed: after
+    the writing epoch, the loader's process holds the read lease (taken before it forks the
+    next epoch's workers), so a warm epoch is still one request."""
+    ds = sc.Dataset.range(200).map(example).snapshot(
+        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"))
+    loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
+                                         num_workers=2, persistent_workers=False)
+    assert epoch(loader) == list(range(200))  # the workers build it
+    assert epoch(loader) == list(range(200))  # read: fills the local cache
+    since = logged.mark()
+    assert epoch(loader) == list(range(200))  # warm
+    reqs = logged.requests(since)
+    assert [m for m, _ in reqs] in ([], ["HEAD"]), reqs
