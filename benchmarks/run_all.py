@@ -27,11 +27,15 @@ import time
 import snapcache as sc
 from snapcache import machine
 from benchmarks import classic, cpu_work
-from benchmarks.report import DOC, command_line, markers, publish, verdict, write_doc  # noqa: F401
+from benchmarks.report import (  # noqa: F401 (write_doc: imported from here by others)
+    DOC, command_line, load_average, markers, publish, verdict, write_doc)
 
 START, END = markers("runtime-benchmarks")
 COMPRESSIONS = ("none", "auto", "lz4", "zstd")
 """Asked of snapcache: "auto" is the default (the codec chosen per shard)."""
+TF_CODECS = {"image": ("none", "lz4", "zstd"), "token": ("none",)}
+"""tf.data's codecs run: its compressed token-like snapshots take 40-100 s each to write here
+(2 of the run's 15 minutes), and the targets compare with its uncompressed one."""
 MEMORY_BUDGET = 32 << 20
 # Written with the numbers of the run that produced docs/benchmarks.md; revisit after changes.
 NOTES = """### Notes on the targets
@@ -73,7 +77,7 @@ def throughput(workdir, sizes, skip_baselines):
     for workload, n in sizes.items():
         for system in systems:
             codecs = COMPRESSIONS if system == "snapcache" else \
-                ("none", "lz4", "zstd") if system == "tfdata" else ("none",)
+                TF_CODECS[workload] if system == "tfdata" else ("none",)
             for c in codecs:
                 root = os.path.join(workdir, f"{system}-{workload}-{c}")
                 w = sub("write", system, workload, c, n, root)
@@ -136,7 +140,9 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
              f"took {elapsed / 60:.1f} min. Machine: {platform.machine()}, "
              f"{machine.available_cpus()} usable CPUs, "
              f"{machine.total_memory() / 2**30:.0f} GiB RAM, Python "
-             f"{platform.python_version()}, {platform.platform()}. All numbers from this one run.\n")
+             f"{platform.python_version()}, {platform.platform()}; 1-minute load average "
+             f"{args.load} at the start (other jobs share the 2 cores). All numbers from this "
+             "one run.\n")
     naive = classic_rows[0][1]
     L.append("### 1. Classic input-pipeline experiments\n")
     L.append(f"Source: open {classic.OPEN_S * 1e3:.0f} ms, {classic.READ_S * 1e3:.0f} ms an "
@@ -159,7 +165,8 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
              "examples (each copied into the staging buffer). first batch: from building the "
              "pipeline object (imports excluded) to the first batch, in a fresh process. "
              "tf.data is `Dataset.save`/`Dataset.load` (the snapshot file format and reader; "
-             "codecs: none, SNAPPY for lz4, GZIP for zstd); HF datasets has no compression "
+             "codecs: none, SNAPPY for lz4, GZIP for zstd; token-like: none only, its compressed "
+             "ones take 40-100 s each to write); HF datasets has no compression "
              "and is listed once; raw = numpy `readinto` of the same bytes from page cache.\n")
     L.append("| workload | system | codec | MB/s batched | examples/s batched | "
              "examples/s one-by-one | first batch ms | on disk MB | peak RSS MB | "
@@ -251,6 +258,7 @@ def main(argv=None):
     parser = command_line(__doc__, scale=1.0, writes_by_default=True)
     parser.add_argument("--skip-baselines", action="store_true")
     args = parser.parse_args(argv)
+    args.load = load_average()
     started = time.perf_counter()
     sizes = {"image": max(512, int(8192 * args.scale)),
              "token": max(10_000, int(200_000 * args.scale))}

@@ -55,7 +55,9 @@ class _Shards:
                     self._open.move_to_end(index)
                     return self._open[index]
             shard = self.reader.manifest.shards[index]
-            file_reader = self.reader.open_shard(shard)
+            # A shard larger than the budget is read in low-memory mode: its pages are dropped
+            # from this process as they are hashed and after each block is decoded.
+            file_reader = self.reader.open_shard(shard, low_memory=self.low_memory(shard))
             where = f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r}"
             count = file_reader.num_record_batches
             if shard.batch_rows is not None:
@@ -74,6 +76,9 @@ class _Shards:
                 self._open[index] = (file_reader, starts)
                 self._trim(keep=index)
             return file_reader, starts
+
+    def low_memory(self, shard: Any) -> bool:
+        return shard.bytes > self.budget
 
     def fits(self, index: int) -> bool:
         """True if shard ``index`` is not open and opening it evicts no open shard."""
@@ -155,6 +160,9 @@ class BlockDecoder:
             j += 1
         batch = pieces[0] if len(pieces) == 1 else pa.Table.from_batches(
             pieces).combine_chunks().to_batches()[0]
+        shard = self.reader.manifest.shards[index]
+        if self.shards.low_memory(shard):
+            self.reader.release_pages(shard)
         decoder = self.reader._decoder
         assert decoder is not None
         if self.mode == "rows":

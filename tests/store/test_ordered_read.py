@@ -99,6 +99,34 @@ def test_each_shard_is_opened_once_and_a_damaged_one_raises_after_the_rows_befor
     assert seen == list(range(before // 64 * 64))
 
 
+def test_shards_larger_than_the_budget_are_read_in_low_memory_mode(root, monkeypatch):
+    """A shard larger than the open-shard half of the budget is opened in low-memory mode (its
+    pages dropped as it is hashed and after each block is decoded); rows are the same."""
+    reader, _ = build(root, example, n=500, compression="none")
+    order = EpochOrder(layout_of(reader.manifest), None, 0)
+    modes, released = [], []
+    real_open, real_release = SnapshotReader.open_shard, SnapshotReader.release_pages
+
+    def open_shard(self, shard, **kw):
+        modes.append(kw.get("low_memory", False))
+        return real_open(self, shard, **kw)
+
+    def release_pages(self, shard):
+        released.append(shard.path)
+        return real_release(self, shard)
+
+    monkeypatch.setattr(SnapshotReader, "open_shard", open_shard)
+    monkeypatch.setattr(SnapshotReader, "release_pages", release_pages)
+    sizes = [s.bytes for s in reader.manifest.shards]
+    for budget, low in ((4 * max(sizes), False), (min(sizes), True)):
+        modes.clear(), released.clear()
+        ids = [i for _, _, rows in ordered_pieces(reader, order, [(0, 500)], mode="columns",
+                                                  threads=2, budget=budget)
+               for i in rows["i"].tolist()]
+        assert ids == list(range(500))
+        assert set(modes) == {low} and bool(released) == low
+
+
 def test_ragged_snapshots_read_as_examples(root):
     reader, _ = build(root, ragged)
     order = EpochOrder(layout_of(reader.manifest), 1, 0, 50)
