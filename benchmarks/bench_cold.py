@@ -13,7 +13,6 @@ on a real disk: on tmpfs nothing can be dropped).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -21,9 +20,13 @@ import tempfile
 import time
 
 import snapcache as sc
+from benchmarks.report import command_line, load_average, markers, publish, verdict
 from benchmarks.workloads import MAKERS, consume, staging
 
-START, END = "<!-- cold-benchmark:start -->", "<!-- cold-benchmark:end -->"
+START, END = markers("cold-benchmark")
+CODECS = ("auto", "zstd", "none")
+"""Asked of snapcache: "auto" is the default (lz4 for the token-like rows, raw for the image-like
+ones); "zstd" asked explicitly."""
 BATCH = 256
 CHUNK = 16 << 20
 
@@ -86,11 +89,12 @@ def measure(workdir: str, workload: str, n: int, compression: str, runs: int = 3
             "shards": len(shards)}
 
 
-def render(args, results, elapsed) -> str:
+def render(args, results, elapsed, load) -> str:
     L = [START, "## Cold local disk\n"]
     L.append(f"`python -m benchmarks.bench_cold --scale {args.scale} --write-doc` (took "
              f"{elapsed:.0f} s; ext4 on a virtual disk; 2-core machine shared with other jobs, "
-             "so only the ratios of this run mean anything). Before every run each file of "
+             f"1-minute load average {load} at the start, so only the ratios of this run mean "
+             "anything). Before every run each file of "
              "the snapshot is dropped from the page cache with `posix_fadvise(DONTNEED)`. "
              "raw: the same shard files read sequentially in 16 MiB `readinto` calls. "
              "snapcache: a fresh pipeline object, batches of 256 copied into a staging buffer, "
@@ -104,17 +108,16 @@ def render(args, results, elapsed) -> str:
         ratio = r["raw_s"] / r["ours_s"]
         L.append(f"| {workload} | {compression} | {r['shards']} | {mb:,.0f} | "
                  f"{mb / r['raw_s']:,.0f} | {mb / r['ours_s']:,.0f} | {ratio:.2f}x | "
-                 f"{'**met**' if ratio >= 0.8 else '**MISSED**'} | {mb / r['warm_raw_s']:,.0f} |")
+                 f"{verdict(ratio >= 0.8)} | {mb / r['warm_raw_s']:,.0f} |")
     L.append(END)
     return "\n".join(L)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", type=float, default=1.0)
+    parser = command_line(__doc__, scale=1.0)
     parser.add_argument("--dir", default=None)
-    parser.add_argument("--write-doc", action="store_true")
     args = parser.parse_args(argv)
+    load = load_average()
     started = time.perf_counter()
     sizes = {"image": max(200, int(4000 * args.scale)),
              "token": max(10_000, int(200_000 * args.scale))}
@@ -123,17 +126,14 @@ def main(argv=None):
     results = {}
     try:
         for workload, n in sizes.items():
-            for compression in ("zstd", "none"):
+            for compression in CODECS:
                 results[(workload, compression)] = measure(workdir, workload, n, compression)
                 print(f"  {workload} {compression} {results[(workload, compression)]}",
                       file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    section = render(args, results, time.perf_counter() - started)
-    print(section)
-    if args.write_doc:
-        from benchmarks.run_all import write_doc
-        write_doc(section, START, END)
+    section = render(args, results, time.perf_counter() - started, load)
+    publish(section, START, END, write=args.write)
 
 
 if __name__ == "__main__":

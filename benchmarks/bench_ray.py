@@ -12,7 +12,6 @@ the best of ``--repeat`` runs, after a warm-up build that loads snapcache into t
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import shutil
@@ -22,9 +21,9 @@ import time
 import numpy as np
 
 import snapcache as sc
+from benchmarks.report import command_line, markers, publish
 
-DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md")
-START, END = "<!-- ray-benchmark:start -->", "<!-- ray-benchmark:end -->"
+START, END = markers("ray-benchmark")
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
@@ -62,11 +61,10 @@ def timed(run, repeat: int) -> float:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__)
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--ms", type=float, default=20.0)
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--write-doc", action="store_true")
     args = parser.parse_args(argv)
 
     import ray
@@ -99,9 +97,7 @@ def main(argv=None) -> dict:
               "init_seconds": init_seconds, "warmup_seconds": warmup_seconds,
               "results": results, "cpus": os.cpu_count(), "load": load,
               "python": platform.python_version()}
-    print(render(report))
-    if args.write_doc:
-        write_doc(render(report))
+    publish(f"{START}\n{render(report)}\n{END}", START, END, write=args.write)
     return report
 
 
@@ -135,20 +131,6 @@ def render(report: dict) -> str:
         "jobs, and make a retry cheaper; they cannot beat the CPU count.",
     ]
     return "\n".join(lines)
-
-
-def write_doc(section: str) -> None:
-    """Replace our section of docs/benchmarks.md, or append it (other sections untouched)."""
-    with open(DOC, encoding="utf-8") as f:
-        text = f.read()
-    block = f"{START}\n{section}\n{END}"
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    with open(DOC, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Results go to docs/benchmarks.md between the ``resume-benchmarks`` markers.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -27,8 +26,9 @@ import time
 import numpy as np
 
 import snapcache as sc
+from benchmarks.report import command_line, markers, publish
 
-START, END = "<!-- resume-benchmarks:start -->", "<!-- resume-benchmarks:end -->"
+START, END = markers("resume-benchmarks")
 BATCH = 256
 
 
@@ -147,10 +147,11 @@ def report(n: int, resume: dict, local: dict, s3: dict | None) -> str:
                  f"{resume['loader_resumed'] / resume['loader_fresh']:.2f}x | |")
     L += ["", "The resume target is < 2x the fresh epoch's first batch: a resumed epoch reads the "
           "window it resumes in and nothing before it (no replay).", "",
-          "`snap[i]` for random `i` (`snapcache.open_snapshot(root)[i]`; the first access to a shard loads "
-          "and verifies it whole, the first to a record batch decodes it once into views kept "
-          "within half the read budget, later rows of a kept batch are an index; cold: the "
-          "first probes of a fresh handle, warm: as many more after them):", "",
+          "`snap[i]` for random `i` (`snapcache.open_snapshot(root)[i]`; the first row of a "
+          "record batch reads and verifies that record batch alone and decodes that row, its "
+          "second row decodes the batch into views kept within half the read budget, later "
+          "rows of a kept batch are an index; cold: the first probes of a fresh handle, warm: "
+          "as many more after them):", "",
           "| storage | shards | cold median | cold p99 | warm median | warm p99 |",
           "|---|---|---|---|---|---|"]
     for name, row in (("local disk", local), ("loopback S3 (moto)", s3)):
@@ -165,21 +166,15 @@ def report(n: int, resume: dict, local: dict, s3: dict | None) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command_line(__doc__, writes_by_default=True)
     parser.add_argument("--examples", type=int, default=40_000)
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         resume = resume_numbers(os.path.join(tmp, "resume"), args.examples)
         local = access_numbers(os.path.join(tmp, "access"), args.examples)
     s3 = s3_access_numbers(min(args.examples, 10_000))
     text = report(args.examples, resume, local, s3)
-    print(text)
-    if args.no_write:
-        return
-    from benchmarks.run_all import write_doc
-
-    write_doc(text, START, END)
+    publish(text, START, END, write=args.write)
 
 if __name__ == "__main__":
     main()

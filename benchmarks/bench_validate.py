@@ -19,16 +19,16 @@ and own numpy offset + UTF-8 checks alone (the alternative considered, not shipp
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 
 import numpy as np
 import pyarrow as pa
 
+from benchmarks.report import command_line, markers, publish
 from benchmarks.workloads import MAKERS
 
-START, END = "<!-- validate-benchmark:start -->", "<!-- validate-benchmark:end -->"
+START, END = markers("validate-benchmark")
 REPEATS = 7
 N = {"image": 2048, "token": 100_000, "text": 100_000}
 
@@ -126,7 +126,8 @@ def measure(workload: str, storage) -> dict:
     return best
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    args = command_line(__doc__).parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as root:
         for workload in ("image", "token", "text"):
@@ -155,11 +156,7 @@ def main() -> None:
             "shape check | Arrow validate(full=True) alone | own numpy offset + UTF-8 checks "
             "(not shipped) |\n|---|---|---|---|---|\n"
             + "\n".join(rows) + f"\n{END}")
-    print(text)
-    if "--write-doc" in sys.argv:
-        from benchmarks.run_all import write_doc
-
-        write_doc(text, START, END)
+    publish(text, START, END, write=args.write)
 
 
 if __name__ == "__main__":

@@ -11,18 +11,17 @@ a fresh process, best of 3. Reports the ratio.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 
+from benchmarks.report import markers, publish
 from benchmarks.workloads import MAKERS, consume, example_bytes, staging
 
 N = 4096
 BATCH = 256
-START, END = "<!-- verify-benchmark:start -->", "<!-- verify-benchmark:end -->"
-DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md")
+START, END = markers("verify-benchmark")
 
 
 def pipeline(root: str, verify: bool):
@@ -68,15 +67,8 @@ def main() -> None:
             "| reading | MB/s |\n|---|---|\n"
             f"| verify=False | {off:,.0f} |\n| verify=True (default) | {on:,.0f} |\n\n"
             f"Verifying costs {100 * (1 - on / off):.0f}% of the read throughput here "
-            f"(ratio {on / off:.2f}); with compression the share is smaller.\n{END}\n")
-    print(text)
-    if "--write-doc" in sys.argv:
-        doc = open(DOC).read()
-        if START in doc:
-            doc = doc[:doc.index(START)] + text + doc[doc.index(END) + len(END) + 1:]
-        else:
-            doc = doc.rstrip("\n") + "\n\n" + text
-        open(DOC, "w").write(doc)
+            f"(ratio {on / off:.2f}); with compression the share is smaller.\n{END}")
+    publish(text, START, END, write="--write-doc" in sys.argv)
 
 
 if __name__ == "__main__":

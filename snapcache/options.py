@@ -84,10 +84,13 @@ class SnapshotOptions:
     """Progress of the writing epoch: True (a bar on a terminal, log lines otherwise), False,
     or a callable receiving :class:`snapcache.runtime.progress.ProgressUpdate` objects."""
     storage_options: dict = field(default_factory=dict, compare=False, hash=False)
-    delta: bool = False
+    delta: bool | None = None
     """Build a snapshot of files (``from_files``/``from_parquet`` then element-wise ops) by
     file, so that a grown source computes only its new and changed files (a delta snapshot,
-    see docs/format.md)."""
+    see docs/format.md). ``None`` (the default): whenever the pipeline allows it, unless an
+    ordinary snapshot of exactly this pipeline is already committed (made by an earlier
+    release); ``True``: always (an error when the pipeline does not allow it); ``False``:
+    never."""
     on_corrupt: str = field(default="raise", compare=False)
     """A corrupt snapshot met while reading: ``"raise"`` CorruptSnapshotError, or
     ``"rebuild"`` it and carry on (with a warning)."""
@@ -108,13 +111,14 @@ class SnapshotOptions:
             raise ValueError(f"on_corrupt must be 'raise' or 'rebuild'; got {self.on_corrupt!r}")
         if not isinstance(self.storage_options, dict):
             raise TypeError("storage_options must be a dict of fsspec options")
-        if not isinstance(self.delta, bool):
-            raise TypeError(f"delta must be True or False; got {self.delta!r}")
+        if self.delta is not None and not isinstance(self.delta, bool):
+            raise TypeError(f"delta must be None (whenever the pipeline allows it), True or "
+                            f"False; got {self.delta!r}")
 
     @classmethod
     def from_keywords(cls, *, key: str | None = None, name: str | None = None,
                       progress: Any = True, storage_options: dict | None = None,
-                      delta: bool = False, on_corrupt: str = "raise",
+                      delta: bool | None = None, on_corrupt: str = "raise",
                       **keywords: Any) -> "SnapshotOptions":
         """Route ``Dataset.snapshot``'s flat keywords to the part that owns each one."""
         parts: dict[str, dict[str, Any]] = {"write": {}, "read": {}, "coordination": {}}

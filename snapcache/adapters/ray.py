@@ -166,6 +166,9 @@ def build(ds: "Dataset", *, num_tasks: int, resources: dict | None = None,
 
     The snapshot is the one a single process writes (same fingerprint and format); its
     examples are in stream order: stream 0's (examples 0, n, 2n, ...), then stream 1's, ...
+    A delta snapshot (the default for ``from_files``/``from_parquet`` then element-wise ops)
+    is built the same way as by ``n`` local streams: task ``i`` computes segments ``i, i + n,
+    ...`` of the next version (only new and changed files), the last one commits it.
 
     Example::
 

@@ -56,7 +56,9 @@ def files_table(files: list[dict]) -> Table:
     for column in ("FILE", "SIZE", "SEGMENT"):
         t.add_column(column, justify="right" if column != "FILE" else "left")
     for f in files:
-        t.add_row(Text(str(f["path"])), format_size(int(f.get("size") or 0)), str(f["segment"]))
+        where = str(f["path"]) + (f"#{f['row_group']}" if f.get("row_group") is not None
+                                  else "")
+        t.add_row(Text(where), format_size(int(f.get("size") or 0)), str(f["segment"]))
     return t
 
 
@@ -70,8 +72,11 @@ def delta_rows(facts: Table, snap: SnapshotInfo) -> None:
     m = snap.manifest
     source = (m.source or {}) if m is not None else {}
     segments = len(m.segments or ()) if m is not None else 0
-    facts.add_row("source", f"{source.get('kind', '?')}: "
-                            f"{common.plural(int(source.get('units', 0)), 'file')}, "
+    units = common.plural(int(source.get('units', 0)), 'file')
+    if isinstance(source.get("files"), int):  # Parquet row groups as units
+        units = (f"{common.plural(source['files'], 'file')}, "
+                 f"{common.plural(int(source.get('units', 0)), 'row group')}")
+    facts.add_row("source", f"{source.get('kind', '?')}: {units}, "
                             f"{format_size(int(source.get('bytes', 0)))}, "
                             f"{snap.num_examples or 0:,} examples in "
                             f"{common.plural(segments, 'segment')} (--files lists them)")

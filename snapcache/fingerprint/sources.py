@@ -19,7 +19,7 @@ from snapcache.fingerprint.functions import hash_function
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, combine, leaf, node
 
 __all__ = ["hash_iterable_source", "hash_range_source", "hash_generator_source",
-           "hash_files_source", "files_lineage_node"]
+           "hash_files_source", "files_lineage_node", "row_groups_lineage_node"]
 
 
 def hash_iterable_source(items: Iterable[Any], label: str = "source") -> FingerprintNode:
@@ -91,3 +91,12 @@ def files_lineage_node(*, strict: bool) -> FingerprintNode:
     file is a unit, keyed by :func:`snapcache.fingerprint.units.unit_key`)."""
     return leaf("source", "source:files-by-unit", b"strict" if strict else b"",
                 "files, each a unit" + (" (strict)" if strict else ""))
+
+
+def row_groups_lineage_node() -> FingerprintNode:
+    """A Parquet source as a delta snapshot's lineage counts it: by kind, each row group a unit
+    keyed by its content (:func:`snapcache.fingerprint.units.unit_key`). Another kind than
+    :func:`files_lineage_node`: lineages whose units were whole Parquet files are not read as
+    row-group lineages."""
+    return leaf("source", "source:parquet-row-groups", b"",
+                "Parquet files, each row group a unit")

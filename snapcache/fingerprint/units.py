@@ -1,8 +1,10 @@
 """Source units of delta snapshots: keys, the digest of a unit set, and what changed.
 
-A *unit* is the smallest part of a file source that is computed on its own: a file. Its key is
-the xxh3-128 of its identity (path, size, mtime or ETag, content hash in strict mode), so a
-file that is rewritten, touched or renamed gets a new key. The upstream code is not part of a
+A *unit* is the smallest part of a file source that is computed on its own: a file, or a
+Parquet row group. A file's key is the xxh3-128 of its identity (path, size, mtime or ETag,
+content hash in strict mode), so a file that is rewritten, touched or renamed gets a new key. A
+row group's key is its file's path and the xxh3-128 of its bytes (``row_group`` in its
+identity): a rewritten file whose row group holds the same content keeps that unit. The upstream code is not part of a
 unit key: units live in a lineage folder that the code fingerprint names, so a change of code
 is a different lineage and recomputes everything.
 
@@ -25,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import xxhash
 
-__all__ = ["unit_text", "unit_key", "units_digest", "UnitDiff", "diff_units", "describe_delta"]
+__all__ = ["unit_text", "unit_key", "unit_label", "units_digest", "UnitDiff", "diff_units", "describe_delta"]
 
 def unit_text(identity: Mapping[str, Any]) -> str:
     """The canonical text of one file's identity: its path and the identity fields, separated
@@ -41,8 +43,24 @@ def _text(value: Any) -> str:
 
 
 def unit_key(identity: Mapping[str, Any]) -> str:
-    """The 32-hex-digit key of one file unit, from its identity mapping."""
-    return xxhash.xxh3_128_hexdigest(unit_text(identity).encode("utf-8", "surrogatepass"))
+    """The 32-hex-digit key of one unit, from its identity mapping: a file's whole identity;
+    a row group's path and content digest (not its file's size or mtime, nor its index).
+
+    >>> g = {"path": "a.parquet", "row_group": 0, "xxh3_128": "ab" * 16, "mtime_ns": 1}
+    >>> unit_key(g) == unit_key({**g, "row_group": 3, "mtime_ns": 2, "file_size": 9})
+    True
+    """
+    if identity.get("row_group") is not None:
+        text = f"{identity['path']}\x00row_group\x00xxh3_128={identity['xxh3_128']}"
+    else:
+        text = unit_text(identity)
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def unit_label(identity: Mapping[str, Any]) -> str:
+    """How ``explain`` names a unit: its path, and ``#<index>`` for a row group."""
+    group = identity.get("row_group")
+    return identity["path"] if group is None else f"{identity['path']}#{group}"
 
 
 def units_digest(identities: Sequence[Mapping[str, Any]]) -> str:
@@ -57,7 +75,10 @@ def units_digest(identities: Sequence[Mapping[str, Any]]) -> str:
     h = xxhash.xxh3_128(b"snapcache.units\x00")
     h.update(len(identities).to_bytes(8, "little"))
     h.update("\x00".join([str(i["path"]) for i in identities]).encode("utf-8", "surrogatepass"))
-    for name in ("size", "mtime_ns"):
+    numbers = ("size", "mtime_ns")
+    if any(i.get("row_group") is not None for i in identities):  # row groups: their index too
+        numbers += ("row_group", "file_size")
+    for name in numbers:
         values = [i.get(name) for i in identities]
         h.update(np.array([v is None for v in values], dtype=np.bool_).tobytes())
         h.update(np.array([0 if v is None else v for v in values], dtype=np.int64).tobytes())
@@ -106,18 +127,18 @@ def _count(n: int, noun: str) -> str:
 
 
 def describe_delta(diff: UnitDiff, *, computing: int, total: int, reusing: int,
-                   reused_share: float) -> str:
-    """The sentence ``explain`` prints::
+                   reused_share: float, noun: str = "file") -> str:
+    """The sentence ``explain`` prints (``noun``: what a unit is, "file" or "row group")::
 
         source: 3 files added, 1 changed, 2 removed; computing 4 of 1,203 units, reusing 1,199
         (98.1% of examples)
     """
-    parts = [f"{_count(len(diff.added), 'file')} added" if diff.added else "",
+    parts = [f"{_count(len(diff.added), noun)} added" if diff.added else "",
              f"{len(diff.changed):,} changed" if diff.changed else "",
              f"{len(diff.removed):,} removed" if diff.removed else ""]
-    what = ", ".join(p for p in parts if p) or "no file added, changed or removed"
+    what = ", ".join(p for p in parts if p) or f"no {noun} added, changed or removed"
     if not diff.added and (diff.changed or diff.removed):
         first, _, rest = what.partition(" ")
-        what = f"{first} {'file' if int(first.replace(',', '')) == 1 else 'files'} {rest}"
+        what = f"{first} {noun if int(first.replace(',', '')) == 1 else noun + 's'} {rest}"
     return (f"source: {what}; computing {computing:,} of {_count(total, 'unit')}, reusing "
             f"{reusing:,} ({reused_share:.1%} of examples)")

@@ -5,6 +5,8 @@ protocol as local writers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from snapcache.pipeline import ops, plan
 from snapcache.store import layout
 from snapcache.store.protocol import commit_fields
@@ -31,3 +33,22 @@ class SnapshotBuilder:
 
     def resumable(self) -> bool:
         return ops.resumable(self._op.parent)
+
+    def delta_stream(self, index: int, count: int, compute: bool = True) -> Any:
+        """A delta snapshot: stream ``index`` of ``count`` computes its share of the tasks
+        of the next version (``compute=False``: none), and the version is committed if every
+        task is recorded (:func:`snapcache.pipeline.delta_exec.advance`)."""
+        from snapcache.pipeline import delta_exec
+        from snapcache.store.fs import Storage
+        from snapcache.store.protocol import versions
+
+        op, source = self._op, plan.delta_source(self._op)
+        lineage = plan.lineage_tree(op)
+        storage = Storage(op.path, op.options.storage_options).child(lineage.digest)
+        units = plan.delta_units(op, source)
+        found = versions.find_version(storage, units.digest)
+        if found is not None:
+            return delta_exec.Progress(found)
+        return delta_exec.advance(op, 0, storage, units, stream=index, count=count,
+                                  source=source, lineage=lineage, compute=compute,
+                                  describe=plan.describe_pipeline(op.parent))

@@ -236,15 +236,16 @@ class Dataset:
         """Keep the examples in memory after the first complete epoch."""
         return self._then(ops.CacheOp)
 
-    def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "zstd",
+    def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "auto",
                  compression_level: int | None = None, shard_size: int = 64 << 20,
+                 record_batch_size: int = 16 << 20,
                  key: str | None = None, name: str | None = None, verify: bool = True,
                  on_busy: str = "wait", wait_timeout: float | None = None,
                  lease_ttl: float = 30.0, prefetch_bytes: int | None = None,
                  progress: bool | Callable[[Any], None] = True,
                  local_cache: str | os.PathLike | None = None,
                  local_cache_limit: int = 50 << 30,
-                 storage_options: dict | None = None, delta: bool = False,
+                 storage_options: dict | None = None, delta: bool | None = None,
                  on_corrupt: str = "raise") -> "Dataset":
         """Persist the examples up to here under ``path`` (a folder or fsspec URL; default
         ``$SNAPCACHE_ROOT`` or ``~/.cache/snapcache``) and read them back from then on.
@@ -264,13 +265,23 @@ class Dataset:
         the machine's memory). ``progress`` shows the writing epoch (a bar on a terminal, log
         lines otherwise); ``False`` silences it, a callable receives each update.
 
+        Shards hold about ``shard_size`` bytes each, in record batches of at most
+        ``record_batch_size`` bytes (and a quarter of a shard): what a random access
+        (``ds.open_snapshot()[i]``) reads and verifies for its first row of a record batch.
+        Smaller record batches make those first rows cheaper and sequential reads a little
+        dearer.
+
         For remote roots (``s3://...``), ``local_cache=DIR`` keeps copies of the shards read in
         ``DIR``, at most ``local_cache_limit`` bytes, least recently used evicted first.
 
-        ``delta=True`` (files, then element-wise ops): the snapshot is built file by file in a
-        folder named by the upstream's code alone; when files are added, changed or removed,
-        the next run computes only those and commits a new version that reuses every other
-        shard in place (see docs/format.md, "Delta snapshots").
+        A snapshot of files (``from_files``/``from_parquet``, then only element-wise ops such
+        as ``map``, ``filter``, ``interleave``, ``prefetch``, and no ``key``) is a *delta
+        snapshot* by default: it is built file by file in a folder named by the upstream's code
+        alone; when files are added, changed or removed, the next run computes only those and
+        commits a new version that reuses every other shard in place (see docs/format.md,
+        "Delta snapshots"). An ordinary snapshot of exactly this pipeline made by an earlier
+        release is read instead. ``delta=False`` makes an ordinary snapshot (one folder per
+        file list); ``delta=True`` insists (an error when the pipeline does not allow it).
 
         A corrupt snapshot (a shard whose checksum does not match, an unreadable manifest)
         fails the epoch with ``on_corrupt="raise"``; ``"rebuild"`` withdraws it, warns, and
@@ -278,13 +289,14 @@ class Dataset:
         """
         options = SnapshotOptions.from_keywords(
             compression=compression, compression_level=compression_level,
+            record_batch_size=record_batch_size,
             shard_size=shard_size, key=key, name=name, verify=verify, on_busy=on_busy,
             wait_timeout=wait_timeout, lease_ttl=lease_ttl, prefetch_bytes=prefetch_bytes,
             progress=progress,
             local_cache=os.fspath(local_cache) if local_cache is not None else None,
             local_cache_limit=local_cache_limit, storage_options=storage_options,
             delta=delta, on_corrupt=on_corrupt)
-        if delta:
+        if delta is True:
             _check_delta(self._op, key)
         root = os.fspath(path) if path is not None else default_root()
         return self._then(ops.SnapshotOp, path=root, options=options)
@@ -442,12 +454,10 @@ class Dataset:
                              "to get a snapshot handle")
         source = plan.delta_source(snap)
         if source is not None:  # a delta snapshot: the version built from this pipeline's files
-            from snapcache.pipeline.delta_exec import source_units
-
             folder = Storage(snap.path, snap.options.storage_options).child(
                 plan.lineage_tree(snap).digest)
             return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap),
-                            source_digest=source_units(source).digest)
+                            source_digest=plan.delta_units(snap, source).digest)
         folder = Storage(snap.path, snap.options.storage_options).child(
             plan.snapshot_tree(snap).digest)
         return Snapshot(folder, read=snap.options.read, builder=SnapshotBuilder(snap))
@@ -464,14 +474,13 @@ class Dataset:
         snap = plan.last_snapshot(self._op)
         source = plan.delta_source(snap) if snap is not None else None
         if snap is not None and source is not None:
-            from snapcache.pipeline.delta_exec import source_units
             from snapcache.pipeline.explain import explain_delta
 
             root = os.fspath(path) if path is not None else snap.path
             options = storage_options if storage_options is not None else \
                 snap.options.storage_options
             return explain_delta(plan.lineage_tree(snap), Storage(root, options),
-                                 source_units(source))
+                                 plan.delta_units(snap, source))
         if snap is not None:
             tree = plan.snapshot_tree(snap)
             root = os.fspath(path) if path is not None else snap.path

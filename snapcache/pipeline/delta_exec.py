@@ -7,17 +7,20 @@ count) and holds versions (see :mod:`snapcache.store.protocol.versions`):
 
 1. the source's files are listed (one ``stat`` each, or a listing on S3) and keyed;
 2. a version built from exactly these files is read;
-3. otherwise the build lease of the lineage is taken (one builder at a time; others wait, or
-   compute without writing with ``on_busy="compute"``), the newest version is compared with the
-   source: segments whose files are all unchanged are kept; a segment that lost files has its
-   other files' rows copied when each file's rows are known (:func:`unit_rows_of`), else those
-   files are computed again; new and changed files are computed: the upstream runs on those
-   files alone, a segment of at most :data:`SEGMENT_UNITS` files at a time, each segment written
-   to its own shards and recorded (``segment-<run>-<seq>.json``) so a crashed build's finished
-   segments are reused by the next;
-4. the new version lists the kept and copied segments of the newest version first (their
-   shards in place), then the new ones in source order, and is committed exclusively, fenced by
-   the lease.
+3. otherwise the newest version is compared with the source (:func:`survey`): segments
+   whose units are all unchanged are kept; a segment that lost units has its other units'
+   rows copied when each unit's rows are known (:func:`unit_rows_of`), else those units are
+   computed again; new and changed units are computed. What is to compute or copy is cut into
+   *tasks* of at most :data:`SEGMENT_UNITS` units, the same way by every builder;
+4. stream ``i`` of ``n`` (DataLoader workers x ranks, a Ray task) computes tasks ``i, i + n,
+   ...`` under its write lease ``lease-<n>-<i>-<gen>.json`` (a second process of the same
+   stream waits, or computes without writing with ``on_busy="compute"``), each task written
+   to its own shards and recorded (``segment-<run>-<seq>.json``) and fenced by the lease;
+   then the tasks of streams whose lease nobody holds (not started, or dead) - so a build
+   never waits on a stream that is gone, and a crashed build's recorded tasks are reused;
+5. whoever finds every task recorded commits the version under its lease: the kept and
+   copied segments of the newest version first (their shards in place), then the new ones in
+   source order, created exclusively, fenced.
 
 The epoch that builds a version yields its examples once it is committed, in its order.
 """
@@ -28,16 +31,17 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from snapcache.errors import LeaseTimeoutError
-from snapcache.fingerprint.units import UnitDiff, describe_delta, diff_units, unit_key, units_digest
+from snapcache.errors import CorruptSnapshotError, LeaseLostError
+from snapcache.fingerprint.units import (
+    UnitDiff, describe_delta, diff_units, unit_key, unit_label, units_digest)
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest, ShardInfo
 from snapcache.store.protocol import WriteLease, commit_fields, versions
-from snapcache.store.protocol.negotiate import writers
+from snapcache.store.protocol.negotiate import Poll
 from snapcache.store.protocol.versions import SegmentRecord as Segment
 from snapcache.store.schema import Schema, merge_schemas
 from snapcache.store.writer import SnapshotWriter
@@ -68,13 +72,34 @@ class SourceUnits:
 
     @property
     def size(self) -> int:
-        return sum(int(i.get("size") or 0) for i in self.identities)
+        """Bytes of the source: its files' (each counted once for row groups)."""
+        files = {str(i["path"]): i.get("file_size", i.get("size")) for i in self.identities}
+        return sum(int(size or 0) for size in files.values())
+
+    @functools.cached_property
+    def row_groups(self) -> bool:
+        return versions.has_row_groups(self.identities)
+
+    @property
+    def noun(self) -> str:
+        return "row group" if self.row_groups else "file"
 
 
-def source_units(source: ops.Op) -> SourceUnits:
-    """The units of ``source`` (taken once per source op object)."""
+def source_units(source: ops.Op, lineage: Callable[[], Storage] | None = None) -> SourceUnits:
+    """The units of ``source`` (taken once per source op object). Sources whose identities
+    cost reads (Parquet row groups) reuse those of the newest version of the lineage folder
+    (``lineage()``) for the files that did not change."""
+    def known() -> list[dict]:
+        folder = lineage() if lineage is not None else None
+        try:
+            base = versions.newest(folder) if folder is not None else None
+            return [u.identity for u in versions.read_units(folder, base)] if base else []
+        except CorruptSnapshotError as e:
+            log.warning("not reusing the unit identities of %s: %s", folder.url, e)
+            return []
+
     def compute() -> SourceUnits:
-        identities = tuple(source.unit_identities())
+        identities = tuple(source.unit_identities(known))
         return SourceUnits(source.kind, identities)
 
     return source.memo("source_units", compute)
@@ -130,23 +155,26 @@ class Plan:
         expected = self.reused_rows + per_unit * len(self.compute)
         return self.reused_rows / expected if expected else 1.0
 
+    noun: str = "file"
+
     def describe(self) -> str:
         return describe_delta(self.diff, computing=len(self.compute), total=self.total,
-                              reusing=self.reused_units, reused_share=self.reused_share())
+                              reusing=self.reused_units, reused_share=self.reused_share(),
+                              noun=self.noun)
 
 
-def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Segment],
-               recovered: Sequence[Segment] = ()) -> Plan:
-    """Which segments of the base version (and of crashed builds) stay, which units to compute.
-    A segment stays when every one of its units is still in the source, unchanged; a segment
-    that lost some, whose rows per unit are known, has its other units' rows copied."""
+def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Segment]) -> Plan:
+    """Which segments of the base version stay, which units to compute. A segment stays when
+    every one of its units is still in the source, unchanged; a segment that lost some, whose
+    rows per unit are known, has its other units' rows copied. (Segments a build that died
+    recorded are found again by :func:`survey`: the next build cuts the same tasks.)"""
     current = set(units.keys)
-    old = {str(identity["path"]): key for seg in segments for key, identity in seg.units}
-    diff = diff_units(old, list(zip((str(i["path"]) for i in units.identities), units.keys)))
+    old = {unit_label(identity): key for seg in segments for key, identity in seg.units}
+    diff = diff_units(old, list(zip((unit_label(i) for i in units.identities), units.keys)))
     reused: list[Segment] = []
     copied: list[tuple[Segment, tuple[int, ...]]] = []
     covered: set[str] = set()
-    for seg in list(segments) + list(recovered):
+    for seg in segments:
         keys = {key for key, _ in seg.units}
         if keys and keys <= current and not keys & covered:
             reused.append(seg)
@@ -160,90 +188,218 @@ def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Seg
             copied.append((seg, kept))
             covered |= {seg.units[i][0] for i in kept}
     compute = tuple(i for i, key in enumerate(units.keys) if key not in covered)
-    return Plan(base, diff, tuple(reused), compute, len(units.keys), tuple(copied))
+    return Plan(base, diff, tuple(reused), compute, len(units.keys), tuple(copied), units.noun)
 
 
 # -- running -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Task:
+    """One segment a build produces: source units computed (``compute``: indices into the
+    source's units), or the units ``kept`` of a base segment ``copy`` copied. Tasks are cut the
+    same way by every stream of a build (from the newest version and the source), so stream
+    ``i`` of ``n`` owns tasks ``i, i + n, ...`` and a finished task is recognised by its units'
+    keys whoever recorded it."""
+
+    seq: int
+    compute: tuple[int, ...] = ()
+    copy: Segment | None = None
+    kept: tuple[int, ...] = ()
+
+    def keys(self, units: SourceUnits) -> tuple[str, ...]:
+        if self.copy is not None:
+            return tuple(self.copy.units[i][0] for i in self.kept)
+        return tuple(units.keys[i] for i in self.compute)
+
+
+@dataclass
+class Work:
+    """Where the build of the version of ``units`` stands: the plan against the newest
+    version, its tasks, and the segments already recorded for them (by any stream, or by a
+    build that died)."""
+
+    plan: Plan
+    segments: list[Segment]
+    tasks: list[Task]
+    done: dict[tuple[str, ...], Segment]
+    units: SourceUnits
+
+    def pending(self, stream: int, count: int) -> list[Task]:
+        return [t for t in self.tasks if t.seq % count == stream
+                and t.keys(self.units) not in self.done]
+
+    @property
+    def complete(self) -> bool:
+        return all(t.keys(self.units) in self.done for t in self.tasks)
+
+
+def survey(storage: Storage, units: SourceUnits, previous: Work | None = None) -> Work:
+    """The plan of the next version and which of its tasks are recorded already (the plan of
+    ``previous`` is kept when no version was committed since)."""
+    names = storage.listdir()
+    numbers = versions.versions(storage, names)
+    base_version = previous.plan.base.version if previous and previous.plan.base else None
+    if previous is not None and (numbers[-1] if numbers else None) == base_version:
+        plan, segments, tasks = previous.plan, previous.segments, previous.tasks
+    else:
+        base = versions.load_version(storage, numbers[-1]) if numbers else None
+        segments = base_segments(storage, base)
+        plan = plan_build(units, base, segments)
+        chunks = _chunks(plan.compute, units)
+        tasks = [Task(seq, compute=tuple(chunk)) for seq, chunk in enumerate(chunks)]
+        tasks += [Task(len(chunks) + n, copy=seg, kept=kept)
+                  for n, (seg, kept) in enumerate(plan.copied)]
+    wanted = {t.keys(units) for t in tasks}
+    done = {}
+    for record in versions.finished_segments(storage, names):
+        keys = tuple(key for key, _ in record.units)
+        if keys in wanted:
+            done.setdefault(keys, record)
+    return Work(plan, segments, tasks, done, units)
+
+
 def run_delta(op: ops.SnapshotOp, epoch: int, *, source: ops.Op, lineage, describe: str
               ) -> Iterator[Any]:
     """One epoch of a delta snapshot op (see the module docstring)."""
     from snapcache.pipeline.snapshot_exec import _read, open_reader
 
     options = op.options
-    units = source_units(source)
     storage = Storage(op.path, options.storage_options).child(lineage.digest)
-    run_id = layout.new_run_id()
+    units = source_units(source, lambda: storage)
     spec = streams.current()
-    manifest = _negotiate(op, epoch, storage, units, run_id=run_id, source=source,
-                          lineage=lineage, describe=describe)
+    manifest = _negotiate(op, epoch, storage, units, source=source, lineage=lineage,
+                          describe=describe, stream=spec.index, count=spec.count)
     if manifest is None:  # on_busy="compute": another process builds it
         return ops.run(op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
     return _read(open_reader(storage, manifest, options), op, spec)  # held while op can read
 
 
 def _negotiate(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, *,
-               run_id: str, source: ops.Op, lineage, describe: str) -> Manifest | None:
-    """The version built from ``units``: found, built here, or built by another process."""
+               source: ops.Op, lineage, describe: str, stream: int, count: int
+               ) -> Manifest | None:
+    """The version built from ``units``: found, built here (this stream's tasks, then those
+    of streams nobody is building), or built by other streams or processes (waited for)."""
     coordination = op.options.coordination
-    start, delay = time.monotonic(), 0.02
+    poll = Poll(coordination.wait_timeout)
     while True:
         found = versions.find_version(storage, units.digest)
         if found is not None:
             return found
-        lease = WriteLease.acquire(storage, run_id=run_id, ttl=coordination.lease_ttl)
-        if lease is not None:
-            try:
-                found = versions.find_version(storage, units.digest)
-                if found is not None:
-                    return found
-                built = build(op, epoch, storage, units, run_id=run_id, source=source,
-                              lineage=lineage, describe=describe, lease=lease)
-            finally:
-                lease.release()
-            if built is not None:
-                return built
-            continue  # another build committed the version we meant to: start again on it
-        if coordination.on_busy == "compute":
+        progress = advance(op, epoch, storage, units, stream=stream, count=count,
+                           source=source, lineage=lineage, describe=describe, steal=True)
+        if progress.manifest is not None:
+            return progress.manifest
+        if progress.busy and coordination.on_busy == "compute":
             log.info("delta snapshot %s is being built by another process: computing without "
                      "writing", storage.url)
             return None
-        if coordination.wait_timeout is not None and \
-                time.monotonic() - start > coordination.wait_timeout:
-            raise LeaseTimeoutError(
-                f"waited {coordination.wait_timeout:.0f} s for a version of delta snapshot "
-                f"{storage.url} (being built by {writers(storage)}); raise wait_timeout, or pass "
-                "on_busy='compute' to compute without writing")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
+        poll.check(f"a version of delta snapshot {storage.url}", storage)
+        poll.sleep()
 
 
-def build(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, *, run_id: str,
-          source: ops.Op, lineage, describe: str, lease: WriteLease | None) -> Manifest | None:
-    """Build and commit the next version (the caller holds the lineage's build lease); None if
-    another build committed that version number first."""
-    names = storage.listdir()
-    base = versions.newest(storage, names)
-    segments = base_segments(storage, base)
-    recovered = versions.finished_segments(storage, names)
-    plan = plan_build(units, base, segments, recovered)
-    log.info("delta snapshot %s: %s", storage.url, plan.describe())
-    new = _compute(op, epoch, storage, units, plan.compute, run_id=run_id, source=source,
-                   lease=lease)
-    copies = {id(seg): _copy(storage, seg, kept, op.options, run_id=run_id, lease=lease,
-                             seq=len(new) + n)
-              for n, (seg, kept) in enumerate(plan.copied)}
-    reused = {id(seg) for seg in plan.reused}
+@dataclass(frozen=True)
+class Progress:
+    """What :func:`advance` did: the committed version (or None), whether this stream's lease
+    was held by another process, the examples it wrote, the streams with tasks left."""
+
+    manifest: Manifest | None
+    busy: bool = False
+    written: int = 0
+    missing: tuple[int, ...] = ()
+
+
+def advance(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits, *,
+            stream: int, count: int, source: ops.Op, lineage, describe: str,
+            steal: bool = False, compute: bool = True) -> Progress:
+    """Do what stream ``stream`` of ``count`` can for the version of ``units``: compute its
+    pending tasks under its write lease (``lease-<count>-<stream>-<gen>.json``, fencing each
+    segment), then with ``steal`` those of other streams whose lease nobody holds (a stream
+    not started, or dead); commit the version once every task is recorded (``compute=False``:
+    only that)."""
+    run_id = layout.new_run_id()
+    ttl = op.options.coordination.lease_ttl
+    work = survey(storage, units)
+    busy, written = False, 0
+    own: WriteLease | None = None  # this stream's lease, held until the commit
+    order = [stream] + ([j for j in range(count) if j != stream] if steal else [])
+    try:
+        for j in order if compute else ():
+            if not work.pending(j, count):
+                continue
+            lease = WriteLease.acquire(storage, run_id=run_id, stream=j, streams=count,
+                                       ttl=ttl)
+            if lease is None:
+                busy = busy or j == stream
+                continue
+            if j == stream:
+                own = lease
+            try:
+                found = versions.find_version(storage, units.digest)
+                if found is not None:
+                    return Progress(found, busy, written)
+                work = survey(storage, units, work)  # what others recorded meanwhile
+                pending = work.pending(j, count)
+                if pending:
+                    log.info("delta snapshot %s: %s%s", storage.url, work.plan.describe(),
+                             f" (stream {j} of {count}: {len(pending)} segments)"
+                             if count > 1 else "")
+                for task in pending:
+                    segment = _run_task(op, epoch, storage, units, task, run_id=run_id,
+                                        source=source, lease=lease)
+                    work.done[task.keys(units)] = segment
+                    written += segment.rows
+            except LeaseLostError as e:  # taken over: its new holder goes on; so do we
+                log.warning("delta snapshot %s: stream %d of %d: %s", storage.url, j, count, e)
+                busy = busy or j == stream
+                if lease is own:
+                    own = None
+            finally:
+                if lease is not own:
+                    lease.release()
+        if not work.complete:
+            missing = tuple(j for j in range(count) if work.pending(j, count))
+            return Progress(None, busy, written, missing)
+        if own is None:
+            own = WriteLease.acquire(storage, run_id=run_id, stream=stream, streams=count,
+                                     ttl=ttl)
+            if own is None:  # its holder commits
+                return Progress(None, True, written)
+        try:
+            return Progress(_commit(op, storage, units, work, run_id=run_id, lineage=lineage,
+                                    describe=describe, lease=own), busy, written)
+        except LeaseLostError as e:  # taken over before the fence: its new holder commits
+            log.warning("delta snapshot %s: %s", storage.url, e)
+            own = None
+            return Progress(None, True, written)
+    finally:
+        if own is not None:
+            own.release()
+
+
+def _commit(op: ops.SnapshotOp, storage: Storage, units: SourceUnits, work: Work, *,
+            run_id: str, lineage, describe: str, lease: WriteLease) -> Manifest | None:
+    """Commit the version whose every task is recorded (fenced by ``lease``); None if another
+    build committed that version number first (the caller surveys again)."""
+    found = versions.find_version(storage, units.digest)
+    if found is not None:
+        return found
+    reused = {id(seg) for seg in work.plan.reused}
+    copies = {id(t.copy): work.done[t.keys(units)] for t in work.tasks if t.copy is not None}
     # The base version's order: its kept segments, and its salvaged ones where they were; then
-    # the segments of crashed builds and the new ones, in source order.
-    ordered = [seg if id(seg) in reused else copies[id(seg)] for seg in segments
+    # the new ones, in source order.
+    ordered = [seg if id(seg) in reused else copies[id(seg)] for seg in work.segments
                if id(seg) in reused or id(seg) in copies]
-    ordered += [seg for seg in plan.reused if seg not in segments] + new
+    ordered += [work.done[t.keys(units)] for t in work.tasks if t.copy is None]
+    base = work.plan.base
     manifest = _assemble(ordered, storage, units, lineage, base, run_id=run_id,
                          describe=describe, options=op.options)
-    unit_rows = [versions.Unit(identity, i, seg.unit_rows[k] if seg.unit_rows else None)
-                 for i, seg in enumerate(ordered) for k, (_, identity) in enumerate(seg.units)]
+    # Each unit as the source has it now (a kept row group's file may have been rewritten: its
+    # record must carry the file's current stamp, see ParquetSource.unit_identities).
+    current = dict(zip(units.keys, units.identities))
+    unit_rows = [versions.Unit(current.get(key, identity), i,
+                               seg.unit_rows[k] if seg.unit_rows else None)
+                 for i, seg in enumerate(ordered) for k, (key, identity) in enumerate(seg.units)]
     if not versions.commit_version(storage, manifest, unit_rows, run_id=run_id, lease=lease):
-        return None
+        return versions.find_version(storage, units.digest)
     versions.cleanup(storage, run_id)
     return versions.load_version(storage, manifest.version)
 
@@ -253,53 +409,62 @@ def _chunks(indices: Sequence[int], units: SourceUnits) -> list[list[int]]:
     return [list(indices[i:i + size]) for i in range(0, len(indices), size)]
 
 
+def _run_task(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits,
+              task: Task, *, run_id: str, source: ops.Op, lease: WriteLease) -> Segment:
+    """One task: its segment written (shards, then its record), fenced by ``lease``."""
+    if task.copy is not None:
+        segment = _copy(storage, task.copy, task.kept, op.options, run_id=run_id, lease=lease,
+                        seq=task.seq)
+    else:
+        segment = _compute(op, epoch, storage, units, task.compute, seq=task.seq,
+                           run_id=run_id, source=source, lease=lease)
+    _crash_hook(task.seq)
+    lease.check()
+    return segment
+
+
 def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits,
-             indices: Sequence[int], *, run_id: str, source: ops.Op,
-             lease: WriteLease | None) -> list[Segment]:
-    """Run the upstream on the files ``indices`` only, a segment at a time."""
-    segments = []
-    chunks = _chunks(indices, units)
+             chunk: Sequence[int], *, seq: int, run_id: str, source: ops.Op,
+             lease: WriteLease | None) -> Segment:
+    """Run the upstream on the units ``chunk`` only: one segment."""
     known = all(node.traits.order_preserving and node.traits.length != "unknown"
                 for node in ops.lineage(op.parent)[1:])
-    for seq, chunk in enumerate(chunks):
-        urls = [str(units.identities[i]["path"]) for i in chunk]
-        writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
-                                options=op.options.write, stream=seq, streams=len(chunks),
-                                run_id=run_id, lease=lease)
-        upstream = ops.run(ops.rebase(op.parent, source.with_units(urls)), epoch,
-                           streams.StreamSpec())
-        try:
-            for example in upstream:
-                writer.write(example)
-            record = writer.finish()
-        finally:
-            writer.abort()  # no-op once finished
-            close = getattr(upstream, "close", None)
-            if close is not None:
-                close()
-        members = tuple((units.keys[i], units.identities[i]) for i in chunk)
-        unit_rows = unit_rows_of(op.parent, source, urls) if known else None
-        if unit_rows is not None and sum(unit_rows) != record.rows:
-            unit_rows = None  # the ops' length rules disagree with what was written
-        segment = Segment(members, record.shards, record.schema, unit_rows)
-        versions.write_segment(storage, record, segment, seq=seq)
-        _crash_hook(seq)
-        segments.append(segment)
-        if lease is not None:
-            lease.check()
-    return segments
+    chosen = [units.identities[i] for i in chunk]
+    writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
+                            options=op.options.write, stream=seq, streams=seq + 1,
+                            run_id=run_id, lease=lease)
+    upstream = ops.run(ops.rebase(op.parent, source.with_units(chosen)), epoch,
+                       streams.StreamSpec())
+    try:
+        for example in upstream:
+            writer.write(example)
+        record = writer.finish()
+    finally:
+        writer.abort()  # no-op once finished
+        close = getattr(upstream, "close", None)
+        if close is not None:
+            close()
+    members = tuple((units.keys[i], units.identities[i]) for i in chunk)
+    unit_rows = unit_rows_of(op.parent, source, chosen) if known else None
+    if unit_rows is not None and sum(unit_rows) != record.rows:
+        unit_rows = None  # the ops' length rules disagree with what was written
+    segment = Segment(members, record.shards, record.schema, unit_rows)
+    versions.write_segment(storage, record, segment, seq=seq)
+    return segment
 
 
-def unit_rows_of(upstream: ops.Op, source: ops.Op, urls: Sequence[str]) -> tuple[int, ...] | None:
-    """Examples each of ``urls`` yields through the upstream, in order, when the ops say it
-    without running them: the source knows each file's length (from_files: one; Parquet: its
-    footer), then only order-preserving ops with a length rule (map). None otherwise (a filter,
-    an interleave): the rows of each file in a segment are then unknown."""
+def unit_rows_of(upstream: ops.Op, source: ops.Op, units: Sequence[dict]
+                 ) -> tuple[int, ...] | None:
+    """Examples each of ``units`` yields through the upstream, in order, when the ops say it
+    without running them: the source knows each unit's length (from_files: one; Parquet: the
+    row group's rows in the footer), then only order-preserving ops with a length rule (map).
+    None otherwise (a filter, an interleave): the rows of each unit in a segment are then
+    unknown."""
     chain = ops.lineage(upstream)[1:]
     if not all(node.traits.order_preserving and node.traits.length != "unknown"
                for node in chain):
         return None
-    lengths = source.unit_lengths(urls)
+    lengths = source.unit_lengths(units)
     if lengths is None:
         return None
     rows = []
@@ -371,9 +536,13 @@ def _assemble(segments: Sequence[Segment], storage: Storage, units: SourceUnits,
     return Manifest(
         schema=schema.to_json() if schema is not None else None,
         shards=tuple(s for seg in segments for s in seg.shards),
-        format_version=DELTA_FORMAT_VERSION,
+        format_version=versions.ROW_GROUPS_FORMAT_VERSION if units.row_groups
+        else DELTA_FORMAT_VERSION,
         version=(base.version if base is not None else 0) + 1,
-        source=versions.version_source(units.kind, len(units.keys), units.size, units.digest),
+        source=versions.version_source(
+            units.kind, len(units.keys), units.size, units.digest,
+            files=len({str(i["path"]) for i in units.identities}) if units.row_groups
+            else None),
         segments=tuple({"shards": len(seg.shards), "units": len(seg.units), "rows": seg.rows}
                        for seg in segments),
         **fields)

@@ -34,7 +34,7 @@ from snapcache.store import protocol
 from snapcache.store.manifest import Manifest, ShardInfo
 from snapcache.store.protocol import versions
 from snapcache.store.options import ReadOptions
-from snapcache.store.reader import SnapshotReader, open_reader
+from snapcache.store.reader import SnapshotReader, load_manifest, open_reader
 from snapcache.store.schema import Schema
 
 STATES = ("committed", "writing", "abandoned", "absent", "corrupt")
@@ -55,6 +55,11 @@ class Builder(Protocol):
 
     def resumable(self) -> bool:
         """True if a rerun of a stream skips the examples of its finished shards."""
+
+    def delta_stream(self, index: int, count: int, compute: bool = True) -> Any:
+        """A delta snapshot: compute stream ``index`` of ``count``'s share of the next
+        version's segments, commit when all are recorded (``compute=False``: only commit);
+        a :class:`snapcache.pipeline.delta_exec.Progress`."""
 
 
 @dataclass(frozen=True)
@@ -200,7 +205,12 @@ class Snapshot:
 
     # -- building, one stream at a time (what a distributed build needs) ------------------------
     def stream_status(self, streams: int) -> protocol.StreamStatus:
-        """The commit (if any) and which of ``streams`` streams are complete."""
+        """The commit (if any) and which of ``streams`` streams are complete (a delta
+        snapshot's stream: its share of the next version's segments is recorded)."""
+        if self._source_digest is not None and self._builder is not None:
+            progress = self._builder.delta_stream(0, streams, compute=False)
+            return protocol.StreamStatus(progress.manifest, frozenset(
+                set(range(streams)) - set(progress.missing)), streams)
         return protocol.stream_status(self._folder, streams)
 
     def write_stream(self, index: int, count: int) -> StreamWrite:
@@ -208,7 +218,8 @@ class Snapshot:
         processes iterating ``ds.iterate(epoch=0, stream=(index, count))``. A stream that
         finds every stream complete commits the snapshot."""
         builder = self._need_builder("write a stream")
-        self._not_delta("write a stream")
+        if self._source_digest is not None:
+            return self._write_delta_stream(builder, index, count)
         status = self.stream_status(count)
         if status.committed is not None:
             return StreamWrite(index, "committed")
@@ -228,7 +239,10 @@ class Snapshot:
         died between its marker and the manifest); the committed manifest, or None while
         streams are missing."""
         builder = self._need_builder("commit")
-        self._not_delta("commit")
+        if self._source_digest is not None:
+            progress = builder.delta_stream(0, streams, compute=False)
+            self._manifest = progress.manifest or self._manifest
+            return progress.manifest
         status = self.stream_status(streams)
         if status.committed is not None:
             self._manifest = status.committed
@@ -238,12 +252,18 @@ class Snapshot:
             self._manifest = manifest
         return manifest
 
-    def _not_delta(self, what: str) -> None:
-        if self._source_digest is not None:
-            raise SnapshotStateError(
-                f"cannot {what} of delta snapshot {self.id[:12]}: a delta snapshot's version "
-                "is built by one process iterating the pipeline (others wait for it); build it "
-                "with snapshot(delta=False) to write it stream by stream")
+    def _write_delta_stream(self, builder: Builder, index: int, count: int) -> StreamWrite:
+        """A delta snapshot's version, stream by stream: stream ``index`` of ``count``
+        computes its share of the segments to compute (docs/format.md, "Building a
+        version"); whoever records the last one commits."""
+        start = time.monotonic()
+        if self.committed:
+            return StreamWrite(index, "committed")
+        progress = builder.delta_stream(index, count)
+        self._manifest = progress.manifest or self._manifest
+        status = "written" if progress.written else "complete"
+        return StreamWrite(index, status, examples=progress.written,
+                           seconds=time.monotonic() - start)
 
     def _need_builder(self, what: str) -> Builder:
         if self._builder is None:
@@ -283,8 +303,10 @@ class Snapshot:
         return self.num_examples
 
     def __getitem__(self, index: int) -> Any:
-        """Example ``index`` (negative counts from the end): decodes that example alone (the
-        first example of a shard loads and verifies the shard)."""
+        """Example ``index`` (negative counts from the end). The first example of a record
+        batch reads that record batch alone and checks it against its checksum in the
+        manifest (snapshots written before batch checksums were recorded load and verify the whole shard);
+        the batch is then kept decoded, within the read budget."""
         return self._row_access()[index]
 
     def take(self, indices: Sequence[int]) -> list:
@@ -319,11 +341,11 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
     if id is None:
         leaf = storage.url.rstrip("/").rsplit("/", 1)[-1]
         if layout.is_fingerprint(leaf):
-            return Snapshot(storage, read=read)
+            return _ready(Snapshot(storage, read=read))
     folders = _folders(storage)
     if id is None:
         if len(folders) == 1:
-            return Snapshot(storage.child(folders[0]), read=read)
+            return _ready(Snapshot(storage.child(folders[0]), read=read))
         if not folders:
             raise SnapshotNotFoundError(
                 f"no snapshot in {storage.url}: neither a snapshot folder nor a root holding "
@@ -331,7 +353,23 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
         raise SnapshotNotFoundError(
             f"{storage.url} holds {len(folders)} snapshots ({_shown(storage, folders)}); "
             "pass the id (a prefix of it, as `snapcache ls` shows) or the name")
-    return Snapshot(storage.child(_find(storage, folders, id)), read=read)
+    return _ready(Snapshot(storage.child(_find(storage, folders, id)), read=read))
+
+
+def _ready(snap: Snapshot) -> Snapshot:
+    """``snap`` with its manifest read (one GET on S3 for an ordinary snapshot; a delta
+    lineage's newest version) and its rows indexed if it is committed (what the peers do when
+    a dataset is opened), so that a first ``snap[i]`` reads only its record batch."""
+    try:
+        manifest = load_manifest(snap.storage)
+    except CorruptSnapshotError:  # a delta lineage's marker, or damage (its state says which)
+        manifest = None
+    if manifest is not None and manifest.version is None:
+        snap._manifest = manifest
+    elif not (manifest is None and snap.state == "committed"):  # the newest version, if any
+        return snap
+    snap._row_access()
+    return snap
 
 
 def _folders(storage: Storage) -> list[str]:

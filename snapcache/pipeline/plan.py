@@ -82,11 +82,50 @@ def snapshot_tree(op: ops.SnapshotOp) -> FingerprintNode:
 
 def delta_source(op: ops.SnapshotOp) -> ops.Op | None:
     """The file source a delta snapshot op builds unit by unit, or None when ``op`` is an
-    ordinary snapshot (``delta=False``, a ``key``, or an upstream that is not a unit source
-    followed by element-wise ops)."""
-    if not op.options.delta or op.options.key or op.parent is None:
+    ordinary snapshot: ``delta=False``, a ``key``, an upstream that is not a unit source
+    followed by element-wise ops, or (``delta=None``, the default) an ordinary snapshot of
+    exactly this pipeline already committed by an earlier release (:func:`reads_legacy`)."""
+    if op.options.delta is False or op.options.key or op.parent is None:
         return None
-    return ops.delta_source(op.parent)
+    source = ops.delta_source(op.parent)
+    if source is None or op.options.delta is True:
+        return source
+    return None if reads_legacy(op, source) else source
+
+
+def delta_units(op: ops.SnapshotOp, source: ops.Op) -> Any:
+    """The units of a delta snapshot op's ``source`` (taken once per source op object;
+    identities that cost reads, Parquet row groups, reuse the lineage's newest version's)."""
+    from snapcache.pipeline.delta_exec import source_units
+    from snapcache.store.fs import Storage
+
+    return source_units(source, lambda: Storage(op.path, op.options.storage_options).child(
+        lineage_tree(op).digest))
+
+
+def reads_legacy(op: ops.SnapshotOp, source: ops.Op) -> bool:
+    """Migration (docs/format.md, "Delta by default"): a pipeline that may be built as a delta
+    snapshot but did not ask for it (``delta=None``) keeps reading the ordinary snapshot an
+    earlier release committed for exactly its files (``<root>/<fingerprint>/manifest.json``),
+    unless its lineage already holds a version of these files. Decided once per snapshot op
+    object, like its fingerprint; only looked up when no version matches (the full per-file
+    fingerprint is taken then)."""
+    def decide() -> bool:
+        from snapcache.store import layout
+        from snapcache.store.fs import Storage
+        from snapcache.store.protocol import versions
+
+        root = Storage(op.path, op.options.storage_options)
+        digest = lineage_tree(op).digest
+        others = [n for n in root.listdir() if layout.is_fingerprint(n) and n != digest]
+        if not others:  # nothing an earlier release made here
+            return False
+        if versions.find_version(root.child(digest), delta_units(op, source).digest):
+            return False
+        legacy = snapshot_tree(op).digest
+        return legacy in others and root.child(legacy).exists(layout.MANIFEST)
+
+    return op.memo("reads_legacy", decide)
 
 
 def lineage_tree(op: ops.SnapshotOp) -> FingerprintNode:
@@ -110,16 +149,13 @@ def snapshot_id(op: ops.SnapshotOp) -> str:
     source = delta_source(op)
     if source is None:
         return snapshot_tree(op).digest
-    from snapcache.pipeline.delta_exec import source_units
-
-    return f"{lineage_tree(op).digest}:{source_units(source).digest}"
+    return f"{lineage_tree(op).digest}:{delta_units(op, source).digest}"
 
 
 def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
     """Where ``op``'s snapshot lives and its committed manifest, if any: ``manifest.json`` of
     its fingerprint's folder, or for a delta snapshot the version built from exactly the
     pipeline's files."""
-    from snapcache.pipeline.delta_exec import source_units
     from snapcache.pipeline.snapshot_exec import check_root
     from snapcache.store.protocol import versions
     from snapcache.store.reader import load_manifest
@@ -130,7 +166,7 @@ def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
         storage = root.child(snapshot_tree(op).digest)
         return storage, load_manifest(storage)
     storage = root.child(lineage_tree(op).digest)
-    return storage, versions.find_version(storage, source_units(source).digest)
+    return storage, versions.find_version(storage, delta_units(op, source).digest)
 
 
 def last_snapshot(op: ops.Op) -> ops.SnapshotOp | None:

@@ -139,6 +139,10 @@ class ShardCache:
         # evicted at once by a concurrent process filling the cache: serve from memory
         return buffer if buffer is not None else pa.py_buffer(data)
 
+    def peek(self, key: str, size: int) -> pa.Buffer | None:
+        """The cached copy of ``key`` if there is a complete one, without fetching it."""
+        return self._open_copy(self._path(key), size)
+
     def discard(self, key: str) -> None:
         """Drop the copy of ``key`` (e.g. one that failed its checksum), if there is one."""
         path = self._path(key)

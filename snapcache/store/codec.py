@@ -26,6 +26,7 @@ Decisions:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -333,6 +334,29 @@ class Decoder:
             return zip(*iterators)
         return map(dict, map(partial(zip, self._names), zip(*iterators)))
 
+    def row_at(self, batch: pa.RecordBatch, k: int) -> Any:
+        """Example ``k`` of ``batch``, the same as ``row_reader(batch)(k)``, decoding that row
+        alone: for the first row read from a record batch by random access, where decoding
+        every row would cost more than reading the batch. ``batch`` must have passed
+        :meth:`BatchValidator.check_structure <snapcache.store.validate.BatchValidator.check_structure>`;
+        row ``k``'s tensors are checked here as the validator checks every row's."""
+        values = []
+        for spec, dtype, start in zip(self._schema.fields, self._dtypes, self._starts):
+            column = batch.column(start)
+            if spec.kind == "tensor":
+                shapes = batch.column(start + 1) if spec.ndim >= 2 else None
+                values.append(_tensor_at(spec, dtype, column, shapes, k))
+            elif spec.kind == "scalar":
+                values.append(_scalar_at(spec, dtype, column, k))
+            else:
+                values.append(column[k].as_py())
+        structure = self._schema.structure
+        if structure == "single":
+            return values[0]
+        if structure == "tuple":
+            return tuple(values)
+        return dict(zip(self._names, values))
+
     def row_reader(self, batch: pa.RecordBatch) -> Callable[[int], Any]:
         """``get(k)``: example ``k`` of ``batch``, the same as ``list(rows(batch))[k]``. The
         batch is decoded (and checked) once, as zero-copy views where it can be; each
@@ -345,6 +369,46 @@ class Decoder:
             return lambda k: tuple(f[k] for f in fields)
         names = self._names
         return lambda k: {name: f[k] for name, f in zip(names, fields)}
+
+
+def _tensor_at(spec: FieldSpec, dtype: np.dtype, column: pa.Array,
+               shape_column: pa.Array | None, k: int) -> np.ndarray:
+    """Row ``k`` of a tensor column, checked as :func:`_decode_tensor` and the batch
+    validator check every row."""
+    storage, factor = storage_dtype(dtype)
+    bounds = _view(column, np.dtype(np.int64), k, 2)
+    a, b = int(bounds[0]), int(bounds[1])
+    if b < a:
+        raise CorruptSnapshotError(f"field {spec.name!r}: list offsets decrease")
+    if (b - a) % factor:
+        raise CorruptSnapshotError(f"field {spec.name!r}: a list length is not a multiple "
+                                   f"of {factor}")
+    values = _view(column.values, storage, a, b - a).view(dtype)
+    count = (b - a) // factor
+    if spec.ndim >= 2 and shape_column is not None:
+        dims = tuple(_view(shape_column.values, np.dtype(np.int32),
+                           (shape_column.offset + k) * spec.ndim, spec.ndim).tolist())
+        if min(dims) < 0 or math.prod(dims) != count:
+            raise CorruptSnapshotError(f"field {spec.name!r}: shapes disagree with list lengths")
+        return values.reshape(dims)
+    if spec.ndim == 0:
+        if count != 1:
+            raise CorruptSnapshotError(f"field {spec.name!r}: a 0-d array with several elements")
+        return values.reshape(())
+    return values
+
+
+def _scalar_at(spec: FieldSpec, dtype: np.dtype, column: pa.Array, k: int) -> Any:
+    """Row ``k`` of a scalar column, as :func:`_decode_scalar`'s rows give it."""
+    if dtype.kind == "b":
+        value = bool(column[k].as_py())
+        return value if spec.python else np.bool_(value)
+    storage, factor = storage_dtype(dtype)
+    if factor != 1:
+        one = _view(column.values, storage, (column.offset + k) * factor, factor).view(dtype)
+    else:
+        one = _view(column, storage, k, 1).view(dtype)
+    return one.tolist()[0] if spec.python else one[0]
 
 
 def _decode_tensor(

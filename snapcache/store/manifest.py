@@ -19,12 +19,19 @@ from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
 
 FORMAT = "snapcache-snapshot"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The newest format this version reads. Ordinary snapshots are still written as version 1
 (readable by every snapcache); a delta snapshot's versioned manifests (``manifest-<v>.json``,
-see :mod:`snapcache.store.protocol.versions`) are version 2, which older readers refuse with a clear
+see :mod:`snapcache.store.protocol.versions`) are version 2, or 3 when its units are Parquet
+row groups (its source record has more columns), which older readers refuse with a clear
 error."""
 DELTA_FORMAT_VERSION = 2
+LINEAGE_MARKER_VERSION = 3
+"""A delta snapshot's lineage folder also holds a ``manifest.json`` that is no snapshot
+manifest but a marker (``{"lineage": {...}}``, format version 3): readers of format 1 (and 2,
+which look for ``manifest-<v>.json`` first) refuse it with their "upgrade snapcache" error, so
+their ``ls`` shows the folder as unreadable, never as an abandoned write that ``purge
+--incomplete`` deletes (docs/format.md, "Delta by default")."""
 CHECKSUM_ALGORITHM = "xxh3_64"
 SHARD_COMPRESSIONS = ("zstd", "lz4", "none")
 
@@ -52,10 +59,31 @@ class ShardInfo:
     stores a shard raw when compression saves too little); None in snapshots written before it
     was recorded, whose shards all use the manifest's ``compression``. Arrow IPC records it in
     the file too, so readers of any version decode the shard either way."""
+    batch_offsets: tuple[int, ...] | None = None
+    """Where each record batch's IPC message starts in the file, and where the last one ends
+    (one more entry than record batches); None in snapshots written before it was recorded.
+    Record batch ``j`` is the bytes ``[batch_offsets[j], batch_offsets[j + 1])``."""
+    batch_checksums: tuple[str, ...] | None = None
+    """The xxh3_64 (16 hex digits) of each record batch's bytes: what lets a reader of one row
+    (``snap[i]``) fetch and verify one record batch instead of the whole shard."""
 
     def __post_init__(self) -> None:
-        if self.batch_rows is not None and not isinstance(self.batch_rows, tuple):
-            object.__setattr__(self, "batch_rows", tuple(self.batch_rows))
+        for name in ("batch_rows", "batch_offsets", "batch_checksums"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, tuple):
+                object.__setattr__(self, name, tuple(value))
+
+    @property
+    def batch_index(self) -> bool:
+        """Whether single record batches of this shard can be read and verified alone."""
+        return self.batch_checksums is not None and self.batch_rows is not None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for name in ("batch_offsets", "batch_checksums"):
+            if d[name] is None:  # snapshots of older writers: keep their manifests as they were
+                d.pop(name)
+        return d
 
 
 @dataclass(frozen=True)
@@ -112,7 +140,7 @@ class Manifest:
                 d.pop(name)
         else:
             d["segments"] = list(self.segments or ())
-        d["shards"] = [asdict(s) for s in self.shards]
+        d["shards"] = [s.to_json() for s in self.shards]
         d["num_examples"] = self.num_examples
         d["total_bytes"] = self.total_bytes
         d["raw_bytes"] = self.raw_bytes
@@ -139,6 +167,11 @@ class Manifest:
         version = doc.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise bad(f"format_version must be an int, got {version!r}")
+        if version == LINEAGE_MARKER_VERSION and isinstance(doc.get("lineage"), dict):
+            raise CorruptSnapshotError(
+                f"{where}: the marker of a delta snapshot's lineage, whose versions "
+                "(manifest-<v>.json) are missing: its first build stopped before committing; "
+                "run the pipeline again, or delete it with `snapcache purge <id>`")
         if version > FORMAT_VERSION or version < 1:
             raise UnknownFormatVersionError(
                 f"{where}: format version {version} is not readable by snapcache {__version__} "
@@ -240,7 +273,43 @@ def _shard(doc: Any, index: int, bad) -> ShardInfo:
     if compression is not None and compression not in SHARD_COMPRESSIONS:
         raise bad(f"shard {path!r}: compression {compression!r} is not one of "
                   f"{', '.join(SHARD_COMPRESSIONS)}")
+    offsets, checksums = _batch_index(doc, path, batch_rows, bad)
     return ShardInfo(path=path, rows=doc["rows"], bytes=doc["bytes"], checksum=checksum,
                      raw_bytes=raw if isinstance(raw, int) and raw >= 0 else 0,
                      batch_rows=tuple(batch_rows) if batch_rows is not None else None,
-                     compression=compression)
+                     compression=compression, batch_offsets=offsets,
+                     batch_checksums=checksums)
+
+
+_MAGIC_BYTES = 8  # an Arrow IPC file starts with "ARROW1" and padding
+
+
+def _batch_index(doc: dict, path: str, batch_rows: list | None, bad
+                 ) -> tuple[tuple[int, ...] | None, tuple[str, ...] | None]:
+    """A shard's record batch offsets and checksums, validated: both or neither, one checksum
+    per record batch, offsets increasing inside the file."""
+    offsets, checksums = doc.get("batch_offsets"), doc.get("batch_checksums")
+    if (offsets is None and checksums is None) or batch_rows is None:
+        return None, None  # without usable batch_rows a shard is only read whole
+    where = f"shard {path!r}: batch_offsets and batch_checksums"
+    if not (isinstance(offsets, list) and isinstance(checksums, list)):
+        raise bad(f"{where} must both be lists")
+    if len(checksums) != len(batch_rows) or \
+            len(offsets) != len(checksums) + 1:
+        raise bad(f"shard {path!r}: batch_rows lists {len(batch_rows)} record batches, "
+                  f"batch_checksums {len(checksums)} and batch_offsets {len(offsets)} (one "
+                  "more, for the end of the last)")
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets) or \
+            (offsets and offsets[0] < _MAGIC_BYTES) or \
+            any(b <= a for a, b in zip(offsets, offsets[1:])) or \
+            (offsets and offsets[-1] > doc["bytes"]):
+        raise bad(f"shard {path!r}: batch_offsets must increase from the end of the file's "
+                  f"magic to at most its {doc['bytes']} bytes")
+    if not all(isinstance(c, str) and len(c) == 16 and _is_hex(c) for c in checksums):
+        raise bad(f"shard {path!r}: batch_checksums must be {CHECKSUM_ALGORITHM} digests "
+                  "(16 hex digits each)")
+    return tuple(offsets), tuple(checksums)
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)

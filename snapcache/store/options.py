@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-COMPRESSIONS = ("zstd", "lz4", "none")
+COMPRESSIONS = ("auto", "zstd", "lz4", "none")
 ON_BUSY = ("wait", "compute")
 
 _MiB = 1 << 20
@@ -30,8 +30,11 @@ def _positive_bytes(value: object, name: str) -> None:
 class WriteOptions:
     """How the writer lays out a snapshot (:class:`snapcache.store.writer.SnapshotWriter`)."""
 
-    compression: str = "zstd"
-    """"zstd", "lz4", or "none" (None means "none" too)."""
+    compression: str = "auto"
+    """"auto" (the default: each shard gets the codec that reads fastest from where the
+    snapshot lives, see :func:`snapcache.store.writer.choose_compression`), "zstd", "lz4", or
+    "none" (None means "none" too). Whatever is asked, a shard is stored raw when compressing
+    it saves too little."""
     compression_level: int | None = None
     shard_size: int = 64 * _MiB
     """Target size of one shard file in bytes (a shard closes once it reaches this)."""
@@ -51,8 +54,11 @@ class WriteOptions:
             raise ValueError(
                 f"compression must be one of {', '.join(map(repr, COMPRESSIONS))}; "
                 f"got {self.compression!r}")
-        if self.compression_level is not None and self.compression == "none":
-            raise ValueError("compression_level needs compression='zstd' or 'lz4'")
+        if self.compression_level is not None and self.compression in ("none", "auto"):
+            raise ValueError("compression_level needs compression='zstd' or 'lz4' (the default "
+                             f"{self.compression!r} "
+                             + ("picks the codec per shard" if self.compression == "auto"
+                                else "compresses nothing") + "): pass one of them with it")
         _positive_bytes(self.shard_size, "shard_size")
         _positive_bytes(self.record_batch_size, "record_batch_size")
         if not isinstance(self.uploads_in_flight, int) or isinstance(self.uploads_in_flight, bool) \

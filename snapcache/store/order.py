@@ -161,6 +161,29 @@ class EpochOrder:
         j = np.searchsorted(self._end, s, side="right")
         return self._perm[j], s - self._begin[j]
 
+    def run(self, start: int, stop: int) -> tuple[int, int] | None:
+        """``(block, row)`` when positions ``[start, stop)`` are the consecutive rows of one
+        block from ``row`` on (no window, within one block: what :meth:`locate` would give,
+        without an array a position); else None."""
+        if self.window > 1 or not 0 <= start < stop <= len(self):
+            return None
+        j = int(np.searchsorted(self._end, start, side="right"))
+        if stop > int(self._end[j]):
+            return None
+        return int(self._perm[j]), start - int(self._begin[j])
+
+    def blocks_in(self, start: int, stop: int) -> np.ndarray:
+        """The blocks positions ``[start, stop)`` read, in the order their first rows come
+        (with a window, those of the whole windows the range touches: a superset)."""
+        if stop <= start:
+            return self._perm[:0]
+        if self.window > 1:
+            start = start // self.window * self.window
+            stop = min(len(self), -(-stop // self.window) * self.window)
+        first = int(np.searchsorted(self._end, start, side="right"))
+        last = int(np.searchsorted(self._end, stop - 1, side="right"))
+        return self._perm[first:last + 1]
+
     def rows(self, start: int, stop: int) -> np.ndarray:
         """The global row numbers at positions ``[start, stop)``."""
         blocks, offsets = self.locate(start, stop)

@@ -75,6 +75,13 @@ class _Shards:
                 self._trim(keep=index)
             return file_reader, starts
 
+    def fits(self, index: int) -> bool:
+        """True if shard ``index`` is not open and opening it evicts no open shard."""
+        shards = self.reader.manifest.shards
+        with self._lock:
+            return index not in self._open and \
+                sum(shards[i].bytes for i in self._open) + shards[index].bytes <= self.budget
+
     def _trim(self, keep: int) -> None:
         shards = self.reader.manifest.shards
         total = sum(shards[i].bytes for i in self._open)
@@ -178,6 +185,52 @@ def gather(decoded: dict[int, Any], blocks: np.ndarray, offsets: np.ndarray, mod
     return out
 
 
+def blocks_of(blocks: np.ndarray) -> list[int]:
+    """The distinct blocks of a piece, ascending. Not ``np.unique``: its first call in a process
+    imports ``numpy.ma`` (~30 ms, paid by the first epoch read), and a piece without a shuffle
+    window lies in one block."""
+    if not len(blocks):
+        return []
+    first = int(blocks[0])
+    if first == int(blocks[-1]) and (blocks == first).all():
+        return [first]
+    return np.flatnonzero(np.bincount(blocks)).tolist()
+
+
+class _OpenAhead:
+    """Opens (maps and verifies) the next shard the reading will reach while the consumer is
+    still on the one before, so that on a cold disk reading and hashing a shard overlaps with
+    decoding and consuming the previous one instead of following it. One shard ahead, only when
+    it fits the open-shard budget beside the open ones (never evicting one); a shard that fails
+    to open raises where its rows are read, after the rows before it."""
+
+    def __init__(self, order: EpochOrder, ranges: Sequence[tuple[int, int]], shards: _Shards,
+                 pool: ThreadPoolExecutor):
+        self._shards, self._pool, self._layout = shards, pool, order.layout
+        self._sequence: list[int] = []  # shards in the order the reading first reaches them
+        self._rank: dict[int, int] = {}
+        for a, b in ranges:
+            for shard in self._layout.shard[order.blocks_in(a, b)].tolist():
+                if shard not in self._rank:
+                    self._rank[shard] = len(self._sequence)
+                    self._sequence.append(shard)
+        self._next = 0
+
+    def reached(self, blocks: list[int]) -> None:
+        """The consumer is at ``blocks``: open the shard after theirs if it fits."""
+        rank = max(self._rank.get(int(self._layout.shard[b]), -1) for b in blocks)
+        self._next = max(self._next, rank + 1)
+        if self._next < len(self._sequence) and self._shards.fits(self._sequence[self._next]):
+            future = self._pool.submit(self._shards.get, self._sequence[self._next])
+            future.add_done_callback(_ignore_failure)  # read again, and raised, in order
+            self._next += 1
+
+
+def _ignore_failure(future: Future) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                    ranges: Iterable[tuple[int, int]], *, mode: str, piece: int = 1024,
                    threads: int | None = None, budget: int | None = None
@@ -190,6 +243,8 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
     threads, budget = read_budget(threads or reader.read_threads,
                                   budget or reader.prefetch_bytes)
     decoder = BlockDecoder(reader, order.layout, mode, shard_budget=max(1, budget // 2))
+    ranges = list(ranges)
+
     def split() -> Iterator[tuple[int, int]]:
         for a, b in ranges:
             while a < b:
@@ -200,7 +255,9 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
     todo = split()
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="snapcache-read")
-    planned: collections.deque[tuple[int, int, np.ndarray, np.ndarray, list[int]]] = \
+    ahead = _OpenAhead(order, ranges, decoder.shards, pool)
+    # (start, stop, blocks and offsets a position, or None and the first row of a run, blocks)
+    planned: collections.deque[tuple[int, int, Any, Any, list[int]]] = \
         collections.deque()
     futures: dict[int, Future] = {}
     last_use: dict[int, int] = {}
@@ -208,13 +265,21 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
     serial = 0
     try:
         while True:
-            while not planned or (held < budget // 2 and len(planned) < 4 * max(1, threads)):
+            # Plan a few pieces ahead, and further while they come from few blocks (pieces of
+            # one block are cheap to plan; decoding must stay a few blocks ahead of the
+            # consumer), within half the budget.
+            while not planned or (held < budget // 2 and (
+                    len(planned) < 4 * max(1, threads) or len(futures) <= 2 * max(1, threads))):
                 nxt = next(todo, None)
                 if nxt is None:
                     break
                 a, b = nxt
-                blocks, offsets = order.locate(a, b)
-                unique = np.unique(blocks).tolist()
+                run = order.run(a, b)  # rows of one block (no window): a slice, no arrays
+                if run is not None:
+                    blocks, offsets, unique = None, run[1], [run[0]]
+                else:
+                    blocks, offsets = order.locate(a, b)
+                    unique = blocks_of(blocks)
                 for block in unique:
                     if block not in futures:
                         futures[block] = pool.submit(decoder.decode, block)
@@ -231,7 +296,14 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                 if last_use[block] == done:
                     del futures[block], last_use[block]
                     held -= decoder.estimate(block)
-            yield a, b, gather(decoded, blocks, offsets, mode)
+            ahead.reached(unique)  # after the first piece: it does not delay the first batch
+            if blocks is None:
+                block = decoded[unique[0]]
+                part = {name: column[offsets:offsets + b - a] for name, column in block.items()} \
+                    if mode == "columns" else block[offsets:offsets + b - a]
+                yield a, b, part
+            else:
+                yield a, b, gather(decoded, blocks, offsets, mode)
     finally:
         for future in futures.values():
             future.cancel()
@@ -239,11 +311,12 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
 
 class RowAccess:
-    """Random access to the rows of a committed snapshot. The first row of a shard loads and
-    verifies that shard, which is then kept open (least recently used first out, within half
-    of ``budget`` bytes); the first row of a record batch decodes that batch once (zero-copy
-    views where it can be) and keeps it, within the other half; any row of a kept batch is
-    then an index into it.
+    """Random access to the rows of a committed snapshot. The first row of a record batch
+    reads that record batch alone and checks it against its checksum in the manifest (or, in
+    snapshots written before those were recorded, loads and verifies its whole shard, then
+    kept open, least recently used first out, within half of ``budget`` bytes), decodes it
+    once (zero-copy views where it can be) and keeps it, within the other half; any row of a
+    kept batch is then an index into it.
 
     Example::
 
@@ -259,6 +332,10 @@ class RowAccess:
         _, budget = read_budget(1, self._budget or self.reader.prefetch_bytes)
         self.layout = layout_of(self.reader.manifest)
         self._decoder = BlockDecoder(self.reader, self.layout, "rows", shard_budget=budget // 2)
+        # Record batches read one by one need the schema to decode them outside their file.
+        arrow = self.reader.schema.arrow_schema() if self.reader.schema is not None else None
+        self._alone = arrow is not None and not any(
+            pa.types.is_dictionary(f.type) for f in arrow)
         self._batch_budget = budget // 2
         # (shard, record batch) -> (row getter, bytes), least recently used first
         self._batches: collections.OrderedDict[tuple[int, int], tuple[Any, int]] = \
@@ -288,27 +365,51 @@ class RowAccess:
         return j
 
     def _locate(self, row: int) -> tuple[tuple[int, int], Any, int]:
-        block = int(np.searchsorted(self.layout.start, row, side="right") - 1)
-        return self._decoder.locate(block, row - int(self.layout.start[block]))
+        layout = self.layout
+        block = int(np.searchsorted(layout.start, row, side="right") - 1)
+        index, j = int(layout.shard[block]), int(layout.batch[block])
+        shard = self.reader.manifest.shards[index]
+        if j >= 0 and self._alone and shard.batch_index:
+            # The manifest has this record batch's checksum: read and verify it alone.
+            return (index, j), _Alone(self.reader, shard, j), row - int(layout.start[block])
+        return self._decoder.locate(block, row - int(layout.start[block]))
 
     def _getter(self, key: tuple[int, int], load: Any) -> Any:
-        """The row getter of record batch ``key`` (shard, batch), decoded on a miss."""
+        """The row getter of record batch ``key`` (shard, batch), decoded on a miss (or when
+        only one row of it was decoded so far)."""
         with self._lock:
-            if key in self._batches:
+            entry = self._batches.get(key)
+            if entry is not None:
                 self._batches.move_to_end(key)
-                return self._batches[key][0]
-        batch = load()
-        getter, size = self.reader._decoder.row_reader(batch), batch.nbytes
+                if not isinstance(entry[0], _Read):
+                    return entry[0]
+        batch = load() if entry is None else entry[0].checked()
+        getter = self.reader._decoder.row_reader(batch)
+        self._keep(key, getter, batch.nbytes)
+        return getter
+
+    def _keep(self, key: tuple[int, int], value: Any, size: int) -> None:
         with self._lock:
-            if key not in self._batches:
-                self._batches[key] = (getter, size)
-                self._held += size
+            old = self._batches.pop(key, None)
+            if old is not None:
+                self._held -= old[1]
+            self._batches[key] = (value, size)
+            self._held += size
             while self._held > self._batch_budget and len(self._batches) > 1:
                 self._held -= self._batches.popitem(last=False)[1][1]
-        return getter
 
     def __getitem__(self, i: Any) -> Any:
         key, load, k = self._locate(self._index(i))
+        if isinstance(load, _Alone):
+            with self._lock:
+                known = key in self._batches
+            if not known:
+                # The first row of a record batch: decode that row alone (decoding them all
+                # costs more than reading the batch); a second row decodes the batch.
+                batch = load(whole=False)
+                row = self.reader.row_at(load.shard, load.index, batch, k)
+                self._keep(key, _Read(load, batch), batch.nbytes)
+                return row
         return self._getter(key, load)(k)
 
     def take(self, indices: Sequence[int]) -> list:
@@ -322,3 +423,23 @@ class RowAccess:
                 getters[key] = self._getter(key, load)
             out.append(getters[key](k))
         return out
+
+
+class _Alone:
+    """Loads record batch ``index`` of ``shard`` alone (see :meth:`SnapshotReader.read_batch`)."""
+
+    def __init__(self, reader: "SnapshotReader", shard: Any, index: int):
+        self.reader, self.shard, self.index = reader, shard, index
+
+    def __call__(self, whole: bool = True) -> pa.RecordBatch:
+        return self.reader.read_batch(self.shard, self.index, whole=whole)
+
+
+class _Read:
+    """A record batch read for one row: the rest of its validation is still to do."""
+
+    def __init__(self, load: _Alone, batch: pa.RecordBatch):
+        self.load, self.batch = load, batch
+
+    def checked(self) -> pa.RecordBatch:
+        return self.load.reader.check_batch(self.load.shard, self.load.index, self.batch)

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 
 from snapcache.errors import UnsupportedValueError
 from snapcache.store.fs import expand_files, is_dir, open_input
@@ -52,6 +53,63 @@ def _row_groups(url: str, storage_options: dict | None) -> list[int]:
     with open_input(url, storage_options) as f:
         metadata = pq.ParquetFile(f).metadata
         return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+
+
+@dataclass(frozen=True)
+class RowGroupDigest:
+    """One row group of a Parquet file as a delta snapshot's unit: its index, rows, the bytes
+    hashed and their xxh3-128 (see :func:`row_group_digests`)."""
+
+    index: int
+    rows: int
+    nbytes: int
+    digest: str
+
+
+def row_group_digests(url: str, columns: Sequence[str] | None = None,
+                      storage_options: dict | None = None) -> list[RowGroupDigest]:
+    """Each row group's identity by content: the xxh3-128 of the bytes of its column chunks
+    (byte ranges from the footer; only the chunks of ``columns`` when given) and of their
+    schema (path, physical and logical type), so a row group whose content is the same in a
+    rewritten file keeps its digest. A row group equal to an earlier one of the same file gets
+    its occurrence number mixed in (each is a unit of its own). Reads the footer, then each
+    range once."""
+    wanted = set(columns) if columns else None
+    found: list[RowGroupDigest] = []
+    seen: dict[str, int] = {}
+    with open_input(url, storage_options) as f:
+        metadata = pq.ParquetFile(f).metadata
+        schema = metadata.schema
+        for g in range(metadata.num_row_groups):
+            group = metadata.row_group(g)
+            h = xxhash.xxh3_128(b"snapcache.parquet-row-group\x00")
+            nbytes = 0
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                top = chunk.path_in_schema.split(".", 1)[0]
+                if wanted is not None and top not in wanted:
+                    continue
+                column = schema.column(c)
+                h.update(f"{chunk.path_in_schema}\x00{column.physical_type}\x00"
+                         f"{column.logical_type}\x00{chunk.compression}\x00".encode())
+                start = chunk.data_page_offset
+                if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+                    start = min(start, chunk.dictionary_page_offset)
+                f.seek(start)
+                data = f.read(chunk.total_compressed_size)
+                if len(data) != chunk.total_compressed_size:
+                    raise OSError(f"{url}: row group {g} column {chunk.path_in_schema}: the "
+                                  "footer names bytes past the end of the file (truncated or "
+                                  "being rewritten?)")
+                h.update(data)
+                nbytes += len(data)
+            digest = h.hexdigest()
+            count = seen.get(digest, 0)
+            seen[digest] = count + 1
+            if count:
+                digest = xxhash.xxh3_128_hexdigest(f"{digest}\x00{count}".encode())
+            found.append(RowGroupDigest(g, group.num_rows, nbytes, digest))
+    return found
 
 
 def file_rows(urls: Sequence[str], storage_options: dict | None = None) -> list[int]:

@@ -12,12 +12,18 @@ damage with ``verify=False``, would otherwise read outside its buffers). Any dam
 
 from __future__ import annotations
 
+import logging
 import mmap
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 import xxhash
 
+from snapcache import lifecycle
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
 from snapcache.store.cache import ShardCache, shared_cache
@@ -51,6 +57,8 @@ def load_manifest(storage: Storage) -> Manifest | None:
     return manifest
 
 
+log = logging.getLogger(__name__)
+
 _READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
 # What damaged bytes make Arrow (or Python decoding them) raise: never let one escape as such.
 _DAMAGE = (pa.ArrowException, OSError, ValueError, SystemError, UnicodeDecodeError, MemoryError,
@@ -81,17 +89,33 @@ class ShardFile:
     def get_batch(self, index: int) -> pa.RecordBatch:
         try:
             batch = self._file.get_batch(index)
-            if self._validator is not None:
-                self._validator(batch)
-            else:  # no schema to check against (an empty snapshot): Arrow's own full check
-                batch.validate(full=True)
-        except CorruptSnapshotError as e:
-            raise CorruptSnapshotError(f"{self._where} is corrupt: record batch {index}: {e}. "
-                                       f"{self._way_out}") from None
         except _DAMAGE as e:
             raise CorruptSnapshotError(
                 f"{self._where} is corrupt: record batch {index} is damaged "
                 f"({type(e).__name__}: {e}). {self._way_out}") from None
+        return self.checked(batch, index, self._validator, self._where, self._way_out)
+
+    @staticmethod
+    def checked(batch: pa.RecordBatch, index: int, validator: BatchValidator | None,
+                where: str, way_out: str, *, structure_only: bool = False) -> pa.RecordBatch:
+        """Record batch ``index`` of the shard ``where`` once validated against the snapshot's
+        schema (see :mod:`snapcache.store.validate`; ``structure_only``: all but the tensors'
+        shapes, for rows decoded one by one); CorruptSnapshotError if not."""
+        try:
+            if validator is not None:
+                if structure_only:
+                    validator.check_structure(batch)
+                else:
+                    validator(batch)
+            else:  # no schema to check against (an empty snapshot): Arrow's own full check
+                batch.validate(full=True)
+        except CorruptSnapshotError as e:
+            raise CorruptSnapshotError(f"{where} is corrupt: record batch {index}: {e}. "
+                                       f"{way_out}") from None
+        except _DAMAGE as e:
+            raise CorruptSnapshotError(
+                f"{where} is corrupt: record batch {index} is damaged "
+                f"({type(e).__name__}: {e}). {way_out}") from None
         return batch
 
 _CHUNK = 16 << 20  # a multiple of every page size
@@ -140,6 +164,7 @@ class SnapshotReader:
         self._arrow_schema = self.schema.arrow_schema() if self.schema is not None else None
         self._validator = BatchValidator(self.schema) if self.schema is not None else None
         self._maps: dict[str, mmap.mmap] = {}   # low-memory shards being read
+        self._filler: _CacheFiller | None = None
 
     @classmethod
     def open(cls, storage: Storage, **kwargs: Any) -> "SnapshotReader":
@@ -246,6 +271,96 @@ class SnapshotReader:
                                        f"{way_out(self.storage)}")
         return ShardFile(reader, self._validator, where, way_out(self.storage))
 
+    def read_batch(self, shard: ShardInfo, index: int, *, whole: bool = True
+                   ) -> pa.RecordBatch:
+        """Record batch ``index`` of ``shard`` alone, for random access: only its bytes are
+        read (a ranged GET on object stores, one read locally) and checked against the
+        manifest's checksum of that batch, then validated and its rows counted, as a whole
+        shard is before any of its rows is used. ``whole=False``: validated but for the
+        tensors' shapes, which :meth:`check_batch` or decoding a row
+        (:meth:`~snapcache.store.codec.Decoder.row_at`) checks. Needs the shard's batch index
+        (:attr:`ShardInfo.batch_index`) and a schema."""
+        shard_where = f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
+        where = f"{shard_where} record batch {index}"
+        if not shard.batch_index or self._arrow_schema is None:
+            raise ValueError(f"{where}: the manifest has no checksum of this record batch; "
+                             "read the shard whole (open_shard)")
+        start, end = shard.batch_offsets[index], shard.batch_offsets[index + 1]
+        data, cached = self._batch_bytes(shard, start, end, where)
+        if self.verify:
+            actual = xxhash.xxh3_64(memoryview(data)).hexdigest()
+            if actual != shard.batch_checksums[index] and cached:
+                self.cache.discard(self._cache_key(shard))  # the local copy may be what is bad
+                data, _ = self._batch_bytes(shard, start, end, where, use_cache=False)
+                actual = xxhash.xxh3_64(memoryview(data)).hexdigest()
+            if actual != shard.batch_checksums[index]:
+                raise CorruptSnapshotError(
+                    f"{where} is corrupt: checksum {actual} != {shard.batch_checksums[index]} "
+                    f"in the manifest. {way_out(self.storage)}")
+        try:
+            message = pa.ipc.read_message(pa.py_buffer(data))
+            if message.type != "record batch":
+                raise ValueError(f"an IPC {message.type} message where a record batch belongs")
+            batch = pa.ipc.read_record_batch(message, self._arrow_schema)
+        except _DAMAGE as e:
+            raise CorruptSnapshotError(f"{where} is damaged ({type(e).__name__}: {e}). "
+                                       f"{way_out(self.storage)}") from None
+        if batch.num_rows != shard.batch_rows[index]:
+            raise CorruptSnapshotError(
+                f"{where} has {batch.num_rows} rows, the manifest says "
+                f"{shard.batch_rows[index]}. {way_out(self.storage)}")
+        return ShardFile.checked(batch, index, self._validator, shard_where,
+                                 way_out(self.storage), structure_only=not whole)
+
+    def row_at(self, shard: ShardInfo, index: int, batch: pa.RecordBatch, k: int) -> Any:
+        """Example ``k`` of ``batch`` (record batch ``index`` of ``shard``, read with
+        ``whole=False``), decoded alone and checked (:meth:`Decoder.row_at
+        <snapcache.store.codec.Decoder.row_at>`)."""
+        try:
+            return self._decoder.row_at(batch, k)  # type: ignore[union-attr]
+        except CorruptSnapshotError as e:
+            raise CorruptSnapshotError(
+                f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r} is corrupt: "
+                f"record batch {index}: {e}. {way_out(self.storage)}") from None
+
+    def _fill_cache(self, shard: ShardInfo) -> None:
+        if self._filler is None:
+            self._filler = _CacheFiller(self)
+        self._filler.fill(shard)
+
+    def wait_for_cache(self, timeout: float | None = None) -> bool:
+        """Wait until the shards being copied into the node-local cache in the background
+        (after a record batch of them was read alone) are there; False on timeout."""
+        return self._filler is None or self._filler.wait(timeout)
+
+    def check_batch(self, shard: ShardInfo, index: int, batch: pa.RecordBatch
+                    ) -> pa.RecordBatch:
+        """``batch`` (record batch ``index`` of ``shard``, read with ``whole=False``) with its
+        tensors' shapes validated too."""
+        return ShardFile.checked(batch, index, self._validator,
+                                 f"snapshot {self.manifest.fingerprint[:12]} shard "
+                                 f"{shard.path!r}", way_out(self.storage))
+
+    def _batch_bytes(self, shard: ShardInfo, start: int, end: int, where: str, *,
+                     use_cache: bool = True) -> tuple[Any, bool]:
+        """(bytes ``[start, end)`` of ``shard``, whether they came from the node-local cache)."""
+        try:
+            if use_cache and self.cache is not None and not self.storage.local:
+                copy = self.cache.peek(self._cache_key(shard), shard.bytes)
+                if copy is not None:
+                    return copy.slice(start, end - start), True
+            data = self.storage.read_range(shard.path, start, end)
+            if self.cache is not None:  # later record batches of it: from the local copy
+                self._fill_cache(shard)
+        except FileNotFoundError:
+            raise CorruptSnapshotError(f"{where}: the shard is missing "
+                                       f"({self.storage.url_of(shard.path)}). "
+                                       f"{way_out(self.storage)}") from None
+        if len(data) != end - start:
+            raise CorruptSnapshotError(f"{where}: the shard is shorter than the manifest says. "
+                                       f"{way_out(self.storage)}")
+        return data, False
+
     def _cache_key(self, shard: ShardInfo) -> str:
         return f"{self.manifest.fingerprint}/{shard.path}"
 
@@ -292,6 +407,46 @@ class SnapshotReader:
             except CorruptSnapshotError as e:
                 problems.append(str(e))
         return problems
+
+
+class _CacheFiller:
+    """Copies whole shards of a remote snapshot into the node-local cache on one background
+    thread, each at most once per reader: random access reads a record batch alone (one ranged
+    GET) and leaves the rest of its shard to come from the local copy. A copy is verified when
+    it is used, like any cached copy; a failed copy is only logged (reads go to the store)."""
+
+    def __init__(self, reader: SnapshotReader):
+        self._storage, self._cache = reader.storage, reader.cache
+        self._key = reader._cache_key
+        self._lock = threading.Lock()
+        self._started: set[str] = set()
+        self._pending: list[Future] = []
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapcache-cache-fill")
+        pool = self._pool
+        forget = lifecycle.at_exit(lambda: pool.shutdown(wait=True, cancel_futures=True))
+        weakref.finalize(self, lambda: (forget(), pool.shutdown(wait=False)))
+
+    def fill(self, shard: ShardInfo) -> None:
+        with self._lock:
+            if shard.path in self._started or lifecycle.exiting():
+                return
+            self._started.add(shard.path)
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(self._pool.submit(self._copy, shard))
+
+    def _copy(self, shard: ShardInfo) -> None:
+        try:
+            self._cache.get(self._key(shard), shard.bytes,
+                            lambda: self._storage.read_bytes(shard.path, shard.bytes))
+        except Exception as e:  # noqa: BLE001 - the cache is an optimisation: reads go on
+            log.warning("could not copy %s into the local cache %s: %s",
+                        self._storage.url_of(shard.path), self._cache, e)
+
+    def wait(self, timeout: float | None) -> bool:
+        with self._lock:
+            pending = list(self._pending)
+        done, not_done = futures_wait(pending, timeout)
+        return not not_done
 
 
 def open_reader(storage: Storage, manifest: Manifest, read: ReadOptions | None = None

@@ -36,14 +36,7 @@ class BatchValidator:
             index += 2 if spec.kind == "tensor" and spec.ndim >= 2 else 1
 
     def __call__(self, batch: pa.RecordBatch) -> None:
-        if not batch.schema.equals(self._arrow_schema):
-            raise CorruptSnapshotError("record batch schema does not match the snapshot schema")
-        try:
-            batch.validate(full=True)   # offsets in bounds and non-decreasing, UTF-8
-        except pa.ArrowInvalid as e:
-            raise CorruptSnapshotError(str(e)) from None
-        if any(column.null_count for column in batch.columns):
-            raise CorruptSnapshotError("a record batch holds nulls, which snapcache never writes")
+        self.check_structure(batch)
         n = batch.num_rows
         if not n:
             return
@@ -52,6 +45,19 @@ class BatchValidator:
             offsets = np.frombuffer(column.buffers()[1], np.int64, count=n + 1,
                                     offset=column.offset * 8)
             self._check_tensor(batch, index, np.diff(offsets))
+
+    def check_structure(self, batch: pa.RecordBatch) -> None:
+        """The checks of the whole batch that Arrow makes (schema, offsets in bounds and
+        non-decreasing, UTF-8, no nulls), without the tensors' shapes: enough to decode single
+        rows that check their own shapes (:meth:`snapcache.store.codec.Decoder.row_at`)."""
+        if not batch.schema.equals(self._arrow_schema):
+            raise CorruptSnapshotError("record batch schema does not match the snapshot schema")
+        try:
+            batch.validate(full=True)   # offsets in bounds and non-decreasing, UTF-8
+        except pa.ArrowInvalid as e:
+            raise CorruptSnapshotError(str(e)) from None
+        if any(column.null_count for column in batch.columns):
+            raise CorruptSnapshotError("a record batch holds nulls, which snapcache never writes")
 
     def _check_tensor(self, batch: pa.RecordBatch, index: int, lengths: np.ndarray) -> None:
         name, ndim, factor = self._tensors[index]

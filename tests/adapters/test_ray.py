@@ -315,3 +315,51 @@ def test_complete_streams_nobody_committed_are_committed_by_a_retry(tmp_path, mo
     assert outcome.status == "complete"
     assert committed_folders(str(tmp_path)) == [ds.fingerprint()]
     assert [e["i"] for e in ds] == stream_order(10, 2)
+
+
+# -- a delta snapshot (the default for file sources), built by Ray tasks -------------------------
+def file_number(calls_dir):
+    """Each file's number, logging each call in ``calls_dir``."""
+    def expensive(path):
+        n = int(os.path.basename(path).split(".")[0])
+        with open(os.path.join(calls_dir, f"{os.getpid()}.log"), "a") as log:
+            log.write(f"{n}\n")
+        return {"n": n}
+    return expensive
+
+
+def test_build_of_a_delta_snapshot_splits_its_segments_among_the_tasks(ray_cluster, tmp_path,
+                                                                       calls_dir):
+    from snapcache.pipeline import delta_exec
+    from snapcache.store.protocol import versions
+
+    src = tmp_path / "src"
+    src.mkdir()
+    files = delta_exec.SEGMENT_UNITS * 2 + 40          # 3 segments to compute
+    for i in range(files):
+        (src / f"{i:05d}.txt").write_text("")
+
+    def pipeline():
+        return sc.Dataset.from_files(str(src / "*.txt")).map(file_number(calls_dir)).snapshot(
+            str(tmp_path / "snaps"), progress=False)
+
+    ds = pipeline()
+    result = scr.build(ds, num_tasks=2)
+    assert sorted(calls(calls_dir).elements()) == list(range(files))  # each file once
+    assert [s.status for s in result.streams] == ["written", "written"]
+    assert [s.examples for s in result.streams] == [delta_exec.SEGMENT_UNITS + 40,
+                                                    delta_exec.SEGMENT_UNITS]
+    lineage = Storage(result.url)
+    assert versions.versions(lineage) == [1] and result.num_examples == files
+    assert result.fingerprint == ds.open_snapshot().id
+    for name in os.listdir(calls_dir):
+        os.remove(os.path.join(calls_dir, name))
+    assert sorted(x["n"] for x in pipeline()) == list(range(files))  # read, not computed
+    assert not os.listdir(calls_dir)
+    # grown by 10 files: one task computes them, the other has nothing to do
+    for i in range(files, files + 10):
+        (src / f"{i:05d}.txt").write_text("")
+    grown = scr.build(pipeline(), num_tasks=2)
+    assert sorted(calls(calls_dir).elements()) == list(range(files, files + 10))
+    assert sorted(s.status for s in grown.streams) == ["complete", "written"]
+    assert versions.versions(lineage) == [1, 2] and grown.num_examples == files + 10

@@ -160,7 +160,9 @@ def test_filter_and_parallel_map_upstream(src, tmp_path):
     assert sorted(CALLS) == ["f0040.txt", "f0041.txt"]
 
 
-def test_parquet_files_are_units(tmp_path):
+def test_parquet_row_groups_are_units(tmp_path, capsys):
+    from snapcache.cli.main import main
+
     folder = tmp_path / "pq"
     folder.mkdir()
     for i in range(3):
@@ -169,24 +171,82 @@ def test_parquet_files_are_units(tmp_path):
     seen = []
 
     def double(row):
-        seen.append(row["x"])
+        seen.append(int(row["x"]))
         return {"x": row["x"] * 2}
 
     def make():
         return (sc.Dataset.from_parquet(str(folder / "*.parquet")).map(double)
-                .snapshot(str(tmp_path / "root"), delta=True, progress=False))
+                .snapshot(str(tmp_path / "root"), progress=False))
 
-    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)]
+    def values(ds):
+        return sorted(int(r["x"]) // 2 for r in ds)
+
+    assert values(make()) == list(range(30)) and sorted(seen) == list(range(30))
+    storage = lineage(tmp_path / "root")
+    first = versions.load_version(storage, 1)
+    assert first.format_version == 3 and first.source["units"] == 9  # 3 files x 3 groups
+    assert first.source["files"] == 3
+    assert main(["info", storage.url.rsplit("/", 1)[-1][:10], "--root",
+                 str(tmp_path / "root"), "--files"]) == 0
+    out = capsys.readouterr().out
+    assert "3 files, 9 row groups" in out and "part-1.parquet#2" in out
     pq.write_table(pa.table({"x": list(range(100, 105))}), folder / "part-9.parquet")
     seen.clear()
-    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(30)] + \
-        [2 * x for x in range(100, 105)]
+    assert values(make()) == list(range(30)) + list(range(100, 105))
     assert sorted(seen) == list(range(100, 105))
+
+    # A re-exported file: the same rows but one, in the same row groups: only the row group
+    # holding the changed row runs through the map; the others keep their identity (content).
+    rows = list(range(0, 10))
+    rows[5] = 55
+    pq.write_table(pa.table({"x": rows}), folder / "part-0.parquet", row_group_size=4)
+    seen.clear()  # (the map captures `seen`: its value counts in the lineage)
+    ds = make()
+    assert "1 row group changed; computing 1 of 10 units, reusing 9" in str(ds.explain())
+    assert values(ds) == sorted(rows + list(range(10, 30)) + list(range(100, 105)))
+    assert sorted(seen) == [4, 6, 7, 55]
+
+    # Touched, not changed: read and hashed again, nothing computed.
+    os.utime(folder / "part-2.parquet", ns=(1, 1))
+    seen.clear()
+    assert values(make()) == sorted(rows + list(range(10, 30)) + list(range(100, 105)))
+    assert seen == []
+
     os.remove(folder / "part-1.parquet")          # its rows leave; the others' are copied
     seen.clear()
-    assert sorted(int(r["x"]) for r in make()) == [2 * x for x in range(10)] + \
-        [2 * x for x in range(20, 30)] + [2 * x for x in range(100, 105)]
+    assert values(make()) == sorted(rows + list(range(20, 30)) + list(range(100, 105)))
     assert seen == []
+
+
+def test_row_group_identities_are_read_only_for_changed_files(tmp_path, monkeypatch):
+    from snapcache.store import parquet as parquet_store
+
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for i in range(4):
+        pq.write_table(pa.table({"x": list(range(i * 8, i * 8 + 8)), "y": [b"a"] * 8}),
+                       folder / f"part-{i}.parquet", row_group_size=3)
+    hashed = []
+    real = parquet_store.row_group_digests
+    monkeypatch.setattr(parquet_store, "row_group_digests",
+                        lambda url, *a, **k: (hashed.append(os.path.basename(url)),
+                                              real(url, *a, **k))[1])
+
+    def make():
+        return (sc.Dataset.from_parquet(str(folder / "*.parquet"), columns=["x"])
+                .map(lambda r: {"x": r["x"] + 1})
+                .snapshot(str(tmp_path / "root"), progress=False))
+
+    assert len(list(make())) == 32 and len(hashed) == 4
+    hashed.clear()
+    assert len(list(make())) == 32 and hashed == []          # a hit: nothing read
+    # a column that is not read changes: the file is hashed again, nothing is computed
+    pq.write_table(pa.table({"x": list(range(8, 16)), "y": [b"b"] * 8}),
+                   folder / "part-1.parquet", row_group_size=3)
+    hashed.clear()
+    ds = make()
+    assert "computing 0 of 12 units, reusing 12" in str(ds.explain())
+    assert len(list(ds)) == 32 and hashed == ["part-1.parquet"]
 
 
 def test_format_2_manifest_refused_by_a_format_1_reader(src, tmp_path, monkeypatch):
@@ -327,12 +387,13 @@ import sys
 CHILD = os.path.join(os.path.dirname(__file__), "delta_child.py")
 
 
-def start(src, root, out, calls, pause=None):
+def start(src, root, out, calls, pause=None, stream=()):
     env = dict(os.environ, DELTA_CALLS=str(calls))
     env.pop("SNAPCACHE_TEST_DELTA_PAUSE", None)
     if pause is not None:
         env["SNAPCACHE_TEST_DELTA_PAUSE"] = str(pause)
-    return subprocess.Popen([sys.executable, CHILD, str(src), str(root), str(out)], env=env)
+    return subprocess.Popen([sys.executable, CHILD, str(src), str(root), str(out)]
+                            + [str(n) for n in stream], env=env)
 
 
 def wait_for(path, proc):
@@ -346,6 +407,8 @@ def called(calls):
 
 
 def test_a_build_killed_after_a_segment_is_resumed_by_the_next(src, tmp_path):
+    """(A build is split into tasks the same way by every run: the killed run's finished
+    segment is found again by its units' keys.)"""
     root, calls, pause = tmp_path / "root", tmp_path / "calls", tmp_path / "pause"
     first = start(src, root, tmp_path / "out0", calls)
     assert first.wait(timeout=120) == 0                  # version 1: 3 segments of 4 files
@@ -405,8 +468,9 @@ def test_the_snapshot_handle_of_a_delta_pipeline_is_its_own_version(src, tmp_pat
     assert ds.open_snapshot().num_examples == 12        # the old pipeline's version
     by_path = sc.open_snapshot(str(root))               # the lineage: its newest version
     assert by_path.state == "committed" and by_path.num_examples == 13
-    with pytest.raises(SnapshotStateError, match="delta snapshot"):
-        grown.open_snapshot().write_stream(0, 2)
+    assert grown.open_snapshot().write_stream(0, 2).status == "committed"
+    with pytest.raises(SnapshotStateError, match="opened from a path"):
+        by_path.write_stream(0, 2)
 
 
 def test_s3_identities_come_from_the_paginated_listing(s3_root, s3_server):
@@ -561,3 +625,125 @@ def test_verify_checks_the_shards_of_every_version(src, tmp_path):
     open(path, "wb").write(bytes(data))
     (check,) = verify(root=str(root)).checks
     assert not check.ok and only_v1[0].path in " ".join(check.problems)
+
+
+def test_a_waiting_delta_build_times_out_naming_the_builder(src, tmp_path):
+    """The delta build waits with the protocol's own poll (store/protocol/negotiate.Poll):
+    wait_timeout, the holder named, the way out."""
+    from snapcache.errors import LeaseTimeoutError
+    from snapcache.store.protocol import HOST, WriteLease
+
+    root = tmp_path / "root"
+    ds = (sc.Dataset.from_files(str(src / "*.txt")).map(load)
+          .snapshot(str(root), progress=False, wait_timeout=0.2))
+    folder = Storage(str(root)).child(ds.open_snapshot().id)
+    held = WriteLease.acquire(folder, run_id="0badc0de", ttl=30.0)  # another builder
+    try:
+        with pytest.raises(LeaseTimeoutError, match=f"a version of delta snapshot .*{HOST} pid "
+                                                    f"{os.getpid()}.*on_busy='compute'"):
+            list(ds)
+    finally:
+        held.release()
+    assert CALLS == []
+
+
+# -- several builders of one version: streams split its segments -------------------------------
+def test_streams_of_a_handle_split_the_segments_and_the_last_commits(src, tmp_path,
+                                                                      monkeypatch):
+    from snapcache.pipeline import delta_exec
+
+    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+    root = tmp_path / "root"
+    assert run(src, root) == expected(src)              # version 1: 3 segments
+    for i in range(100, 110):                            # 3 tasks: 100-103, 104-107, 108-109
+        write(src, i)
+    ds = pipeline(src, root)
+    snap = ds.open_snapshot()
+    one = snap.write_stream(1, 2)                        # stream 1 of 2: task 1
+    assert (one.status, one.examples) == ("written", 4)
+    assert sorted(CALLS) == [f"f{i:04d}.txt" for i in range(104, 108)]
+    assert snap.state != "committed"
+    assert snap.commit(2) is None                        # tasks 0 and 2 are missing
+    assert snap.stream_status(2).missing == [0]
+    assert snap.write_stream(1, 2).status == "complete"  # a rerun finds its share done
+    zero = snap.write_stream(0, 2)                       # tasks 0 and 2, then the commit
+    assert (zero.status, zero.examples) == ("written", 6)
+    assert sorted(CALLS) == [f"f{i:04d}.txt" for i in range(100, 110)]  # each once
+    assert snap.state == "committed" and len(snap) == 22
+    assert snap.commit(2).num_examples == 22
+    CALLS.clear()
+    assert sorted((x["name"], x["value"]) for x in ds) == expected(src) and CALLS == []
+    storage = lineage(root)
+    assert versions.versions(storage) == [1, 2]
+    assert not [n for n in storage.listdir() if n.startswith(("segment-", "lease-"))]
+
+
+def test_two_stream_processes_each_compute_their_share_of_a_version(src, tmp_path):
+    root, pause = tmp_path / "root", tmp_path / "pause"
+    assert start(src, root, tmp_path / "out0", tmp_path / "calls0").wait(timeout=120) == 0
+    for i in range(100, 110):                            # 3 tasks: 100-103, 104-107, 108-109
+        write(src, i)
+    a = start(src, root, tmp_path / "a", tmp_path / "calls-a", pause=pause, stream=(0, 2))
+    wait_for(pause, a)                                   # a: task 0 recorded, holds stream 0
+    b = start(src, root, tmp_path / "b", tmp_path / "calls-b", stream=(1, 2))
+    while not called(tmp_path / "calls-b") or len(called(tmp_path / "calls-b")) < 4:
+        assert b.poll() is None, "stream 1 ended before computing its share"
+        time.sleep(0.01)                                 # b computes task 1, then waits for a
+    os.remove(pause)
+    assert a.wait(timeout=120) == 0 and b.wait(timeout=120) == 0
+    assert called(tmp_path / "calls-b") == [f"f{i:04d}.txt" for i in range(104, 108)]
+    assert called(tmp_path / "calls-a") == [f"f{i:04d}.txt" for i in
+                                             [100, 101, 102, 103, 108, 109]]
+    shares = [[tuple(x) for x in json.load(open(tmp_path / out))] for out in ("a", "b")]
+    assert not set(shares[0]) & set(shares[1])
+    assert sorted(shares[0] + shares[1]) == expected(src)
+    assert versions.versions(lineage(root)) == [1, 2]
+
+
+def test_a_killed_streams_segments_are_built_by_the_other(src, tmp_path):
+    root, pause = tmp_path / "root", tmp_path / "pause"
+    assert start(src, root, tmp_path / "out0", tmp_path / "calls0").wait(timeout=120) == 0
+    for i in range(100, 110):
+        write(src, i)
+    a = start(src, root, tmp_path / "a", tmp_path / "calls-a", pause=pause, stream=(0, 2))
+    wait_for(pause, a)                                   # task 0 recorded
+    a.send_signal(signal.SIGKILL)
+    a.wait(timeout=60)
+    b = start(src, root, tmp_path / "b", tmp_path / "calls-b", stream=(1, 2))
+    assert b.wait(timeout=120) == 0                      # its task 1, then the dead a's task 2
+    assert called(tmp_path / "calls-b") == [f"f{i:04d}.txt" for i in range(104, 110)]
+    assert called(tmp_path / "calls-a") == [f"f{i:04d}.txt" for i in range(100, 104)]
+    manifest = versions.newest(lineage(root))
+    assert manifest.version == 2 and manifest.num_examples == 22
+    # b read its share of version 2; stream 0's share is read by a new stream-0 process
+    again = start(src, root, tmp_path / "a2", tmp_path / "calls-a2", stream=(0, 2))
+    assert again.wait(timeout=120) == 0 and called(tmp_path / "calls-a2") == []
+    shares = [[tuple(x) for x in json.load(open(tmp_path / out))] for out in ("a2", "b")]
+    assert sorted(shares[0] + shares[1]) == expected(src)
+
+
+def test_a_builder_taken_over_while_stopped_reads_the_version_the_other_committed(src,
+                                                                                  tmp_path):
+    """SIGSTOP a builder after its first segment until its lease expires (ttl 5 s of the
+    other's own clock); the other takes the stream over, reuses that segment, builds the rest
+    and commits. Resumed, the first finds its lease lost: it commits nothing and reads the
+    committed version (was: the epoch failed with LeaseLostError)."""
+    root, pause = tmp_path / "root", tmp_path / "pause"
+    assert start(src, root, tmp_path / "out0", tmp_path / "calls0").wait(timeout=120) == 0
+    for i in range(100, 110):
+        write(src, i)
+    a = start(src, root, tmp_path / "a", tmp_path / "calls-a", pause=pause)
+    wait_for(pause, a)                                   # task 0 recorded, lease held
+    a.send_signal(signal.SIGSTOP)
+    try:
+        b = start(src, root, tmp_path / "b", tmp_path / "calls-b")
+        assert b.wait(timeout=180) == 0                  # took the stream over, committed
+    finally:
+        os.remove(pause)
+        a.send_signal(signal.SIGCONT)
+    assert a.wait(timeout=120) == 0
+    assert called(tmp_path / "calls-a") == [f"f{i:04d}.txt" for i in range(100, 104)]
+    assert called(tmp_path / "calls-b") == [f"f{i:04d}.txt" for i in range(104, 110)]
+    for out in ("a", "b"):
+        assert [tuple(x) for x in json.load(open(tmp_path / out))] == expected(src)
+    assert versions.versions(lineage(root)) == [1, 2]

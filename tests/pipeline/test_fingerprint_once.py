@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import pytest
+
 import snapcache as sc
 from snapcache.fingerprint import sources as source_fp
 
@@ -66,18 +68,28 @@ def test_an_in_memory_source_is_hashed_once_across_epochs(tmp_path, monkeypatch)
     assert len(calls) == 1
 
 
-def test_files_are_stated_once_across_epochs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("delta", [False, None])
+def test_files_are_stated_once_across_epochs(tmp_path, monkeypatch, delta):
+    # delta=False: an ordinary snapshot fingerprints every file once; delta=None (the
+    # default, a delta snapshot): the files are listed and stated once, never hashed into a
+    # per-file tree (the lineage counts the source by kind).
+    from snapcache.pipeline.ops import sources as source_ops
+
     for i in range(5):
         (tmp_path / f"f{i}.txt").write_text(str(i))
-    calls = []
-    real = source_fp.hash_files_source
+    calls, stats = [], []
+    real, real_stat = source_fp.hash_files_source, source_ops.file_identities
     monkeypatch.setattr(source_fp, "hash_files_source",
                         lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    monkeypatch.setattr(source_ops, "file_identities",
+                        lambda *a, **k: (stats.append(1), real_stat(*a, **k))[1])
     ds = sc.Dataset.from_files(str(tmp_path / "*.txt")).map(len).snapshot(
-        str(tmp_path / "snaps"), progress=False)
+        str(tmp_path / "snaps"), progress=False, delta=delta)
     for _ in range(3):
         assert sum(1 for _ in ds) == 5
-    assert len(calls) == 1
+    assert len(calls) == (1 if delta is False else 0)
+    if delta is None:
+        assert len(stats) == 1
 
 
 def test_a_new_pipeline_from_changed_data_gets_a_new_fingerprint(tmp_path):

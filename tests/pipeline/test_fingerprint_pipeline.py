@@ -156,8 +156,10 @@ def test_explain_common_misses(tmp_path, monkeypatch):
     data.mkdir()
     for i in range(3):
         (data / f"{i}.txt").write_text(str(i))
+    # An ordinary snapshot (delta=False; a delta snapshot's explain is in test_delta.py):
+    # a grown file list is another snapshot, explained by its closest one.
     pipeline = lambda: (sc.Dataset.from_files(str(data / "*.txt"))  # noqa: E731
-                        .map(decode_path).snapshot(root, name="files"))
+                        .map(decode_path).snapshot(root, name="files", delta=False))
     ds = pipeline()
     assert "no committed snapshot to compare with" in str(ds.explain())
     list(ds)

@@ -150,3 +150,24 @@ def test_a_handle_opened_from_a_path_reads_but_does_not_build(tmp_path):
             snap.write_stream(0, 1)
         with pytest.raises(sc.SnapshotStateError, match="ds.open_snapshot"):
             snap.commit(1)
+
+
+def test_a_delta_snapshots_newest_version_is_indexed_at_open(tmp_path, monkeypatch):
+    """A file source makes a delta lineage by default: open_snapshot reads its newest version,
+    and a row reads its record batch alone, as for an ordinary snapshot."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for k in range(3):
+        np.save(src / f"f{k}.npy", np.arange(50) + 100 * k)
+    ds = sc.Dataset.from_files(str(src / "*.npy")).map(
+        lambda p: {"x": np.load(p)}).snapshot(str(tmp_path / "snaps"), progress=False)
+    assert sum(1 for _ in ds) == 3
+    snap = sc.open_snapshot(str(tmp_path / "snaps"))
+    assert snap.manifest.version == 1
+    ranges = []
+    real = Storage.read_range
+    monkeypatch.setattr(Storage, "read_range", lambda self, rel, a, b: (
+        ranges.append(rel), real(self, rel, a, b))[1])
+    monkeypatch.setattr(Storage, "map_file", lambda *a, **k: 1 / 0)
+    assert sorted(int(snap[i]["x"][0]) for i in range(3)) == [0, 100, 200]
+    assert ranges

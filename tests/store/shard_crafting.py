@@ -56,8 +56,28 @@ def replace_shard(storage, data: bytes, *, fix_checksum: bool = True) -> None:
         shard = doc["shards"][0]
         shard["checksum"] = "xxh3_64:" + xxhash.xxh3_64(data).hexdigest()
         shard["bytes"] = doc["total_bytes"] = len(data)
+        shard.pop("batch_offsets", None), shard.pop("batch_checksums", None)
+        index = batch_index(data, len(shard["batch_rows"]))
+        if index is not None:  # so that random access reads these batches alone too
+            shard["batch_offsets"], shard["batch_checksums"] = index
         with open(os.path.join(storage.url, "manifest.json"), "w") as f:
             json.dump(doc, f)
+
+
+def batch_index(data: bytes, batches: int) -> tuple[list[int], list[str]] | None:
+    """The record batches' offsets and checksums of the Arrow IPC file ``data``, found by
+    walking its messages from the schema on (None where they cannot be walked)."""
+    stream = pa.BufferReader(pa.py_buffer(data))
+    try:
+        stream.seek(8)
+        pa.ipc.read_message(stream)  # the schema
+        offsets = [stream.tell()]
+        for _ in range(batches):
+            pa.ipc.read_message(stream)
+            offsets.append(stream.tell())
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+    return offsets, [xxhash.xxh3_64(data[a:b]).hexdigest() for a, b in zip(offsets, offsets[1:])]
 
 
 def _arrow_file(batches: list[pa.RecordBatch], codec: str) -> bytes:
@@ -98,6 +118,23 @@ def crafted_offsets(storage, codec: str, column: str, mode: str) -> None:
     replace_shard(storage, _arrow_file(batches, codec))
 
 
+def crafted_shapes(storage, codec: str, row: int) -> None:
+    """Rewrite the shard with the 2-d tensor column ``m``'s shape of ``row`` claiming more
+    elements than its list holds; the manifest's checksums are recomputed."""
+    with open(shard_path(storage), "rb") as f:
+        reader = pa.ipc.open_file(pa.py_buffer(f.read()))
+    batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+    batch = batches[0]
+    index = batch.schema.get_field_index("m.shape")
+    shapes = batch.column(index)
+    values = np.asarray(shapes.values.to_numpy(zero_copy_only=False), np.int32).copy()
+    values[row * 2 + 1] += 3
+    columns = list(batch.columns)
+    columns[index] = pa.FixedSizeListArray.from_arrays(pa.array(values, pa.int32()), 2)
+    batches[0] = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+    replace_shard(storage, _arrow_file(batches, codec))
+
+
 def forged_lengths(storage, how: str) -> None:
     """Change the uncompressed length that precedes every zstd frame in the body (IPC body
     compression: int64 length, then the frame) to ``how``: "huge", "short" or "long"."""
@@ -124,16 +161,18 @@ def flip_bits(storage, pristine: bytes, rng: random.Random, *, fix_checksum: boo
     return f"flips {flips}"
 
 
-def read_everything(storage, verify: bool) -> None:
-    """Read the snapshot every way a user can: all examples, a range, random access."""
+def read_everything(storage, verify: bool, only_rows: bool = False) -> None:
+    """Read the snapshot every way a user can: all examples, a range, random access (only
+    that with ``only_rows``: one record batch at a time, never the whole shard)."""
     from snapcache.store.ordered_read import RowAccess
     from snapcache.store.reader import SnapshotReader
 
-    reader = SnapshotReader.open(storage, verify=verify)
-    for _ in reader:
-        pass
-    for _ in reader.examples_range(10, 50):
-        pass
+    if not only_rows:
+        reader = SnapshotReader.open(storage, verify=verify)
+        for _ in reader:
+            pass
+        for _ in reader.examples_range(10, 50):
+            pass
     rows = RowAccess(SnapshotReader.open(storage, verify=verify))
     for i in (0, len(rows) // 2, len(rows) - 1):
         rows[i]
@@ -152,10 +191,11 @@ def outcome(case: str, action) -> dict:
 
 
 def run_case(workdir: str, case: str) -> list[dict]:
-    """``case`` is ``kind:codec:arg:verify``; kinds: offsets (arg column/mode), zstd-length
-    (arg how), fuzz (arg seed, 60 rounds)."""
-    kind, codec, arg, verify = case.split(":")
-    verify_flag = verify == "verify"
+    """``case`` is ``kind:codec:arg:verify[:rows]``; kinds: offsets (arg column/mode),
+    zstd-length (arg how), shapes (arg row), fuzz (arg seed, 60 rounds); ``rows``: read by
+    random access only."""
+    kind, codec, arg, verify, *how = case.split(":")
+    verify_flag, only_rows = verify == "verify", how == ["rows"]
     root = os.path.join(workdir, case.replace(":", "_").replace("/", "-"))
     storage = make_snapshot(root, codec)
     if kind == "offsets":
@@ -163,8 +203,10 @@ def run_case(workdir: str, case: str) -> list[dict]:
         crafted_offsets(storage, codec, column, mode)
     elif kind == "zstd-length":
         forged_lengths(storage, arg)
+    elif kind == "shapes":
+        crafted_shapes(storage, codec, int(arg))
     if kind != "fuzz":
-        return [outcome(case, lambda: read_everything(storage, verify_flag))]
+        return [outcome(case, lambda: read_everything(storage, verify_flag, only_rows))]
     with open(shard_path(storage), "rb") as f:
         pristine = f.read()
     rng = random.Random(int(arg))
@@ -173,7 +215,8 @@ def run_case(workdir: str, case: str) -> list[dict]:
         # verify: a hostile writer recomputed the checksum; no verify: plain damage
         what = flip_bits(storage, pristine, rng, fix_checksum=verify_flag)
         print(json.dumps({"case": case, "starting": what}), flush=True)
-        results.append(outcome(f"{case} {what}", lambda: read_everything(storage, verify_flag)))
+        results.append(outcome(f"{case} {what}",
+                               lambda: read_everything(storage, verify_flag, only_rows)))
     return results
 
 

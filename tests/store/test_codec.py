@@ -169,6 +169,11 @@ def test_round_trip_through_ipc(examples: list[Any], data: st.DataObject) -> Non
     bounds = [0, split if split < len(examples) else len(examples), len(examples)]
     for batch, lo, hi in zip(batches, bounds, bounds[1:]):
         assert_columns(schema, examples[lo:hi], decoder.columns(batch))
+        for k in range(hi - lo):  # one row decoded alone (random access) is the same row
+            got = decoder.row_at(batch, k)
+            assert_same_example(examples[lo + k], got)
+            assert all(v.flags.writeable is False for v in field_values(schema, got).values()
+                       if isinstance(v, np.ndarray))
 
     # Sliced batches (non-zero Arrow offsets) decode the same rows.
     whole = pa.Table.from_batches(batches).combine_chunks().to_batches()
@@ -178,6 +183,8 @@ def test_round_trip_through_ipc(examples: list[Any], data: st.DataObject) -> Non
     sliced = whole.slice(lo, hi - lo)
     for expected, got in zip(examples[lo:hi], decoder.rows(sliced), strict=True):
         assert_same_example(expected, got)
+    for k in range(hi - lo):
+        assert_same_example(examples[lo + k], decoder.row_at(sliced, k))
     assert_columns(schema, examples[lo:hi], decoder.columns(sliced))
 
 
@@ -201,6 +208,7 @@ def test_round_trip_special_values() -> None:
     (batch,) = ipc_round_trip([encoder.flush()])
     (got,) = list(Decoder(schema).rows(batch))
     assert_same_example(example, got)
+    assert_same_example(example, Decoder(schema).row_at(batch, 0))
     assert got["zero_d"].shape == () and type(got["neg_zero"]) is float
 
 

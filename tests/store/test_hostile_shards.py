@@ -1,4 +1,5 @@
-"""Crafted and damaged shards never crash a reader: with or without ``verify``, reading yields
+"""Crafted and damaged shards never crash a reader: with or without ``verify``, reading (every
+way, or by random access alone, which reads one record batch at a time) yields
 CorruptSnapshotError naming the shard and the way out, never a signal (SIGBUS/SIGSEGV),
 SystemError, UnicodeDecodeError, ArrowMemoryError or a raw OSError.
 
@@ -54,16 +55,25 @@ def all_corrupt(tmp_path, cases: list[str]) -> list[dict]:
 def test_crafted_offsets_with_recomputed_checksum_are_corrupt(tmp_path, codec):
     """Offsets going up then down, or one far past its buffer, in str, bytes, 1-d and 2-d tensor
     columns, the manifest checksum recomputed to match."""
-    cases = [f"offsets:{codec}:{column}/{mode}:{verify}"
+    cases = [f"offsets:{codec}:{column}/{mode}:{verify}{rows}"
              for column in ("s", "b", "t", "m") for mode in ("down", "past")
-             for verify in ("verify", "noverify")]
+             for verify in ("verify", "noverify") for rows in ("", ":rows")]
     for result in all_corrupt(tmp_path, cases):
         assert "record batch 0" in result["message"], result
 
 
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_a_tensor_shape_disagreeing_with_its_list_is_corrupt(tmp_path, codec):
+    """Row 0 or the middle row (which random access decodes first, alone) of a 2-d tensor
+    column claims more elements than its list holds; checksums recomputed."""
+    cases = [f"shapes:{codec}:{row}:verify{rows}" for row in (0, 60) for rows in ("", ":rows")]
+    for result in all_corrupt(tmp_path, cases):
+        assert "shapes disagree" in result["message"], result
+
+
 def test_forged_zstd_lengths_are_corrupt(tmp_path):
-    cases = [f"zstd-length:zstd:{how}:{verify}" for how in ("huge", "short", "long")
-             for verify in ("verify", "noverify")]
+    cases = [f"zstd-length:zstd:{how}:{verify}{rows}" for how in ("huge", "short", "long")
+             for verify in ("verify", "noverify") for rows in ("", ":rows")]
     all_corrupt(tmp_path, cases)
 
 
@@ -73,11 +83,12 @@ def test_random_bit_flips_never_escape_as_anything_but_corrupt(tmp_path, codec, 
     recomputed (a hostile writer); without, the damage is plain. A flip inside payload bytes
     can read back as other values without ``verify``: that is what ``verify=False`` trades."""
     results = run_cases(tmp_path, [f"fuzz:{codec}:{seed}:verify",
-                                   f"fuzz:{codec}:{seed + 10}:noverify"])
-    assert len(results) == 120
+                                   f"fuzz:{codec}:{seed + 10}:noverify",
+                                   f"fuzz:{codec}:{seed + 20}:verify:rows"])
+    assert len(results) == 180
     corrupt = [r for r in results if r["outcome"] == "corrupt"]
     assert [r for r in results if r["outcome"] not in ("ok", "corrupt")] == []
-    assert len(corrupt) > 60  # most flips land in structure, offsets or compressed bytes
+    assert len(corrupt) > 90  # most flips land in structure, offsets or compressed bytes
     for result in corrupt:
         assert_names_shard_and_way_out(result)
 

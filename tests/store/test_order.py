@@ -34,6 +34,29 @@ def test_every_epoch_is_a_permutation(shards, seed, epoch, window, known):
     assert (offsets < layout.rows[blocks]).all() and (offsets >= 0).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(shards=shard_lists, seed=st.one_of(st.none(), st.integers(0, 99)),
+       window=st.integers(1, 20), cuts=st.lists(st.integers(0, 300), max_size=6))
+def test_runs_and_blocks_in_agree_with_locate(shards, seed, window, cuts):
+    """``run`` is ``locate`` for a range inside one block without a window; ``blocks_in``
+    lists every block a range reads, in the order first read (a superset with a window)."""
+    order = EpochOrder(layout_of(shards), seed, 1, window)
+    bounds = sorted({0, len(order), *(c % (len(order) + 1) for c in cuts)})
+    for a, b in zip(bounds, bounds[1:]):
+        blocks, offsets = order.locate(a, b)
+        run = order.run(a, b)
+        single = order.window == 1 and (blocks == blocks[0]).all()
+        assert (run is not None) == bool(single)
+        if run is not None:
+            assert blocks.tolist() == [run[0]] * (b - a)
+            assert offsets.tolist() == list(range(run[1], run[1] + b - a))
+        listed = order.blocks_in(a, b).tolist()
+        assert len(set(listed)) == len(listed) and set(blocks.tolist()) <= set(listed)
+        if order.window == 1:
+            firsts = list(dict.fromkeys(blocks.tolist()))
+            assert listed == firsts
+
+
 def test_unseeded_is_the_rows_in_order():
     layout = Layout.from_shards([5, 7], [[2, 3], None])
     assert EpochOrder(layout, None, 3, 10).rows(0, 12).tolist() == list(range(12))

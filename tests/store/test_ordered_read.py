@@ -13,7 +13,7 @@ import pytest
 import snapcache as sc
 from snapcache.store.fs import Storage
 from snapcache.store.order import EpochOrder, Layout, Share
-from snapcache.store.ordered_read import RowAccess, layout_of, ordered_pieces
+from snapcache.store.ordered_read import RowAccess, blocks_of, layout_of, ordered_pieces
 from snapcache.store.reader import SnapshotReader
 from tests.equality import assert_same_example
 
@@ -58,6 +58,45 @@ def test_ordered_pieces_give_the_rows_of_the_order(root, compression, seed, wind
                     got.extend(ids)
             seen.extend(got)
         assert sorted(seen) == list(range(500))
+
+
+def test_blocks_of_a_piece_are_its_distinct_blocks_ascending():
+    rng = np.random.default_rng(0)
+    for blocks in ([], [3], [5] * 7, [4, 4, 2, 9, 2], rng.integers(0, 50, 300),
+                   rng.permutation(20)):
+        blocks = np.asarray(blocks, dtype=np.int64)
+        assert blocks_of(blocks) == np.unique(blocks).tolist()
+
+
+def test_each_shard_is_opened_once_and_a_damaged_one_raises_after_the_rows_before_it(
+        root, monkeypatch):
+    """The next shard is opened (read and verified) ahead while the consumer is on the one
+    before: each shard is still verified once an epoch, and a damaged one fails where its rows
+    come, after every batch before it, not when it was opened ahead."""
+    reader, ds = build(root, example, n=2000, compression="none", shard_size=8000)
+    shards = reader.manifest.shards
+    assert len(shards) >= 3
+    opened = []
+    real = SnapshotReader.open_shard
+
+    def counting(self, shard, **kw):
+        opened.append(shard.path)
+        return real(self, shard, **kw)
+
+    monkeypatch.setattr(SnapshotReader, "open_shard", counting)
+    batches = ds.batch(64)
+    assert sum(len(b["i"]) for b in batches) == 2000
+    assert sorted(opened) == sorted(s.path for s in shards)  # each once
+    path = os.path.join(reader.storage.url, shards[2].path)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    seen = []
+    with pytest.raises(sc.CorruptSnapshotError, match=shards[2].path):
+        for batch in batches:
+            seen.extend(batch["i"].tolist())
+    before = shards[0].rows + shards[1].rows
+    assert seen == list(range(before // 64 * 64))
 
 
 def test_ragged_snapshots_read_as_examples(root):

@@ -18,10 +18,13 @@ import pytest
 
 import s3server
 import snapcache as sc
+from snapcache.options import ReadOptions
+from snapcache.store.cache import SUFFIX as cache_suffix
 
 pytestmark = pytest.mark.skipif(s3server.missing_requirements() is not None,
                                 reason=str(s3server.missing_requirements()))
 _LINE = re.compile(r'"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/[\d.]+" (\d+)')
+PARTIAL = "206"  # the status of a ranged GET
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -34,8 +37,9 @@ class LoggedServer:
         self.log.flush()
         return os.fstat(self.log.fileno()).st_size
 
-    def requests(self, since: int) -> list[tuple[str, str]]:
-        """(method, path) of the requests logged since ``since``; listings as method LIST."""
+    def requests(self, since: int, status: bool = False) -> list[tuple[str, ...]]:
+        """(method, path) of the requests logged since ``since``; listings as method LIST;
+        with ``status``, (method, path, HTTP status)."""
         deadline = time.monotonic() + 5
         text = ""
         while time.monotonic() < deadline:  # the server logs a request after answering it
@@ -52,7 +56,7 @@ class LoggedServer:
             method, path = m.group(1), m.group(2)
             if method == "GET" and "list-type=" in path:
                 method = "LIST"
-            out.append((method, path))
+            out.append((method, path, m.group(3)) if status else (method, path))
         return out
 
 
@@ -161,6 +165,65 @@ def test_processes_sharing_a_local_cache_download_each_shard_once(logged, bucket
     gets = shard_gets(logged.requests(since))
     assert sorted(gets) == sorted(set(gets)), gets  # no shard fetched twice
     assert len(gets) == len(shards)
+
+
+def not_leases(requests):
+    """The requests that are not for a lease (renewed in the background, on its own clock)."""
+    return [r for r in requests if not r[1].split("?")[0].rsplit("/", 1)[-1].startswith(
+        ("reader-", "lease-"))]
+
+
+def test_a_row_on_s3_is_one_ranged_get_of_its_record_batch(logged, bucket_url, tmp_path):
+    """After open (which reads the manifest), the first row of a record batch is one ranged
+    GET of that record batch, a later row of it none; with the shard in the node-local cache,
+    no request at all. (The pipeline's read lease, renewed in the background, is not
+    counted.)"""
+    ds = sc.Dataset.range(300).map(example).snapshot(bucket_url, progress=False,
+                                                     shard_size=256 << 10)
+    assert sum(1 for _ in ds) == 300
+    snap = sc.open_snapshot(bucket_url)
+    shard = snap.shards[1]
+    row = snap.shards[0].rows + shard.batch_rows[0]  # the first row of record batch 1
+    since = logged.mark()
+    assert snap[row]["i"] == row and snap[row + 1]["i"] == row + 1
+    reqs = not_leases(logged.requests(since, status=True))
+    assert [(m, p.split("?")[0].rsplit("/", 1)[-1], st) for m, p, st in reqs] == \
+        [("GET", shard.path, PARTIAL)], reqs
+
+    cache = str(tmp_path / "cache")
+    cached = sc.open_snapshot(bucket_url, read=ReadOptions(local_cache=cache))
+    assert sum(1 for _ in cached.reader()) == 300  # every shard downloaded into the cache
+    fresh = sc.open_snapshot(bucket_url, read=ReadOptions(local_cache=cache))
+    since = logged.mark()
+    assert fresh[row]["i"] == row
+    assert not_leases(logged.requests(since)) == []
+
+    # An empty cache: the row is one ranged GET, its shard then comes whole into the cache
+    # in the background (one GET), and rows of the shard's other record batches read it.
+    empty = sc.open_snapshot(bucket_url, read=ReadOptions(local_cache=str(tmp_path / "c2")))
+    since = logged.mark()
+    assert empty[row]["i"] == row
+    assert empty._row_access().reader.wait_for_cache(timeout=60)
+    last = snap.shards[0].rows + shard.rows - 1  # the shard's last record batch
+    assert empty[last]["i"] == last
+    got = [(m, p.split("?")[0].rsplit("/", 1)[-1], st)
+           for m, p, st in not_leases(logged.requests(since, status=True))]
+    assert sorted(got) == sorted([("GET", shard.path, PARTIAL), ("GET", shard.path, "200")]), got
+
+    # A damaged local copy is dropped and the record batch read from the store instead.
+    [copy] = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "c2") for f in files
+              if f.endswith(shard.path + cache_suffix)]
+    with open(copy, "r+b") as f:
+        f.seek(shard.batch_offsets[-2] + 40)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    again = sc.open_snapshot(bucket_url, read=ReadOptions(local_cache=str(tmp_path / "c2")))
+    since = logged.mark()
+    assert again[last]["i"] == last
+    reqs = [(m, st) for m, _, st in not_leases(logged.requests(since, status=True))]
+    # then the dropped copy is fetched again in the background
+    assert reqs[0] == ("GET", PARTIAL) and set(reqs[1:]) <= {("GET", "200")}, reqs
 
 
 def test_a_build_makes_at_most_two_requests_per_shard(logged, bucket_url):

@@ -27,23 +27,31 @@ def file_identities(urls: Any, strict: bool, storage_options: dict) -> list[dict
 
 
 class UnitSource:
-    """What a source made of files offers delta snapshots (see ``Traits.units``)."""
+    """What a source made of files offers delta snapshots (see ``Traits.units``): its units'
+    identities, itself restricted to some units, and each unit's length when known."""
 
     urls: tuple[str, ...]
     storage_options: dict
 
-    def unit_identities(self) -> list[dict]:
-        """Each file's identity, taken once per op object."""
-        return self.memo("unit_identities", lambda: file_identities(
+    def file_identities(self) -> list[dict]:
+        """Each file's identity (path, size, mtime or ETag), taken once per op object: what an
+        ordinary snapshot's fingerprint counts."""
+        return self.memo("file_identities", lambda: file_identities(
             self.urls, getattr(self, "strict", False), self.storage_options))
 
-    def with_units(self, urls: Any) -> Op:
-        """This source restricted to ``urls`` (a subset of its files, in order)."""
-        return dataclasses.replace(self, urls=tuple(urls))
+    def unit_identities(self, known: Callable[[], list[dict]] | None = None) -> list[dict]:
+        """Each unit's identity, in order: here a file's. ``known()`` lists the units of the
+        lineage's newest version (sources whose identities cost reads use it to skip the files
+        that did not change)."""
+        return self.file_identities()
 
-    def unit_lengths(self, urls: Any) -> list[int] | None:
-        """Examples each of ``urls`` yields, in order (None: not known without reading them)."""
-        return [1] * len(urls)
+    def with_units(self, units: Any) -> Op:
+        """This source restricted to ``units`` (identities of some of its units, in order)."""
+        return dataclasses.replace(self, urls=tuple(str(u["path"]) for u in units))
+
+    def unit_lengths(self, units: Any) -> list[int] | None:
+        """Examples each of ``units`` yields, in order (None: not known without reading)."""
+        return [1] * len(units)
 
 
 SEEKABLE = Traits(source=True, seekable=True, length="rule")
@@ -146,7 +154,7 @@ class FilesSource(UnitSource, Op):
         return len(self.urls)
 
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
-        return [source_fp.hash_files_source(self.unit_identities(), strict=self.strict)]
+        return [source_fp.hash_files_source(self.file_identities(), strict=self.strict)]
 
     def lineage_children(self, where: str) -> list[FingerprintNode]:
         """What counts of this source in a delta snapshot's lineage: not its files."""
@@ -160,35 +168,93 @@ def run_files(op: FilesSource, epoch: int) -> Iterator[Any]:
 
 @dataclass(frozen=True, eq=False)
 class ParquetSource(UnitSource, Op):
-    """Rows of Parquet files, as dicts of column values; split by file or row group."""
+    """Rows of Parquet files, as dicts of column values; split by file or row group. In a delta
+    snapshot each row group is a unit, keyed by the content of its column chunks."""
     urls: tuple[str, ...] = ()
     columns: tuple[str, ...] | None = None
     storage_options: dict = field(default_factory=dict)
+    row_groups: tuple[tuple[str, int, int], ...] | None = None
+    """Set only by a delta build (:meth:`with_units`): the (url, row group, rows) to read,
+    instead of every row group of ``urls``. Never fingerprinted: a build's piece of the
+    source, not a pipeline anyone writes."""
     kind: ClassVar[str] = "from_parquet"
     TRAITS: ClassVar = Traits(source=True, seekable=True, units=True)
     fingerprint_source: ClassVar = ("urls", "columns")
-    not_fingerprinted: ClassVar = ("storage_options",)
+    not_fingerprinted: ClassVar = ("storage_options", "row_groups")
 
     def describe(self) -> str:
         return f"from_parquet({len(self.urls)} files)"
 
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
-        return [source_fp.hash_files_source(self.unit_identities()),
+        return [source_fp.hash_files_source(self.file_identities()),
                 hash_value(self.columns, "argument `columns`", where=where)]
 
-    def unit_lengths(self, urls: Any) -> list[int] | None:
-        return parquet.file_rows(list(urls), self.storage_options)  # footers only
+    def unit_identities(self, known: Callable[[], list[dict]] | None = None) -> list[dict]:
+        """Each row group's identity: ``path``, ``row_group``, ``rows``, ``size`` (bytes
+        hashed), ``xxh3_128`` (their digest) and its file's ``file_size`` and ``mtime_ns`` or
+        ``etag``. A file whose (size, mtime | ETag) equals that of the newest version
+        (``known()``) keeps its row groups' identities unread; the others are read and hashed
+        (:func:`snapcache.store.parquet.row_group_digests`)."""
+        def compute() -> list[dict]:
+            files = self.file_identities()
+            by_path: dict[str, list[dict]] = {}
+            for unit in (known() if known is not None else ()):
+                if unit.get("row_group") is not None:
+                    by_path.setdefault(str(unit["path"]), []).append(unit)
+            units = []
+            for identity in files:
+                same = _unchanged(by_path.get(str(identity["path"]), ()), identity)
+                if same is not None:
+                    units += same
+                    continue
+                stamp = {k: identity[k] for k in ("mtime_ns", "etag") if k in identity}
+                for group in parquet.row_group_digests(str(identity["path"]), self.columns,
+                                                       self.storage_options):
+                    units.append({"path": identity["path"], "row_group": group.index,
+                                  "rows": group.rows, "size": group.nbytes,
+                                  "xxh3_128": group.digest, "file_size": identity.get("size"),
+                                  **stamp})
+            return units
+
+        return self.memo("unit_identities", compute)
+
+    def with_units(self, units: Any) -> Op:
+        units = list(units)
+        return dataclasses.replace(
+            self, urls=tuple(dict.fromkeys(str(u["path"]) for u in units)),
+            row_groups=tuple((str(u["path"]), int(u["row_group"]), int(u["rows"]))
+                             for u in units))
+
+    def unit_lengths(self, units: Any) -> list[int] | None:
+        return [int(u["rows"]) for u in units]  # from the footers read for their identities
 
     def lineage_children(self, where: str) -> list[FingerprintNode]:
-        return [source_fp.files_lineage_node(strict=False),
+        return [source_fp.row_groups_lineage_node(),
                 hash_value(self.columns, "argument `columns`", where=where)]
+
+
+def _unchanged(known: Any, file: dict) -> list[dict] | None:
+    """The row groups ``known`` of a file (from the newest version) if they are all of it, as
+    it is now: every one stamped with the file's current size and mtime | ETag, indices
+    0..n-1. None otherwise (the file is read and hashed again)."""
+    stamp = (file.get("size"), file.get("mtime_ns"), file.get("etag"))
+    groups = sorted(known, key=lambda u: u["row_group"])
+    if not groups or [u["row_group"] for u in groups] != list(range(len(groups))) or any(
+            (u.get("file_size"), u.get("mtime_ns"), u.get("etag")) != stamp for u in groups):
+        return None
+    return groups
 
 
 @runs(ParquetSource)
 def run_parquet(op: ParquetSource, epoch: int) -> Iterator[Any]:
     spec = streams.current()
-    # The pieces are listed now, in the caller's context (streams travel in a context variable).
-    pieces = parquet.stream_pieces(op.urls, spec.index, spec.count, op.storage_options)
+    if op.row_groups is not None:  # a delta build's units: these row groups, in this order
+        pieces = [parquet.Piece(url, (group,), rows) for url, group, rows in op.row_groups]
+        pieces = pieces[spec.index::spec.count]
+    else:
+        # The pieces are listed now, in the caller's context (streams travel in a context
+        # variable).
+        pieces = parquet.stream_pieces(op.urls, spec.index, spec.count, op.storage_options)
     return parquet.read_pieces(pieces, op.columns, skip=spec.skip,
                                storage_options=op.storage_options)
 

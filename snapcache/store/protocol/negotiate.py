@@ -28,6 +28,29 @@ from snapcache.store.protocol.records import StreamRecord, best_progress, load_m
 log = logging.getLogger(__name__)
 
 
+class Poll:
+    """How every waiter of the protocol polls (a stream waiting for a commit, a delta build
+    waiting for a version): sleeps growing from 20 ms to 1 s, and a ``timeout`` (None: none)
+    measured by this process's own monotonic clock."""
+
+    def __init__(self, timeout: float | None):
+        self.timeout = timeout
+        self.start = time.monotonic()
+        self._delay = 0.02
+
+    def check(self, what: str, storage: Storage) -> None:
+        """LeaseTimeoutError once ``timeout`` seconds have passed, naming ``what`` was waited
+        for and who holds the write leases of ``storage``."""
+        if self.timeout is not None and time.monotonic() - self.start > self.timeout:
+            raise LeaseTimeoutError(
+                f"waited {self.timeout:.0f} s for {what} (being written by {writers(storage)}); "
+                "raise wait_timeout, or pass on_busy='compute' to compute without writing")
+
+    def sleep(self) -> None:
+        time.sleep(self._delay)
+        self._delay = min(self._delay * 1.5, 1.0)
+
+
 @dataclass
 class Decision:
     action: str                          # "read" | "write" | "compute" | "replay"
@@ -40,8 +63,7 @@ class Decision:
 def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 1,
               on_busy: str = "wait", lease_ttl: float = 30.0,
               wait_timeout: float | None = None) -> Decision:
-    start = time.monotonic()
-    delay = 0.02
+    poll = Poll(wait_timeout)
     orphaned_since: float | None = None
     while True:
         manifest = load_manifest(storage)
@@ -86,13 +108,8 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
                         "(workers x ranks) to complete them, or use on_busy='compute'")
             else:
                 orphaned_since = None
-        if wait_timeout is not None and now - start > wait_timeout:
-            raise LeaseTimeoutError(
-                f"waited {wait_timeout:.0f} s for snapshot {storage.url} to be committed "
-                f"(being written by {writers(storage)}); raise wait_timeout, or pass "
-                "on_busy='compute' to compute without writing")
-        time.sleep(delay)
-        delay = min(delay * 1.5, 1.0)
+        poll.check(f"snapshot {storage.url} to be committed", storage)
+        poll.sleep()
 
 
 def writers(storage: Storage) -> str:

@@ -8,7 +8,8 @@ its columns), not by file list. Each time the source changes, a new *version* is
     <root>/<lineage>/units-<v>-<run>.arrow      its source record: one row per file (side record)
     <root>/<lineage>/<run>-<stream>-<seq>.arrow shards, shared by every version that lists them
     <root>/<lineage>/segment-<run>-<seq>.json   a segment finished by a build not yet committed
-    <root>/<lineage>/lease-0001-0000-<gen>.json the build lease (one builder at a time)
+    <root>/<lineage>/lease-<n>-<i>-<gen>.json   write lease of stream i of n builders
+    <root>/<lineage>/manifest.json              lineage marker (format 3, older readers refuse)
     <root>/<lineage>/reader-<run>.json          read leases
 
 A *segment* is a group of units (files) computed together and the shards holding their
@@ -41,7 +42,7 @@ from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import WriteLease, live_leases
 from snapcache.store.protocol.records import StreamRecord, fence
-from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.store.manifest import FORMAT, LINEAGE_MARKER_VERSION, Manifest, ShardInfo
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +51,18 @@ _UNITS_RE = re.compile(r"^units-(\d{6})-([0-9a-f]{8})\.arrow$")
 _SEGMENT_RE = re.compile(r"^segment-([0-9a-f]{8})-(\d{6})\.json$")
 
 UNIT_COLUMNS = ("path", "size", "mtime_ns", "etag", "xxh3_128", "rows", "segment")
+ROW_GROUP_COLUMNS = ("row_group", "row_group_rows", "file_size")
+"""Extra columns of a source record whose units are Parquet row groups (format version 3)."""
 _IDENTITY_COLUMNS = UNIT_COLUMNS[:5]
 _UNIT_SCHEMA = pa.schema([("path", pa.string()), ("size", pa.int64()),
                           ("mtime_ns", pa.int64()), ("etag", pa.string()),
                           ("xxh3_128", pa.string()), ("rows", pa.int64()),
                           ("segment", pa.int32())])
+_ROW_GROUP_SCHEMA = pa.schema(list(_UNIT_SCHEMA) + [
+    ("row_group", pa.int32()), ("row_group_rows", pa.int64()), ("file_size", pa.int64())])
+ROW_GROUPS_FORMAT_VERSION = 3
+"""The format version of a version whose units are row groups (its source record has
+:data:`ROW_GROUP_COLUMNS`): readers that know only format 2 refuse it with "upgrade"."""
 
 
 def manifest_name(version: int) -> str:
@@ -124,16 +132,27 @@ class Unit:
     rows: int | None = None   # its examples (consecutive in its segment), when known
 
 
+def has_row_groups(identities: Iterable[dict]) -> bool:
+    """True if these unit identities are Parquet row groups (not whole files)."""
+    return any(i.get("row_group") is not None for i in identities)
+
+
 def encode_units(units: Sequence[Unit]) -> bytes:
-    columns: dict[str, list] = {name: [] for name in UNIT_COLUMNS}
+    groups = has_row_groups(u.identity for u in units)
+    schema = _ROW_GROUP_SCHEMA if groups else _UNIT_SCHEMA
+    columns: dict[str, list] = {name: [] for name in schema.names}
     for unit in units:
         for name in _IDENTITY_COLUMNS:
             columns[name].append(unit.identity.get(name))
         columns["rows"].append(unit.rows)
         columns["segment"].append(unit.segment)
-    table = pa.Table.from_pydict(columns, schema=_UNIT_SCHEMA)
+        if groups:
+            columns["row_group"].append(unit.identity.get("row_group"))
+            columns["row_group_rows"].append(unit.identity.get("rows"))
+            columns["file_size"].append(unit.identity.get("file_size"))
+    table = pa.Table.from_pydict(columns, schema=schema)
     sink = io.BytesIO()
-    with ipc.new_file(sink, _UNIT_SCHEMA,
+    with ipc.new_file(sink, schema,
                       options=ipc.IpcWriteOptions(compression="zstd")) as writer:
         writer.write_table(table, max_chunksize=1 << 16)
     return sink.getvalue()
@@ -159,14 +178,19 @@ def read_units(storage: Storage, manifest: Manifest) -> list[Unit]:
         table = ipc.open_file(pa.py_buffer(data)).read_all()
     except pa.ArrowInvalid as e:
         raise CorruptSnapshotError(f"{where}: unreadable source record ({e})") from None
-    if table.schema.names != list(UNIT_COLUMNS):
+    groups = table.schema.names == list(UNIT_COLUMNS + ROW_GROUP_COLUMNS)
+    if table.schema.names != list(UNIT_COLUMNS) and not groups:
         raise CorruptSnapshotError(f"{where}: unexpected columns {table.schema.names}")
-    columns = {name: table.column(name).to_pylist() for name in UNIT_COLUMNS}
+    columns = {name: table.column(name).to_pylist() for name in table.schema.names}
     segments = len(manifest.segments or ())
     units = []
     for i in range(table.num_rows):
         identity = {name: columns[name][i] for name in _IDENTITY_COLUMNS
                     if columns[name][i] is not None}
+        if groups:
+            identity.update({"row_group": columns["row_group"][i],
+                             "rows": columns["row_group_rows"][i],
+                             "file_size": columns["file_size"][i]})
         segment = columns["segment"][i]
         if not 0 <= segment < segments:
             raise CorruptSnapshotError(f"{where}: row {i} names segment {segment} of "
@@ -255,12 +279,26 @@ def commit_version(storage: Storage, manifest: Manifest, units: Sequence[Unit], 
     storage.write_atomic(name, record)
     manifest = _with_record(manifest, name, record)
     fence(storage, manifest, lease)  # the lease generation, then every listed shard
+    storage.create_exclusive(layout.MANIFEST, lineage_marker(manifest))  # once per lineage
     if storage.create_exclusive(manifest_name(manifest.version), manifest.dumps()):
         log.info("committed version %d of %s: %d examples in %d shards", manifest.version,
                  storage.url, manifest.num_examples, len(manifest.shards))
         return True
     storage.remove(name)
     return False
+
+
+def lineage_marker(manifest: Manifest) -> bytes:
+    """The ``manifest.json`` of a lineage folder: not a snapshot manifest but a marker of format
+    version :data:`~snapcache.store.manifest.LINEAGE_MARKER_VERSION`, which releases that only
+    know ``manifest.json`` refuse with "upgrade snapcache" (so they never take the folder for
+    an abandoned write and purge it); this release looks for ``manifest-<v>.json`` first."""
+    return json.dumps({
+        "format": FORMAT, "format_version": LINEAGE_MARKER_VERSION,
+        "fingerprint": manifest.fingerprint,
+        "lineage": {"versions": "manifest-<v>.json", "first_version": manifest.version},
+        "pipeline": manifest.pipeline, "created_at": manifest.created_at,
+        "library_version": manifest.library_version}, indent=1).encode()
 
 
 def _with_record(manifest: Manifest, name: str, record: bytes) -> Manifest:
@@ -357,6 +395,11 @@ def shard_bytes(manifests: Sequence[Manifest]) -> tuple[int, int]:
     return sum(sizes.values()), sum(sizes[p] for p, n in listed.items() if n > 1)
 
 
-def version_source(kind: str, units: int, size: int, digest: str) -> dict[str, Any]:
-    """The ``source`` field of a version's manifest, before its record is attached."""
-    return {"kind": kind, "units": units, "bytes": size, "digest": digest}
+def version_source(kind: str, units: int, size: int, digest: str,
+                   files: int | None = None) -> dict[str, Any]:
+    """The ``source`` field of a version's manifest, before its record is attached
+    (``files``: the number of files, when units are Parquet row groups)."""
+    source = {"kind": kind, "units": units, "bytes": size, "digest": digest}
+    if files is not None:
+        source["files"] = files
+    return source
