@@ -194,13 +194,12 @@ class Storage:
         return (str(tag), info.get("size")) if tag is not None else None
 
     def read_parsed(self, rel: str, parse: Callable[[bytes], Any]) -> Any:
-        """``parse(self.read_bytes(rel))``, reusing the value this process parsed before from
-        the same bytes: on S3 a later read of an unchanged file (a manifest) is one HEAD (its
-        ETag, the MD5 of its content, compared) instead of a GET and a parse, and a missing one
-        one GET; locally the bytes are read and hashed, not parsed again. Inside
-        :func:`snapcache.store.checks.shared_epoch` the processes of one epoch on this node
-        make that check once between them. FileNotFoundError if the file is missing. Values
-        are shared between callers: ``parse`` must return something immutable."""
+        """``parse(self.read_bytes(rel))``, reusing the value parsed before from the same
+        bytes: on S3 a later read of an unchanged file (a manifest) is one HEAD (its ETag, the
+        MD5 of its content), a new one one GET; locally the bytes are hashed, not parsed again.
+        Inside :func:`snapcache.store.checks.shared_epoch` the processes of one epoch on this
+        node check once between them. FileNotFoundError if missing. ``parse`` must return
+        something immutable (values are shared)."""
         key = (self.protocol, self.full(rel))
         with _PARSED_LOCK:
             known = _PARSED.get(key)
@@ -216,8 +215,8 @@ class Storage:
 
     def _check_parsed(self, rel: str, key: tuple, known: tuple | None,
                       parse: Callable[[bytes], Any]) -> tuple[Any, tuple | None, bytes]:
-        """(value, version, bytes) of the remote file ``rel``, given what is ``known`` of it
-        (version, value or None, bytes): a HEAD if known, a GET when new or changed."""
+        """(value, version, bytes) of the remote ``rel`` given what is ``known`` of it (version,
+        value or None, bytes): a HEAD if known, a GET when new or changed."""
         if known is not None:
             version = self.version(rel)
             if version is None:
@@ -298,11 +297,8 @@ class Storage:
         return True
 
     def write_atomic(self, rel: str, data: bytes) -> None:
-        """Write ``data`` so that readers see either nothing or all of it.
-
-        Local disk: a temporary file beside the target, fsynced, then renamed over it. Object
-        stores: a single PUT, which is atomic by nature.
-        """
+        """Write ``data`` so that readers see either nothing or all of it: on local disk a
+        temporary file beside the target, fsynced, renamed over it; on object stores one PUT."""
         if not self.local:
             self.fs.pipe_file(self.full(rel), data)
             return
@@ -356,14 +352,9 @@ class Storage:
     def modified(self, rel: str) -> float | None:
         """Last modification time (seconds since the epoch) of ``rel``, or None if absent."""
         try:
-            info = self.fs.info(self._fresh(self.full(rel)))
+            return _mtime(self.fs.info(self._fresh(self.full(rel))))
         except FileNotFoundError:
             return None
-        for key in ("mtime", "LastModified", "last_modified", "created"):
-            value = info.get(key)
-            if value is not None:
-                return value.timestamp() if hasattr(value, "timestamp") else float(value)
-        return None
 
     def walk(self, rel: str = "") -> list[FileStat]:
         """Every file below ``rel`` (recursively) with its size and modification time, in one
@@ -379,13 +370,7 @@ class Storage:
             name = path[len(base) + 1:] if path.startswith(base + "/") else posixpath.basename(path)
             if not name or info.get("type") == "directory":
                 continue
-            mtime = None
-            for key in ("mtime", "LastModified", "last_modified", "created"):
-                value = info.get(key)
-                if value is not None:
-                    mtime = value.timestamp() if hasattr(value, "timestamp") else float(value)
-                    break
-            stats.append(FileStat(name, int(info.get("size") or 0), mtime))
+            stats.append(FileStat(name, int(info.get("size") or 0), _mtime(info)))
         return sorted(stats, key=lambda s: s.path)
 
     def rename(self, src: str, dst: str) -> None:
@@ -444,6 +429,15 @@ def _remember(key: tuple, version: tuple, value: Any, data: bytes) -> None:
         _PARSED.move_to_end(key)
         while len(_PARSED) > PARSED_ENTRIES:
             _PARSED.popitem(last=False)
+
+
+def _mtime(info: dict) -> float | None:
+    """Seconds since the epoch of a file's last modification, from fsspec's ``info``."""
+    for key in ("mtime", "LastModified", "last_modified", "created"):
+        value = info.get(key)
+        if value is not None:
+            return value.timestamp() if hasattr(value, "timestamp") else float(value)
+    return None
 
 
 def _create(path: str) -> IO[bytes]:

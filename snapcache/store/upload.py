@@ -35,8 +35,8 @@ class Spool:
     """A write-only file for one shard: in memory, moved to a local temporary file once it
     holds more than ``limit`` bytes. :meth:`content` is what :meth:`Storage.upload` takes."""
 
-    def __init__(self, limit: int = SPOOL_BYTES):
-        self._limit = limit
+    def __init__(self, limit: int | None = None):
+        self._limit = SPOOL_BYTES if limit is None else limit
         self._memory: io.BytesIO | None = io.BytesIO()
         self._file: Any = None
         self.size = 0

@@ -208,3 +208,24 @@ def test_a_spool_moves_to_a_local_file_when_large_and_removes_it():
     assert spool.read() == b"123456789012345"
     spool.discard()
     assert not os.path.exists(path)
+
+
+def test_a_shard_larger_than_the_memory_spool_goes_up_from_a_local_file(s3_root, monkeypatch,
+                                                                         tmp_path):
+    import snapcache.store.upload as upload
+
+    monkeypatch.setattr(upload, "SPOOL_BYTES", 1 << 20)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR read again
+    sent = []
+    real = Storage.upload
+    monkeypatch.setattr(Storage, "upload", lambda self, rel, data: (sent.append(data),
+                                                                    real(self, rel, data)))
+    ds = sc.Dataset.range(1600).map(example).snapshot(s3_root, progress=False,
+                                                      shard_size=3 << 20)
+    assert [int(e["i"]) for e in ds] == list(range(1600))
+    files = [d for d in sent if isinstance(d, str)]
+    assert files and all(d.startswith(str(tmp_path)) for d in files)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("snapcache-shard-")]
+    assert [int(e["i"]) for e in ds] == list(range(1600))  # read back, checksums verified
