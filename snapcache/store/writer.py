@@ -8,21 +8,22 @@ Nothing is visible as a snapshot until the manifest is committed (see
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import queue
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-import xxhash
 
 from snapcache.errors import LeaseLostError, StoreError
 from snapcache.store.options import WriteOptions
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
+from snapcache.store.indexed_file import HashingSink, IndexedFileWriter
 from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
@@ -59,63 +60,6 @@ def _payload_bytes(example: Any) -> int:
             total += len(value)
     return total
 
-
-class _HashingSink:
-    """A write-only file wrapper that checksums and counts what passes through it: as a whole
-    (:attr:`hash`), and, past the Arrow IPC file's header (its magic and schema message), piece
-    by piece (:meth:`piece`, one record batch each)."""
-
-    def __init__(self, raw: Any):
-        self._raw = raw
-        self.hash = xxhash.xxh3_64()
-        self._piece = xxhash.xxh3_64()
-        self.size = 0
-        self.header_end: int | None = None
-        self._head = bytearray()
-        self.closed = False
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self.hash.update(view)
-        if self.header_end is None:
-            self._read_header(view)
-        skip = max(0, min(view.nbytes, (self.header_end or 1 << 62) - self.size))
-        if skip < view.nbytes:
-            self._piece.update(view[skip:])
-        self._raw.write(view)
-        self.size += view.nbytes
-        return view.nbytes
-
-    def _read_header(self, view: memoryview) -> None:
-        """Learn where the file's header ends: 8 bytes of magic, then the schema message
-        (continuation marker, int32 length, that many bytes of metadata, no body)."""
-        self._head += view[:max(0, _HEADER_PREFIX - len(self._head))]
-        if len(self._head) < _HEADER_PREFIX:
-            return
-        if bytes(self._head[8:12]) != b"\xff\xff\xff\xff":
-            raise StoreError("pyarrow wrote an Arrow IPC file without the continuation "
-                             "marker; upgrade pyarrow (snapcache needs the 0.15+ IPC format)")
-        self.header_end = _HEADER_PREFIX + int.from_bytes(self._head[12:16], "little")
-
-    def piece(self) -> str:
-        """The xxh3_64 of what was written past the header since the last call."""
-        digest = self._piece.hexdigest()
-        self._piece.reset()
-        return digest
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self._raw.flush()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._raw.close()
-
-
-_HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
 
 MIN_SAVINGS = 0.3
 """A shard is compressed only if compressing a sample of its first record batch saves at least
@@ -201,29 +145,6 @@ def _codec(name: str, options: WriteOptions) -> pa.Codec | None:
     return pa.Codec(name, level)
 
 
-class _BatchIndexedWriter:
-    """An Arrow IPC file writer that notes where each record batch's message starts and ends
-    in the file and the xxh3 of its bytes (:attr:`ShardInfo.batch_offsets`,
-    :attr:`ShardInfo.batch_checksums`), from the bytes passing through ``sink``."""
-
-    def __init__(self, sink: _HashingSink, schema: pa.Schema, codec: pa.Codec | None):
-        self._sink = sink
-        self._writer = pa.ipc.new_file(pa.PythonFile(sink, mode="w"), schema,
-                                       options=pa.ipc.IpcWriteOptions(compression=codec))
-        self.offsets: list[int] = []
-        self.checksums: list[str] = []
-
-    def write_batch(self, batch: pa.RecordBatch) -> None:
-        self._writer.write_batch(batch)  # the first also writes the header
-        if not self.offsets:
-            self.offsets.append(self._sink.header_end)
-        self.offsets.append(self._sink.size)
-        self.checksums.append(self._sink.piece())
-
-    def close(self) -> None:
-        self._writer.close()
-
-
 class _ShardFile:
     """One shard being written: a temporary file that becomes final on :meth:`finish` (on a
     remote filesystem a :class:`Spool` the writer then uploads whole, see
@@ -251,8 +172,8 @@ class _ShardFile:
         return self.spool
 
     def _open(self, schema: pa.Schema, compression: str) -> None:
-        self.sink = _HashingSink(self._output())
-        self.writer = _BatchIndexedWriter(self.sink, schema, _codec(compression, self.options))
+        self.sink = HashingSink(self._output())
+        self.writer = IndexedFileWriter(self.sink, schema, _codec(compression, self.options))
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
         self.writer.write_batch(batch)
@@ -281,8 +202,8 @@ class _ShardFile:
             self.storage.read_bytes(self.tmp)
         table = pa.ipc.open_file(pa.py_buffer(written)).read_all()
         buffer = io.BytesIO()
-        raw = _HashingSink(buffer)
-        writer = _BatchIndexedWriter(raw, table.schema, None)
+        raw = HashingSink(buffer)
+        writer = IndexedFileWriter(raw, table.schema, None)
         for batch in table.to_batches():
             writer.write_batch(batch)
         writer.close()
@@ -396,18 +317,13 @@ class SnapshotWriter:
         (the last of them commits).
         """
         self._check_open()
-        try:
+        with self._aborting():
             record = self._flush()
             write_marker(self.storage, record, self._lease)  # fenced: see streams.fence
             manifest = try_commit(self.storage, self._streams, **commit_fields(
                 self.options, key=self._key, name=self._name, fingerprint=self.fingerprint,
                 fingerprint_tree=self._tree,
                 pipeline=self._pipeline, run_id=self._run_id, created_at=self._created_at))
-        except BaseException as e:
-            self.abort()
-            if isinstance(e, OSError):
-                raise self._wrap(e) from e
-            raise
         self._state = "committed"
         return manifest
 
@@ -415,15 +331,21 @@ class SnapshotWriter:
         """Finish writing without committing anything: the shards written, in order, and their
         schema (what a delta snapshot's segment holds; see :mod:`snapcache.store.protocol.versions`)."""
         self._check_open()
-        try:
+        with self._aborting():
             record = self._flush()
+        self._state = "finished"
+        return record
+
+    @contextlib.contextmanager
+    def _aborting(self) -> Iterator[None]:
+        """Abort the writer if the block fails; an OSError comes out saying what to do."""
+        try:
+            yield
         except BaseException as e:
             self.abort()
             if isinstance(e, OSError):
                 raise self._wrap(e) from e
             raise
-        self._state = "finished"
-        return record
 
     def _flush(self) -> StreamRecord:
         if self._encoder is not None:

@@ -1,0 +1,102 @@
+"""An Arrow IPC file written through a hashing sink: the checksum of the whole file and the
+record batch index of :class:`~snapcache.store.manifest.ShardInfo` (where each record batch's
+message lies and the xxh3 of its bytes, ``batch_offsets`` / ``batch_checksums``), taken from
+the bytes as they are written (docs/format.md, "Record batch index").
+
+Example::
+
+    sink = HashingSink(open(path, "wb"))
+    writer = IndexedFileWriter(sink, schema, codec=None)
+    writer.write_batch(batch)
+    writer.close(); sink.close()
+    sink.hash.hexdigest(), writer.offsets, writer.checksums
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import xxhash
+
+from snapcache.errors import StoreError
+
+_HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
+
+
+class HashingSink:
+    """A write-only file wrapper that checksums and counts what passes through it: as a whole
+    (:attr:`hash`), and, past the Arrow IPC file's header (its magic and schema message), piece
+    by piece (:meth:`piece`, one record batch each)."""
+
+    def __init__(self, raw: Any):
+        self._raw = raw
+        self.hash = xxhash.xxh3_64()
+        self._piece = xxhash.xxh3_64()
+        self.size = 0
+        self.header_end: int | None = None
+        self._head = bytearray()
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.hash.update(view)
+        if self.header_end is None:
+            self._read_header(view)
+        skip = max(0, min(view.nbytes, (self.header_end or 1 << 62) - self.size))
+        if skip < view.nbytes:
+            self._piece.update(view[skip:])
+        self._raw.write(view)
+        self.size += view.nbytes
+        return view.nbytes
+
+    def _read_header(self, view: memoryview) -> None:
+        """Learn where the file's header ends: 8 bytes of magic, then the schema message
+        (continuation marker, int32 length, that many bytes of metadata, no body)."""
+        self._head += view[:max(0, _HEADER_PREFIX - len(self._head))]
+        if len(self._head) < _HEADER_PREFIX:
+            return
+        if bytes(self._head[8:12]) != b"\xff\xff\xff\xff":
+            raise StoreError("pyarrow wrote an Arrow IPC file without the continuation "
+                             "marker; upgrade pyarrow (snapcache needs the 0.15+ IPC format)")
+        self.header_end = _HEADER_PREFIX + int.from_bytes(self._head[12:16], "little")
+
+    def piece(self) -> str:
+        """The xxh3_64 of what was written past the header since the last call."""
+        digest = self._piece.hexdigest()
+        self._piece.reset()
+        return digest
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._raw.close()
+
+
+class IndexedFileWriter:
+    """An Arrow IPC file writer that notes where each record batch's message starts and ends
+    in the file and the xxh3 of its bytes (:attr:`ShardInfo.batch_offsets`,
+    :attr:`ShardInfo.batch_checksums`), from the bytes passing through ``sink``."""
+
+    def __init__(self, sink: HashingSink, schema: pa.Schema, codec: pa.Codec | None):
+        self._sink = sink
+        self._writer = pa.ipc.new_file(pa.PythonFile(sink, mode="w"), schema,
+                                       options=pa.ipc.IpcWriteOptions(compression=codec))
+        self.offsets: list[int] = []
+        self.checksums: list[str] = []
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        self._writer.write_batch(batch)  # the first also writes the header
+        if not self.offsets:
+            self.offsets.append(self._sink.header_end)
+        self.offsets.append(self._sink.size)
+        self.checksums.append(self._sink.piece())
+
+    def close(self) -> None:
+        self._writer.close()
