@@ -58,7 +58,7 @@ class _Shards:
             # A shard larger than the budget is read in low-memory mode: its pages are dropped
             # from this process as they are hashed and after each block is decoded.
             file_reader = self.reader.open_shard(shard, low_memory=self.low_memory(shard))
-            where = f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r}"
+            where = self.reader.where(shard)
             count = file_reader.num_record_batches
             if shard.batch_rows is not None:
                 if count != len(shard.batch_rows):
@@ -131,8 +131,7 @@ class BlockDecoder:
         if batch.num_rows != starts[j + 1] - starts[j]:
             shard = self.reader.manifest.shards[index]
             raise CorruptSnapshotError(
-                f"snapshot {self.reader.manifest.fingerprint[:12]} shard {shard.path!r} "
-                f"record batch {j} has {batch.num_rows} rows, the manifest says "
+                f"{self.reader.where(shard)} record batch {j} has {batch.num_rows} rows, the manifest says "
                 f"{starts[j + 1] - starts[j]}. Delete the snapshot folder "
                 f"({self.reader.storage.url}) to rebuild it")
         return batch
@@ -340,12 +339,9 @@ class RowAccess:
         _, budget = read_budget(1, self._budget or self.reader.prefetch_bytes)
         self.layout = layout_of(self.reader.manifest)
         self._decoder = BlockDecoder(self.reader, self.layout, "rows", shard_budget=budget // 2)
-        # Record batches read one by one need the schema to decode them outside their file.
-        arrow = self.reader.schema.arrow_schema() if self.reader.schema is not None else None
-        self._alone = arrow is not None and not any(
-            pa.types.is_dictionary(f.type) for f in arrow)
         self._batch_budget = budget // 2
-        # (shard, record batch) -> (row getter, bytes), least recently used first
+        # (shard, record batch) -> (row getter, or the _Read batch of a first row; bytes),
+        # least recently used first
         self._batches: collections.OrderedDict[tuple[int, int], tuple[Any, int]] = \
             collections.OrderedDict()
         self._held = 0
@@ -377,7 +373,7 @@ class RowAccess:
         block = int(np.searchsorted(layout.start, row, side="right") - 1)
         index, j = int(layout.shard[block]), int(layout.batch[block])
         shard = self.reader.manifest.shards[index]
-        if j >= 0 and self._alone and shard.batch_index:
+        if j >= 0 and shard.batch_index:
             # The manifest has this record batch's checksum: read and verify it alone.
             return (index, j), _Alone(self.reader, shard, j), row - int(layout.start[block])
         return self._decoder.locate(block, row - int(layout.start[block]))

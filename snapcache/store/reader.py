@@ -240,13 +240,13 @@ class SnapshotReader:
         hashed, and again by :meth:`release_pages` as its batches are decoded, so that resident
         memory stays within the prefetch budget even when one shard is larger than it.
         """
-        where = f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
+        where = self.where(shard)
         buffer, mapped = self._load(shard, where)
         if low_memory and mapped is not None:
             self._maps[shard.path] = mapped
         if self.verify if verify is None else verify:
             actual = checksum(buffer, mapped if low_memory else None)
-            if actual != shard.checksum and self.cache is not None and not self.storage.local:
+            if actual != shard.checksum and self._cached:
                 # The local copy may be what is damaged: drop it and check the original.
                 self.cache.discard(self._cache_key(shard))
                 buffer, mapped = self._load(shard, where)
@@ -280,7 +280,7 @@ class SnapshotReader:
         tensors' shapes, which :meth:`check_batch` or decoding a row
         (:meth:`~snapcache.store.codec.Decoder.row_at`) checks. Needs the shard's batch index
         (:attr:`ShardInfo.batch_index`) and a schema."""
-        shard_where = f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
+        shard_where = self.where(shard)
         where = f"{shard_where} record batch {index}"
         if not shard.batch_index or self._arrow_schema is None:
             raise ValueError(f"{where}: the manifest has no checksum of this record batch; "
@@ -319,9 +319,8 @@ class SnapshotReader:
         try:
             return self._decoder.row_at(batch, k)  # type: ignore[union-attr]
         except CorruptSnapshotError as e:
-            raise CorruptSnapshotError(
-                f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r} is corrupt: "
-                f"record batch {index}: {e}. {way_out(self.storage)}") from None
+            raise CorruptSnapshotError(f"{self.where(shard)} is corrupt: record batch {index}: "
+                                       f"{e}. {way_out(self.storage)}") from None
 
     def _fill_cache(self, shard: ShardInfo) -> None:
         if self._filler is None:
@@ -337,20 +336,19 @@ class SnapshotReader:
                     ) -> pa.RecordBatch:
         """``batch`` (record batch ``index`` of ``shard``, read with ``whole=False``) with its
         tensors' shapes validated too."""
-        return ShardFile.checked(batch, index, self._validator,
-                                 f"snapshot {self.manifest.fingerprint[:12]} shard "
-                                 f"{shard.path!r}", way_out(self.storage))
+        return ShardFile.checked(batch, index, self._validator, self.where(shard),
+                                 way_out(self.storage))
 
     def _batch_bytes(self, shard: ShardInfo, start: int, end: int, where: str, *,
                      use_cache: bool = True) -> tuple[Any, bool]:
         """(bytes ``[start, end)`` of ``shard``, whether they came from the node-local cache)."""
         try:
-            if use_cache and self.cache is not None and not self.storage.local:
+            if use_cache and self._cached:
                 copy = self.cache.peek(self._cache_key(shard), shard.bytes)
                 if copy is not None:
                     return copy.slice(start, end - start), True
             data = self.storage.read_range(shard.path, start, end)
-            if self.cache is not None:  # later record batches of it: from the local copy
+            if self._cached:  # later record batches of it: from the local copy
                 self._fill_cache(shard)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where}: the shard is missing "
@@ -360,6 +358,15 @@ class SnapshotReader:
             raise CorruptSnapshotError(f"{where}: the shard is shorter than the manifest says. "
                                        f"{way_out(self.storage)}")
         return data, False
+
+    def where(self, shard: ShardInfo) -> str:
+        """How errors name ``shard``: ``snapshot <id> shard '<path>'``."""
+        return f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
+
+    @property
+    def _cached(self) -> bool:
+        """Whether remote shards go through the node-local cache (never on local disk)."""
+        return self.cache is not None and not self.storage.local
 
     def _cache_key(self, shard: ShardInfo) -> str:
         return f"{self.manifest.fingerprint}/{shard.path}"
@@ -377,7 +384,7 @@ class SnapshotReader:
     def _load(self, shard: ShardInfo, where: str) -> tuple[pa.Buffer, mmap.mmap | None]:
         mapped = None
         try:
-            if self.cache is not None and not self.storage.local:
+            if self._cached:
                 buffer = self.cache.get(self._cache_key(shard), shard.bytes,
                                         lambda: self.storage.read_bytes(shard.path, shard.bytes))
             else:
