@@ -39,6 +39,7 @@ import numpy as np
 
 import snapcache as sc
 from benchmarks.bench_resume import example
+from benchmarks.loopback_s3 import loopback_s3
 from snapcache.options import ReadOptions
 
 START, END = "<!-- access-benchmarks:start -->", "<!-- access-benchmarks:end -->"
@@ -273,40 +274,16 @@ def local_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
                             place=lambda write, local: local)
 
 
-@contextlib.contextmanager
-def s3_server():
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests import s3server
-
-    why = s3server.missing_requirements()
-    if why:
-        raise RuntimeError(why)
-    with tempfile.TemporaryFile() as log:
-        server = s3server.start(log)
-        saved = dict(os.environ)
-        try:
-            os.environ.update(server.env)
-            yield server, s3server
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-            s3server.stop(server.process)
-
-
 def s3_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
     cold_i, warm_i = indices(n, cold, warm)
     storage = "loopback S3 (moto)"
     rows = []
-    try:
-        context = s3_server()
-        server, s3server = context.__enter__()
-    except Exception as e:  # noqa: BLE001
-        return [{"system": "all", "storage": storage, "error": f"no S3 server: {e}"}]
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            server, bucket, s3server = stack.enter_context(loopback_s3())
+        except Exception as e:  # noqa: BLE001
+            return [{"system": "all", "storage": storage, "error": f"no S3 server: {e}"}]
         fs = server.filesystem()
-        bucket = s3server.new_bucket_name()
-        fs.mkdir(bucket)
-        s3server.clear_filesystem_caches()
         fresh = s3server.clear_filesystem_caches
         root = f"s3://{bucket}/snapcache"
         rows.append(run_system("snapcache", storage, lambda: write_snapcache(root, n),
@@ -343,8 +320,6 @@ def s3_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
                    "aws_access_key_id": server.env["AWS_ACCESS_KEY_ID"],
                    "aws_secret_access_key": server.env["AWS_SECRET_ACCESS_KEY"]}
         rows += peer_rows(storage, workdir, n, cold_i, warm_i, place=upload, options=options)
-    finally:
-        context.__exit__(None, None, None)
     return rows
 
 
