@@ -200,7 +200,7 @@ def find(storage: Storage, wanted: str) -> SnapshotInfo:
     if not text:
         raise ValueError("an empty snapshot id")
     names = [n for n in storage.listdir() if layout.is_fingerprint(n)]
-    ids = [n for n in names if n.startswith(text)] if _is_hex(text) else []
+    ids = [n for n in names if n.startswith(text)] if layout.is_hex(text) else []
     if ids:
         matches = [describe(storage.child(n), n) for n in ids[:6]]
     else:
@@ -214,10 +214,6 @@ def find(storage: Storage, wanted: str) -> SnapshotInfo:
     more = f" and {count - 5} more" if count > 5 else ""
     raise ValueError(f"{wanted!r} is ambiguous in {storage.url}: it matches {count} "
                      f"snapshots ({shown}{more}); give more digits of the id")
-
-
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
 
 
 def find_all(storage: Storage, wanted: Iterable[str]) -> list[SnapshotInfo]:

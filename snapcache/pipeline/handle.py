@@ -387,7 +387,7 @@ def _find(storage: Storage, folders: list[str], wanted: str) -> str:
     text = wanted.strip().lower()
     if not text:
         raise SnapshotNotFoundError("an empty snapshot id")
-    if all(c in "0123456789abcdef" for c in text):
+    if layout.is_hex(text):
         ids = [n for n in folders if n.startswith(text)]
         if len(ids) == 1:
             return ids[0]

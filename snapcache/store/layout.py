@@ -47,6 +47,11 @@ def is_tmp(name: str) -> bool:
     return name.endswith(TMP_SUFFIX)
 
 
+def is_hex(text: str) -> bool:
+    """True if ``text`` is lowercase hex digits only (an id prefix, a checksum digest)."""
+    return all(c in "0123456789abcdef" for c in text)
+
+
 def is_fingerprint(name: str) -> bool:
     """True if a folder name inside a root can be a snapshot folder."""
     return bool(_FINGERPRINT_RE.match(name))

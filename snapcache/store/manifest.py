@@ -305,11 +305,7 @@ def _batch_index(doc: dict, path: str, batch_rows: list | None, bad
             (offsets and offsets[-1] > doc["bytes"]):
         raise bad(f"shard {path!r}: batch_offsets must increase from the end of the file's "
                   f"magic to at most its {doc['bytes']} bytes")
-    if not all(isinstance(c, str) and len(c) == 16 and _is_hex(c) for c in checksums):
+    if not all(isinstance(c, str) and len(c) == 16 and layout.is_hex(c) for c in checksums):
         raise bad(f"shard {path!r}: batch_checksums must be {CHECKSUM_ALGORITHM} digests "
                   "(16 hex digits each)")
     return tuple(offsets), tuple(checksums)
-
-
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
