@@ -177,6 +177,33 @@ def test_a_stale_stream_writer_never_replaces_the_marker_of_the_one_that_took_ov
     assert folder.read_bytes(layout.marker_name(2, 0)) == before
 
 
+def test_a_lease_rewritten_by_a_heartbeat_resuming_after_the_commit_fences_nothing(tmp_path):
+    """The writer is stopped inside its heartbeat, between the check and the write; the one
+    that took over commits and releases; resuming, the heartbeat rewrites the old lease file,
+    which then looks current. Its marker is still refused, and its release removes the file."""
+    from snapcache.store.protocol.lease import _heartbeat
+
+    folder = Storage(str(tmp_path)).child("3" * 32)
+    stale = WriteLease.acquire(folder, run_id="0ld0ld00", ttl=TTL)
+    stale._heartbeat.stop()  # stopped (the check of its next beat has passed)
+    taken = []
+    wait_for(lambda: taken.append(WriteLease.acquire(folder, run_id="feedf00d", ttl=TTL))
+             or taken[-1] is not None)
+    new = taken[-1]
+    write_marker(folder, StreamRecord(0, 1, "feedf00d", (), None), new)
+    folder.create_exclusive(layout.MANIFEST, b"{}")  # what try_commit does, then cleans up:
+    folder.remove(layout.marker_name(1, 0))
+    new.release()
+    _heartbeat(folder, stale.info)  # the resumed beat writes the old generation's file again
+    stale.check()  # the lease alone cannot tell: its file is back and no newer one is left
+    with pytest.raises(LeaseLostError, match="taken over by another writer, which has committed"):
+        write_marker(folder, StreamRecord(0, 1, "0ld0ld00", (), None), stale)
+    assert not folder.exists(layout.marker_name(1, 0))
+    stale.lost = "taken over"
+    stale.release()
+    assert write_leases(folder) == []
+
+
 def test_a_dead_lease_with_a_heartbeat_from_the_future_is_taken_over_after_its_ttl(tmp_path):
     root = str(tmp_path)
     ds = sc.Dataset.range(20)

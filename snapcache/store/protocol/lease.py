@@ -359,6 +359,13 @@ class WriteLease:
         _held_here.pop((os.getpid(), self.info.owner), None)
         if self.lost is None:
             self.storage.remove(self.info.name)
+            return
+        # Lost: the file of this generation is ours alone (generations are created exclusively),
+        # so one a heartbeat rewrote while resuming from a stop is ours to remove; it would
+        # otherwise lie in the folder until purge judged it expired.
+        mine = _load(self.storage, self.info.name)
+        if mine is not None and mine.owner == self.info.owner:
+            self.storage.remove(self.info.name)
 
 
 class ReadLease:

@@ -102,8 +102,17 @@ def fence(storage: Storage, record: StreamRecord, lease: WriteLease | None) -> N
 def write_marker(storage: Storage, record: StreamRecord, lease: WriteLease | None = None) -> None:
     """Record stream ``record.stream`` as complete, once: the marker is created exclusively
     after :func:`fence`, so a writer that lost its stream never replaces the marker of the
-    writer that took it over. LeaseLostError if another run's marker is there already."""
+    writer that took it over. LeaseLostError if another run's marker is there already, or the
+    snapshot is committed already (then every stream was completed by the writers that took
+    this one's over, and their commit removed their markers)."""
     fence(storage, record, lease)
+    if storage.exists(layout.MANIFEST):
+        # A writer stopped inside its heartbeat (after the check, before the write) rewrites
+        # its lease file when it resumes, after the one that took over committed and released:
+        # the lease then looks like this writer's again, but the manifest says otherwise.
+        raise LeaseLostError(
+            f"snapshot {storage.url}: taken over by another writer, which has committed it "
+            "while this one was stopped: it commits nothing")
     name = layout.marker_name(record.streams, record.stream)
     if storage.create_exclusive(name, record.dumps()):
         return
