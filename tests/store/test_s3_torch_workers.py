@@ -1,7 +1,9 @@
 """A warm epoch read through a torch DataLoader with worker processes makes at most one request
 in total (the manifest check is shared by the epoch's workers on this node), with
 ``persistent_workers`` False and True; a manifest replaced or withdrawn between epochs is
-noticed at the next epoch."""
+noticed at the next epoch. The pipelines whose epochs' requests are counted hold their read
+lease with a ttl of 600 s: it is renewed in the background every ttl / 4, on its own clock,
+never within a counted epoch."""
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def epoch(loader):
 def test_a_warm_epoch_with_two_workers_makes_at_most_one_request(logged, bucket_url, tmp_path,
                                                                  persistent):
     ds = sc.Dataset.range(400).map(example).snapshot(
-        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"))
+        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"),
+        lease_ttl=600)
     assert sum(1 for _ in ds) == 400  # build
     loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
                                          num_workers=2, persistent_workers=persistent)
@@ -107,7 +110,8 @@ def test_a_loader_made_before_the_build_holds_one_lease_for_fresh_workers(logged
     the writing epoch, the loader's process holds the read lease (taken before it forks the
     next epoch's workers), so a warm epoch is still one request."""
     ds = sc.Dataset.range(200).map(example).snapshot(
-        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"))
+        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"),
+        lease_ttl=600)
     loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
                                          num_workers=2, persistent_workers=False)
     assert epoch(loader) == list(range(200))  # the workers build it
