@@ -296,17 +296,20 @@ class Storage:
             return False
         return True
 
-    def write_atomic(self, rel: str, data: bytes) -> None:
+    def write_atomic(self, rel: str, data: bytes, *, make_folders: bool = True) -> None:
         """Write ``data`` so that readers see either nothing or all of it: on local disk a
-        temporary file beside the target, fsynced, renamed over it; on object stores one PUT."""
+        temporary file beside the target, fsynced, renamed over it; on object stores one PUT.
+        ``make_folders=False``: FileNotFoundError on local disk if the folder is gone (a lease's
+        heartbeat never brings back a folder that purge removed)."""
         if not self.local:
             self.fs.pipe_file(self.full(rel), data)
             return
         target = self.full(rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if make_folders:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = layout.tmp_name(target)
         try:
-            with _create(tmp) as f:
+            with (_create(tmp) if make_folders else open(tmp, "wb")) as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())

@@ -204,6 +204,24 @@ def test_a_lease_rewritten_by_a_heartbeat_resuming_after_the_commit_fences_nothi
     assert write_leases(folder) == []
 
 
+def test_a_heartbeat_resuming_after_purge_never_brings_the_folder_back(tmp_path):
+    """Stopped inside its heartbeat (after the check, before the write) while purge removed the
+    folder: the write fails instead of recreating it, and the next check finds the lease gone."""
+    import shutil
+
+    from snapcache.store.protocol.lease import _heartbeat
+
+    folder = Storage(str(tmp_path)).child("4" * 32)
+    stale = WriteLease.acquire(folder, run_id="0ld0ld00", ttl=TTL)
+    stale._heartbeat.stop()
+    shutil.rmtree(tmp_path / ("4" * 32))  # purge
+    with pytest.raises(FileNotFoundError):
+        _heartbeat(folder, stale.info)
+    assert not folder.exists()
+    with pytest.raises(LeaseLostError, match="is gone"):
+        stale.check()
+
+
 def test_a_dead_lease_with_a_heartbeat_from_the_future_is_taken_over_after_its_ttl(tmp_path):
     root = str(tmp_path)
     ds = sc.Dataset.range(20)

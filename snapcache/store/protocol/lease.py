@@ -214,9 +214,10 @@ def live_leases(storage: Storage) -> list[LeaseInfo]:
 
 
 def _heartbeat(storage: Storage, info: LeaseInfo) -> LeaseInfo:
-    """Rewrite a lease file with a fresh heartbeat; return what was written."""
+    """Rewrite a lease file with a fresh heartbeat; return what was written. Never recreates
+    the snapshot folder: if purge removed it, the next check finds the lease gone."""
     info = replace(info, heartbeat_at=time.time(), beat=info.beat + 1)
-    storage.write_atomic(info.name, info.dumps())
+    storage.write_atomic(info.name, info.dumps(), make_folders=False)
     return info
 
 
