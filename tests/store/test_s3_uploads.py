@@ -95,14 +95,17 @@ def test_a_large_shard_goes_up_in_parallel_parts(s3_root, monkeypatch):
 
 
 KILLABLE = textwrap.dedent("""
-    import os, sys
+    import os, sys, time
     import numpy as np
     import snapcache as sc
     root, n = sys.argv[1], int(sys.argv[2])
 
-    def example(i):  # (the log's name is not in the fingerprint: the same pipeline each run)
-        with open(os.environ["CALLS_LOG"], "a") as f:
+    def example(i):  # (the log's and the pause's names are read at call time: not in the
+        with open(os.environ["CALLS_LOG"], "a") as f:  # fingerprint, the same pipeline each run)
             f.write(f"{i}\\n")
+        if i == int(os.environ.get("PAUSE_AT", "-1")):  # waits there to be killed
+            while True:
+                time.sleep(1)
         return {"x": np.random.default_rng(i).integers(0, 256, 4096, dtype=np.uint8), "i": i}
 
     ds = sc.Dataset.range(n).map(example).snapshot(root, progress=False,
@@ -129,18 +132,20 @@ def progress_shards(s3_server, root):
 def test_sigkill_mid_build_resumes_with_the_stored_shards(s3_server, s3_root, tmp_path):
     script = tmp_path / "killable.py"
     script.write_text(KILLABLE)
-    n = 2000  # ~50 shards: the kill comes long before the end
+    n = 2000  # ~50 shards; the child pauses at example 1000 until killed
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     first_calls = tmp_path / "first"
     proc = subprocess.Popen([sys.executable, str(script), s3_root, str(n)],
-                            env={**env, "CALLS_LOG": str(first_calls)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            env={**env, "CALLS_LOG": str(first_calls), "PAUSE_AT": "1000"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             if len(progress_shards(s3_server, s3_root)) >= 2:  # the event: 2 shards stored
                 break
             time.sleep(0.05)
+        # paused at example 1000 (of 2000): never finished, however fast the machine
         assert proc.poll() is None, proc.communicate()[1]
         proc.send_signal(signal.SIGKILL)
     finally:
