@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import collections
 import mmap
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.machine import available_cpus, memory_budget
@@ -60,6 +62,7 @@ class BatchedShard:
         from snapcache.store.reader import way_out
 
         self._reader, self._shard, self._low_memory = reader, shard, low_memory
+        self._in_order = threading.Lock()
         self.num_record_batches = len(shard.batch_rows or ())
         self.schema = reader._arrow_schema
         try:
@@ -75,8 +78,16 @@ class BatchedShard:
 
     def get_batch(self, index: int) -> pa.RecordBatch:
         start, end = self._shard.batch_offsets[index], self._shard.batch_offsets[index + 1]
-        batch = self._reader.batch_from_bytes(self._shard, index,
-                                              self._buffer.slice(start, end - start))
+        data = self._buffer.slice(start, end - start)
+        digest = None
+        if self._reader.verify:
+            # Hashing faults the file's pages in. One thread at a time, in the order the batches
+            # were asked for: the kernel's readahead then sees one sequential reader (threads
+            # faulting in different parts of one map at once cost much more CPU and time on a
+            # cold disk); decoding, the CPU-heavy part, runs in parallel.
+            with self._in_order:
+                digest = xxhash.xxh3_64(memoryview(data)).hexdigest()
+        batch = self._reader.batch_from_bytes(self._shard, index, data, digest=digest)
         if self._low_memory and self._map is not None:
             # this batch's pages and those of the batches before it, which the consumer may
             # have touched again (values of an uncompressed batch are views of them)

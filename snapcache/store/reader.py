@@ -290,23 +290,25 @@ class SnapshotReader:
                              "read the shard whole (open_shard)")
         start, end = shard.batch_offsets[index], shard.batch_offsets[index + 1]
         data, cached = self._batch_bytes(shard, start, end, where)
-        if self.verify and cached and \
-                xxhash.xxh3_64(memoryview(data)).hexdigest() != shard.batch_checksums[index]:
+        digest = xxhash.xxh3_64(memoryview(data)).hexdigest() if self.verify else None
+        if digest != shard.batch_checksums[index] and cached:
             self.cache.discard(self._cache_key(shard))  # the local copy may be what is bad
             data, _ = self._batch_bytes(shard, start, end, where, use_cache=False)
-        return self.batch_from_bytes(shard, index, data, whole=whole)
+            digest = None
+        return self.batch_from_bytes(shard, index, data, whole=whole, digest=digest)
 
-    def batch_from_bytes(self, shard: ShardInfo, index: int, data: Any, *, whole: bool = True
-                         ) -> pa.RecordBatch:
+    def batch_from_bytes(self, shard: ShardInfo, index: int, data: Any, *, whole: bool = True,
+                         digest: str | None = None) -> pa.RecordBatch:
         """Record batch ``index`` of ``shard`` from its bytes ``data`` (``[batch_offsets[index],
         batch_offsets[index + 1])`` of the file): checked against the manifest's checksum of
-        that batch (unless ``verify=False``), decoded with the manifest's schema, its rows
-        counted and validated (``whole``: as :meth:`read_batch`); CorruptSnapshotError naming
-        the shard and the record batch if any of it fails."""
+        that batch (unless ``verify=False``; ``digest``: the xxh3_64 hex digest of ``data``
+        if the caller took it), decoded with the manifest's schema, its rows counted and
+        validated (``whole``: as :meth:`read_batch`); CorruptSnapshotError naming the shard and
+        the record batch if any of it fails."""
         shard_where = self.where(shard)
         where = f"{shard_where} record batch {index}"
         if self.verify:
-            actual = xxhash.xxh3_64(memoryview(data)).hexdigest()
+            actual = digest or xxhash.xxh3_64(memoryview(data)).hexdigest()
             if actual != shard.batch_checksums[index]:
                 raise CorruptSnapshotError(
                     f"{where} is corrupt: checksum {actual} != {shard.batch_checksums[index]} "
