@@ -5,10 +5,12 @@ same files dropped the same way.
     python -m benchmarks.bench_cold [--scale 1.0] [--write-doc]
 
 snapcache: a fresh pipeline object over the committed snapshot, batches of 256 copied into a
-staging buffer, checksums verified: each record batch against its checksum in the manifest as
-it is decoded (``store/batched_read.BatchedShard``), and, in the same run for comparison, the
-whole-shard path of snapshots without the record batch index (the whole file hashed before its
-first batch is decoded; what every sequential read did before). raw: each file read front to
+staging buffer, checksums verified: each record batch of a compressed shard against its checksum in the
+manifest as it is decoded (``store/batched_read.BatchedShard``; uncompressed shards are hashed
+whole, see ``open_sequential``), and, in the same run for comparison, every shard through the
+whole-shard path (the whole file hashed before its first batch is decoded; what every
+sequential read did before; for uncompressed shards the same path twice, which shows the
+run's noise). raw: each file read front to
 back in 16 MiB ``readinto`` calls into one buffer. Best of 3 runs each, alternated. MB/s are of
 the files' bytes; CPU ms is the process's CPU time (all threads) of the best run. The snapshot
 is written under ``--dir`` (default: a folder in the current directory, which must be on a real
@@ -145,10 +147,13 @@ def render(args, results, elapsed, load) -> str:
              "the snapshot is dropped from the page cache with `posix_fadvise(DONTNEED)`. "
              "raw: the same shard files read sequentially in 16 MiB `readinto` calls. "
              "snapcache: a fresh pipeline object, batches of 256 copied into a staging buffer, "
-             "every record batch checked against its checksum in the manifest before it is "
-             "used. whole-shard: the same read with every shard hashed whole before its first "
-             "batch is decoded (the path of snapshots without the record batch index, and of "
-             "every sequential read before), measured in the same run. Best of 3 each, "
+             "every record batch of a compressed shard checked against its checksum in the "
+             "manifest as it is decoded (several in parallel), uncompressed shards hashed whole "
+             "before their first batch. whole-shard: the same read with every shard hashed "
+             "whole before its first batch is decoded (snapshots without the record batch "
+             "index, and every sequential read before), measured in the same run (for "
+             "uncompressed shards the same path as snapcache's: the difference is the run's "
+             "noise). Best of 3 each, "
              "alternated; CPU ms: the process's CPU time of that run, all threads; first batch: "
              "from building a fresh pipeline object to its first batch, cold, best of 3. The "
              "page-cache column is the same raw read with the files cached, to show the drop "

@@ -33,10 +33,7 @@ def corrupt_a_shard(root, which=2):
         byte = f.read(1)
         f.seek(shard.bytes // 2)
         f.write(bytes([byte[0] ^ 0xFF]))
-    # rows before the damaged record batch: local shards are verified batch by batch
-    offsets = shard.batch_offsets
-    (k,) = [j for j in range(len(offsets) - 1) if offsets[j] <= shard.bytes // 2 < offsets[j + 1]]
-    return snap.id, sum(s.rows for s in snap.manifest.shards[:which]) + sum(shard.batch_rows[:k])
+    return snap.id, sum(s.rows for s in snap.manifest.shards[:which])
 
 
 def test_the_default_raises(root):
