@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from snapcache.errors import CorruptSnapshotError
-from snapcache.store.batched_read import as_columns, read_budget
+from snapcache.store.batched_read import as_columns, open_sequential, read_budget
 from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Layout
 
@@ -57,7 +57,7 @@ class _Shards:
             shard = self.reader.manifest.shards[index]
             # A shard larger than the budget is read in low-memory mode: its pages are dropped
             # from this process as they are hashed and after each block is decoded.
-            file_reader = self.reader.open_shard(shard, low_memory=self.low_memory(shard))
+            file_reader = open_sequential(self.reader, shard, low_memory=self.low_memory(shard))
             where = self.reader.where(shard)
             count = file_reader.num_record_batches
             if shard.batch_rows is not None:

@@ -2,7 +2,10 @@
 
 Readers trust nothing but the manifest, and the manifest only as far as the files agree with it:
 each shard's size and xxh3 checksum are checked (checksum unless ``verify=False``) before any
-of its examples is yielded, and its row count and Arrow schema must match. Every record batch
+of its examples is yielded, and its row count and Arrow schema must match; where the manifest
+indexes a shard's record batches, a batch read alone (random access, and sequential reads of
+compressed local shards: :class:`~snapcache.store.batched_read.BatchedShard`) is checked against its own
+checksum and decoded with the manifest's schema instead. Every record batch
 is validated in full (offsets monotonic and inside their buffers, UTF-8 valid) before it is
 handed out, with or without ``verify``: a checksum only proves the bytes are the ones the
 manifest names, not that they are safe to index (a crafted shard with a matching checksum, or
@@ -287,12 +290,25 @@ class SnapshotReader:
                              "read the shard whole (open_shard)")
         start, end = shard.batch_offsets[index], shard.batch_offsets[index + 1]
         data, cached = self._batch_bytes(shard, start, end, where)
+        digest = xxhash.xxh3_64(memoryview(data)).hexdigest() if self.verify else None
+        if digest != shard.batch_checksums[index] and cached:
+            self.cache.discard(self._cache_key(shard))  # the local copy may be what is bad
+            data, _ = self._batch_bytes(shard, start, end, where, use_cache=False)
+            digest = None
+        return self.batch_from_bytes(shard, index, data, whole=whole, digest=digest)
+
+    def batch_from_bytes(self, shard: ShardInfo, index: int, data: Any, *, whole: bool = True,
+                         digest: str | None = None) -> pa.RecordBatch:
+        """Record batch ``index`` of ``shard`` from its bytes ``data`` (``[batch_offsets[index],
+        batch_offsets[index + 1])`` of the file): checked against the manifest's checksum of
+        that batch (unless ``verify=False``; ``digest``: the xxh3_64 hex digest of ``data``
+        if the caller took it), decoded with the manifest's schema, its rows counted and
+        validated (``whole``: as :meth:`read_batch`); CorruptSnapshotError naming the shard and
+        the record batch if any of it fails."""
+        shard_where = self.where(shard)
+        where = f"{shard_where} record batch {index}"
         if self.verify:
-            actual = xxhash.xxh3_64(memoryview(data)).hexdigest()
-            if actual != shard.batch_checksums[index] and cached:
-                self.cache.discard(self._cache_key(shard))  # the local copy may be what is bad
-                data, _ = self._batch_bytes(shard, start, end, where, use_cache=False)
-                actual = xxhash.xxh3_64(memoryview(data)).hexdigest()
+            actual = digest or xxhash.xxh3_64(memoryview(data)).hexdigest()
             if actual != shard.batch_checksums[index]:
                 raise CorruptSnapshotError(
                     f"{where} is corrupt: checksum {actual} != {shard.batch_checksums[index]} "

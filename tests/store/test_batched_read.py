@@ -153,7 +153,7 @@ def test_prefetch_is_bounded_in_bytes(root, monkeypatch):
     assert budgets == [16 << 10]
 
 
-def test_record_batches_hold_at_most_the_budget_ahead(root):
+def test_record_batches_hold_at_most_the_budget_ahead(root, monkeypatch):
     from snapcache.store.reader import SnapshotReader
     from snapcache.store.fs import Storage
     snap = sc.Dataset.range(3000).map(token).snapshot(root, shard_size=4096, progress=False)
@@ -161,8 +161,9 @@ def test_record_batches_hold_at_most_the_budget_ahead(root):
     storage = Storage(root).child(_only_child(root))
     reader = SnapshotReader.open(storage)
     opened = []
-    original = reader.open_shard
-    reader.open_shard = lambda shard, **k: opened.append(shard) or original(shard, **k)
+    original = batched_read.open_sequential
+    monkeypatch.setattr(batched_read, "open_sequential", lambda reader, shard, **k:
+                        opened.append(shard) or original(reader, shard, **k))
     budget = 3 * max(s.bytes for s in reader.manifest.shards)
     it = batched_read.record_batches(reader, reader.manifest.shards, threads=2, budget=budget)
     next(it)

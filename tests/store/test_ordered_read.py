@@ -13,6 +13,7 @@ import pytest
 import snapcache as sc
 from snapcache.store.fs import Storage
 from snapcache.store.order import EpochOrder, Layout, Share
+from snapcache.store import ordered_read
 from snapcache.store.ordered_read import RowAccess, blocks_of, layout_of, ordered_pieces
 from snapcache.store.reader import SnapshotReader
 from tests.equality import assert_same_example
@@ -68,22 +69,24 @@ def test_blocks_of_a_piece_are_its_distinct_blocks_ascending():
         assert blocks_of(blocks) == np.unique(blocks).tolist()
 
 
+@pytest.mark.parametrize("compression", ["none", "lz4"])
 def test_each_shard_is_opened_once_and_a_damaged_one_raises_after_the_rows_before_it(
-        root, monkeypatch):
-    """The next shard is opened (read and verified) ahead while the consumer is on the one
-    before: each shard is still verified once an epoch, and a damaged one fails where its rows
-    come, after every batch before it, not when it was opened ahead."""
-    reader, ds = build(root, example, n=2000, compression="none", shard_size=8000)
+        root, monkeypatch, compression):
+    """The next shard is opened ahead while the consumer is on the one before: each shard is
+    still opened once an epoch, and a damaged one fails where its rows come (a compressed one,
+    read record batch by record batch, where its damaged batch comes), after every batch
+    before it, not when it was opened ahead."""
+    reader, ds = build(root, example, n=2000, compression=compression, shard_size=8000)
     shards = reader.manifest.shards
-    assert len(shards) >= 3
+    assert len(shards) >= 3 and {s.compression for s in shards} == {compression}
     opened = []
-    real = SnapshotReader.open_shard
+    real = ordered_read.open_sequential
 
-    def counting(self, shard, **kw):
+    def counting(reader, shard, **kw):
         opened.append(shard.path)
-        return real(self, shard, **kw)
+        return real(reader, shard, **kw)
 
-    monkeypatch.setattr(SnapshotReader, "open_shard", counting)
+    monkeypatch.setattr(ordered_read, "open_sequential", counting)
     batches = ds.batch(64)
     assert sum(len(b["i"]) for b in batches) == 2000
     assert sorted(opened) == sorted(s.path for s in shards)  # each once
@@ -91,31 +94,39 @@ def test_each_shard_is_opened_once_and_a_damaged_one_raises_after_the_rows_befor
     data = bytearray(open(path, "rb").read())
     data[len(data) // 2] ^= 0x01
     open(path, "wb").write(bytes(data))
+    offsets = shards[2].batch_offsets
+    (k,) = [j for j in range(len(offsets) - 1) if offsets[j] <= len(data) // 2 < offsets[j + 1]]
+    before = shards[0].rows + shards[1].rows
+    if compression == "none":
+        damaged = f"{shards[2].path}' is corrupt: checksum"
+    else:
+        damaged = f"{shards[2].path}' record batch {k} is corrupt: checksum"
+        before += sum(shards[2].batch_rows[:k])
     seen = []
-    with pytest.raises(sc.CorruptSnapshotError, match=shards[2].path):
+    with pytest.raises(sc.CorruptSnapshotError, match=damaged):
         for batch in batches:
             seen.extend(batch["i"].tolist())
-    before = shards[0].rows + shards[1].rows
     assert seen == list(range(before // 64 * 64))
 
 
 def test_shards_larger_than_the_budget_are_read_in_low_memory_mode(root, monkeypatch):
     """A shard larger than the open-shard half of the budget is opened in low-memory mode (its
-    pages dropped as it is hashed and after each block is decoded); rows are the same."""
+    pages dropped as they are decoded: tests/store/test_sequential_read.py measures it; and
+    after each block for shards read whole); rows are the same."""
     reader, _ = build(root, example, n=500, compression="none")
     order = EpochOrder(layout_of(reader.manifest), None, 0)
     modes, released = [], []
-    real_open, real_release = SnapshotReader.open_shard, SnapshotReader.release_pages
+    real_open, real_release = ordered_read.open_sequential, SnapshotReader.release_pages
 
-    def open_shard(self, shard, **kw):
+    def open_sequential(reader, shard, **kw):
         modes.append(kw.get("low_memory", False))
-        return real_open(self, shard, **kw)
+        return real_open(reader, shard, **kw)
 
     def release_pages(self, shard):
         released.append(shard.path)
         return real_release(self, shard)
 
-    monkeypatch.setattr(SnapshotReader, "open_shard", open_shard)
+    monkeypatch.setattr(ordered_read, "open_sequential", open_sequential)
     monkeypatch.setattr(SnapshotReader, "release_pages", release_pages)
     sizes = [s.bytes for s in reader.manifest.shards]
     for budget, low in ((4 * max(sizes), False), (min(sizes), True)):

@@ -1,0 +1,277 @@
+"""Sequential reads of compressed local shards record batch by record batch (docs/format.md,
+"Record batch index"): each record batch verified against its checksum in the manifest before
+any of its bytes is used, the batches of one shard decoded in parallel; a damaged batch raises
+naming the shard and the batch, after the batches before it and with nothing of its own;
+uncompressed shards and shards written before the index existed are read whole as before; an
+abandoned read leaves no thread running; resident memory stays within the prefetch budget
+however large the shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import snapcache as sc
+from snapcache.store import batched_read, ordered_read
+from snapcache.store.batched_read import BatchedShard
+from snapcache.store.fs import Storage
+from snapcache.store.reader import SnapshotReader
+
+REPO = pathlib.Path(__file__).parent.parent.parent
+
+
+def example(i):
+    rng = np.random.default_rng(i)
+    tokens = np.zeros(64, np.int32)
+    tokens[:8 + i % 24] = rng.integers(1, 50, 8 + i % 24)
+    return {"tokens": tokens, "i": i}
+
+
+def pipeline(root, n=4000, compression="lz4", record_batch_size=16 << 10, **kw):
+    return sc.Dataset.range(n).map(example).snapshot(
+        root, compression=compression, record_batch_size=record_batch_size, progress=False,
+        **kw)
+
+
+def reader_of(root) -> SnapshotReader:
+    (fp,) = [d for d in os.listdir(root) if len(d) == 32]
+    return SnapshotReader.open(Storage(root).child(fp))
+
+
+class Spy:
+    """Counts which kind of shard file the sequential readers open."""
+
+    def __init__(self, monkeypatch):
+        self.batched, self.whole = [], []
+        real = batched_read.open_sequential
+
+        def spying(reader, shard, **kw):
+            opened = real(reader, shard, **kw)
+            (self.batched if isinstance(opened, BatchedShard) else self.whole).append(shard.path)
+            return opened
+
+        monkeypatch.setattr(batched_read, "open_sequential", spying)
+        monkeypatch.setattr(ordered_read, "open_sequential", spying)
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4", "zstd"])
+@pytest.mark.parametrize("record_batch_size", [4 << 10, 64 << 10, 1 << 20])
+def test_round_trips_record_batch_by_record_batch(root, monkeypatch, compression,
+                                                  record_batch_size):
+    ds = pipeline(root, 3000, compression, record_batch_size, shard_size=256 << 10)
+    assert [e["i"] for e in ds] == list(range(3000))  # the first epoch writes
+    reader = reader_of(root)
+    assert all(s.batch_index and s.compression == compression for s in reader.manifest.shards)
+    spy = Spy(monkeypatch)
+    batches = list(ds.batch(100))  # the pipeline's ordered read
+    ids = np.concatenate([b["i"] for b in batches])
+    assert ids.tolist() == list(range(3000))
+    for b in batches[::7]:
+        for i, tokens in zip(b["i"].tolist(), b["tokens"]):
+            assert np.array_equal(tokens, example(i)["tokens"])
+    examples = list(reader.examples())  # the reader's own sequential read
+    assert [e["i"] for e in examples] == list(range(3000))
+    assert all(np.array_equal(e["tokens"], example(e["i"])["tokens"]) for e in examples[::13])
+    paths = sorted(s.path for s in reader.manifest.shards)
+    if compression == "none":  # nothing to decode in parallel: read whole, hashed in one go
+        assert spy.batched == [] and sorted(set(spy.whole)) == paths
+    else:
+        assert spy.whole == [] and sorted(set(spy.batched)) == paths
+
+
+def flip_byte_in_batch(reader, shard_index: int, k: int) -> None:
+    shard = reader.manifest.shards[shard_index]
+    path = os.path.join(reader.storage.url, shard.path)
+    where = (shard.batch_offsets[k] + shard.batch_offsets[k + 1]) // 2
+    with open(path, "r+b") as f:
+        f.seek(where)
+        byte = f.read(1)
+        f.seek(where)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_a_damaged_record_batch_raises_naming_it_after_the_batches_before_it(
+        root, monkeypatch, compression):
+    ds = pipeline(root, 4000, compression, shard_size=1 << 30)  # one shard, many batches
+    list(ds)
+    reader = reader_of(root)
+    (shard,) = reader.manifest.shards
+    assert len(shard.batch_rows) >= 8
+    k = 5
+    flip_byte_in_batch(reader, 0, k)
+    before = sum(shard.batch_rows[:k])
+    spy = Spy(monkeypatch)
+    pattern = f"shard '{shard.path}' record batch {k} is corrupt: checksum"
+
+    seen = []
+    with pytest.raises(sc.CorruptSnapshotError, match=pattern):
+        for batch in ds.batch(50):
+            seen.extend(batch["i"].tolist())
+    assert seen == list(range(before // 50 * 50))  # nothing of batch k
+
+    seen = []
+    with pytest.raises(sc.CorruptSnapshotError, match=pattern):
+        for e in reader_of(root).examples():
+            seen.append(e["i"])
+    assert seen == list(range(before))
+    assert spy.whole == []
+    assert SnapshotReader.open(reader.storage).verify_all()  # verify: the whole file
+
+
+def test_without_verify_batches_are_decoded_and_validated_but_not_hashed(root, monkeypatch):
+    ds = pipeline(root, 2000, "lz4", shard_size=1 << 30, verify=False)
+    list(ds)
+    hashed = []
+    real = SnapshotReader.batch_from_bytes
+
+    def spying(self, shard, index, data, **kw):
+        hashed.append((self.verify, kw.get("digest")))
+        return real(self, shard, index, data, **kw)
+
+    monkeypatch.setattr(SnapshotReader, "batch_from_bytes", spying)
+    assert np.concatenate([b["i"] for b in ds.batch(64)]).tolist() == list(range(2000))
+    assert hashed and set(hashed) == {(False, None)}
+
+
+def without_batch_index(reader) -> None:
+    """Rewrite the manifest as a writer older than the record batch index did."""
+    path = os.path.join(reader.storage.url, "manifest.json")
+    doc = json.loads(open(path).read())
+    for shard in doc["shards"]:
+        shard.pop("batch_offsets"), shard.pop("batch_checksums")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def test_shards_without_the_index_are_read_and_verified_whole(root, monkeypatch):
+    ds = pipeline(root, 3000, "zstd", shard_size=32 << 10)
+    list(ds)
+    reader = reader_of(root)
+    without_batch_index(reader)
+    old = reader_of(root)
+    assert len(old.manifest.shards) > 1 and not any(s.batch_offsets for s in old.manifest.shards)
+    spy = Spy(monkeypatch)
+    assert np.concatenate([b["i"] for b in ds.batch(64)]).tolist() == list(range(3000))
+    assert [e["i"] for e in old.examples()] == list(range(3000))
+    assert spy.batched == [] and len(set(spy.whole)) == len(old.manifest.shards)
+    flip_byte_in_batch(reader, 1, 0)  # the offsets of the original manifest
+    with pytest.raises(sc.CorruptSnapshotError,
+                       match=f"shard '{old.manifest.shards[1].path}' is corrupt: checksum"):
+        list(ds.batch(64))
+
+
+def test_a_shard_of_another_size_or_missing_fails_when_opened(root):
+    ds = pipeline(root, 2000, "lz4", shard_size=16 << 10)
+    list(ds)
+    reader = reader_of(root)
+    first, second = reader.manifest.shards[:2]
+    with open(os.path.join(reader.storage.url, first.path), "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(sc.CorruptSnapshotError,
+                       match=f"shard '{first.path}' has {first.bytes + 1} bytes, the manifest "
+                             f"says {first.bytes}"):
+        list(reader.examples())
+    os.unlink(os.path.join(reader.storage.url, second.path))
+    with pytest.raises(sc.CorruptSnapshotError, match=f"shard '{second.path}' is missing"):
+        list(reader.examples(reader.manifest.shards[1:]))
+
+
+def read_threads() -> list[threading.Thread]:
+    """The workers of the read pools (not the read lease's renewal thread)."""
+    return [t for t in threading.enumerate() if t.name.startswith("snapcache-read_")]
+
+
+@pytest.mark.parametrize("how", ["close", "damage"])
+def test_stopping_early_leaves_no_read_thread(root, how):
+    ds = pipeline(root, 4000, "lz4", shard_size=1 << 30)
+    list(ds)
+    for t in read_threads():  # threads of earlier reads in this process
+        t.join(60)
+    assert read_threads() == []
+    if how == "damage":
+        flip_byte_in_batch(reader_of(root), 0, 3)
+    it = iter(ds.batch(50))
+    next(it)
+    assert read_threads()  # the next record batches are being read ahead
+    if how == "close":
+        it.close()
+    else:
+        with pytest.raises(sc.CorruptSnapshotError, match="record batch 3"):
+            for _ in it:
+                pass
+    del it
+    for t in read_threads():  # tasks already running finish; queued ones are cancelled
+        t.join(60)
+    assert read_threads() == []
+
+
+MEMORY_CHILD = """
+import json, resource, sys, tempfile
+import numpy as np
+import snapcache as sc
+
+mode, root, codec = sys.argv[1], sys.argv[2], sys.argv[3]
+BUDGET = 32 << 20
+
+def example(i):
+    x = np.random.default_rng(i).integers(0, 256, 2 << 20, dtype=np.uint8)
+    x.reshape(-1, 4096)[::2] = 0   # half zero pages: lz4 saves about half
+    return {"x": x, "i": i}
+
+def pipeline(n, where):
+    return sc.Dataset.range(n).map(example).snapshot(
+        where, compression=codec, shard_size=1 << 30, record_batch_size=2 << 20,
+        prefetch_bytes=BUDGET, progress=False)
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+if mode == "build":
+    for _ in pipeline(80, root):
+        pass
+    sys.exit()
+with tempfile.TemporaryDirectory() as warm:   # libraries loaded, allocator warm
+    for _ in pipeline(3, warm).batch(2):
+        pass
+before = peak()
+rows = 0
+for batch in pipeline(80, root).batch(4):
+    rows += len(batch["i"])
+    assert int(batch["x"][:, 1::8192].sum()) == 0
+print(json.dumps({"extra": peak() - before, "rows": rows}))
+"""
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_reading_one_large_shard_stays_within_the_prefetch_budget(tmp_path, codec):
+    """A 160 MB shard (one file, 80 record batches) read with a 32 MB prefetch budget: the
+    pages of its memory map are dropped as its record batches are decoded (lz4: record batch
+    by record batch; none: read whole, in low-memory mode), so the peak resident memory grows
+    by about the budget, not by the shard (measured in a child process; without dropping
+    them: +170 MB raw, +110 MB with lz4)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    root = str(tmp_path / "snaps")
+
+    def child(mode):
+        out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, mode, root, codec],
+                             capture_output=True, text=True, timeout=600, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    child("build")
+    (fp,) = [d for d in os.listdir(root) if len(d) == 32]
+    (shard,) = SnapshotReader.open(Storage(root).child(fp)).manifest.shards
+    assert shard.bytes > (80 << 20) and len(shard.batch_rows) == 80
+    result = json.loads(child("read").splitlines()[-1])
+    assert result["rows"] == 80
+    assert result["extra"] <= 64 << 20, f"peak grew by {result['extra'] >> 20} MB"
