@@ -25,17 +25,19 @@ import xxhash
 from snapcache.errors import StoreError
 
 _HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
-PAGES_PER_BATCH = 64  # page checksums per record batch (of the writer's target size)
+PAGES_PER_BATCH = 64   # page checksums a record batch (of the writer's target size), at most
+PAGES_PER_SHARD = 256  # and a shard (of the writer's target size), at most
 MIN_PAGE = 4 << 10
 
 
-def page_size_for(batch_bytes: int) -> int:
-    """The page size of a shard whose record batches hold about ``batch_bytes``: a power of two,
-    :data:`PAGES_PER_BATCH` pages a record batch (at least 4 KiB), so that the manifest grows
-    by 16 hex digits per page (about 1 KiB per record batch) while a row read alone reads a few
-    pages instead of its record batch."""
+def page_size_for(batch_bytes: int, shard_bytes: int = 0) -> int:
+    """The page size of a shard of about ``shard_bytes`` whose record batches hold about
+    ``batch_bytes``: the smallest power of two of at least 4 KiB giving at most
+    :data:`PAGES_PER_BATCH` pages a record batch and :data:`PAGES_PER_SHARD` a shard, so that
+    a row read alone reads a few pages instead of its record batch while the manifest grows
+    by at most 4 KiB (16 hex digits a page) a shard."""
     size = MIN_PAGE
-    while size * PAGES_PER_BATCH < batch_bytes:
+    while size * PAGES_PER_BATCH < batch_bytes or size * PAGES_PER_SHARD < shard_bytes:
         size *= 2
     return size
 

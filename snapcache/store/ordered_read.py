@@ -321,7 +321,9 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
 
 class RowAccess:
-    """Random access to the rows of a committed snapshot. The first row of a record batch
+    """Random access to the rows of a committed snapshot. The first row of a record batch of a
+    raw local shard with page checksums reads and verifies only the pages holding it
+    (:mod:`snapcache.store.row_read`); elsewhere the first row of a record batch
     reads that record batch alone and checks it against its checksum in the manifest (or, in
     snapshots written before those were recorded, loads and verifies its whole shard, then
     kept open, least recently used first out, within half of ``budget`` bytes), decodes it
@@ -349,7 +351,7 @@ class RowAccess:
             collections.OrderedDict()
         self._held = 0
         self._lock = threading.Lock()
-        self._rows = self.layout.num_rows
+        self._count = self.layout.num_rows
         self._alone = _PageRows.of(self.reader, self.layout)
 
     def __getstate__(self) -> dict:
@@ -362,9 +364,11 @@ class RowAccess:
         self._setup()
 
     def __len__(self) -> int:
-        return self._rows
+        return self._count
 
     def _index(self, i: Any) -> int:
+        if type(i) is int and 0 <= i < self._count:
+            return i
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"a snapshot is indexed by int; got {type(i).__name__}")
         n = len(self)
@@ -390,7 +394,7 @@ class RowAccess:
             entry = self._batches.get(key)
             if entry is not None:
                 self._batches.move_to_end(key)
-                if not isinstance(entry[0], (_Read, _Seen)):
+                if not isinstance(entry[0], _Read) and entry[0] is not _SEEN:
                     return entry[0]
         batch = entry[0].checked() if entry is not None and isinstance(entry[0], _Read) \
             else load()
@@ -414,13 +418,11 @@ class RowAccess:
         if alone is not None:  # raw local shards with page checksums: see _PageRows
             b = bisect.bisect_right(alone.starts, row) - 1
             key = alone.keys[b]
-            if key is not None:
+            if key is not None and key not in self._batches:
+                value = alone.read(key, row - alone.starts[b])
                 with self._lock:
-                    known = key in self._batches
-                if not known:
-                    value = alone.read(key, row - alone.starts[b])
-                    self._keep(key, _Seen(), 0)
-                    return value
+                    self._batches.setdefault(key, (_SEEN, 0))
+                return value
         key, load, k = self._locate(row)
         if isinstance(load, _Alone):
             with self._lock:
@@ -467,9 +469,9 @@ class _Read:
         return self.load.reader.check_batch(self.load.shard, self.load.index, self.batch)
 
 
-class _Seen:
-    """A record batch one row of which was read alone, page by page: the batch itself is
-    still to read (whole) and verify."""
+_SEEN = object()
+"""What :class:`RowAccess` keeps of a record batch one row of which was read alone, page by
+page: the batch itself is still to read (whole) and verify."""
 
 
 class _PageRows:

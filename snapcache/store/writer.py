@@ -179,7 +179,7 @@ class _ShardFile:
 
     @property
     def page_size(self) -> int:
-        return page_size_for(self.options.batch_target)
+        return page_size_for(self.options.batch_target, self.options.shard_size)
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
         self.writer.write_batch(batch)
