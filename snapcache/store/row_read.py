@@ -112,18 +112,19 @@ class _Table:
         at = self.field(i)
         return 0 if at is None else _I64.unpack_from(self.meta, at)[0]
 
-    def pairs(self, i: int, count: int) -> tuple[int, ...]:
-        """A vector of ``count`` 16-byte structs of two int64 (FieldNode, Buffer), flattened."""
+    def pairs(self, i: int, vector: struct.Struct) -> tuple[int, ...]:
+        """A vector of 16-byte structs of two int64 (FieldNode, Buffer), flattened: as many as
+        ``vector`` reads (``<2nq``), or _Damaged."""
         at = self.field(i)
         if at is None:
             raise _Damaged("the message metadata is malformed")
         at += _U32.unpack_from(self.meta, at)[0]
-        if _U32.unpack_from(self.meta, at)[0] != count:
+        if _U32.unpack_from(self.meta, at)[0] * 16 != vector.size:
             raise _Damaged("the record batch does not have the snapshot's columns")
-        return struct.unpack_from(f"<{2 * count}q", self.meta, at + 4)
+        return vector.unpack_from(self.meta, at + 4)
 
 
-def _record_batch(meta: memoryview, nodes: int, buffers: int
+def _record_batch(meta: memoryview, nodes: struct.Struct, buffers: struct.Struct
                   ) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
     """(rows, body length, field nodes, buffers) of a record batch message's metadata."""
     root = _U32.unpack_from(meta, 0)[0]
@@ -172,7 +173,8 @@ class RowDecoder:
             else:  # large_string / large_binary: validity, offsets, data
                 self.fields.append((spec.kind, spec.name, buffer + 1, buffer + 2))
                 node, buffer = node + 1, buffer + 3
-        self.nodes, self.buffers = node, buffer
+        self.nodes = struct.Struct(f"<{2 * node}q")      # the field nodes: length, nulls
+        self.buffers = struct.Struct(f"<{2 * buffer}q")  # the buffers: offset, length
 
     def read(self, path: str, shard: ShardInfo, index: int, k: int, verify: bool) -> Any:
         """Row ``k`` of record batch ``index`` of ``shard`` (the local file ``path``);
