@@ -40,6 +40,7 @@ import numpy as np
 import snapcache as sc
 from benchmarks.bench_resume import example
 from benchmarks.loopback_s3 import loopback_s3
+from benchmarks.report import load_average
 from snapcache.options import ReadOptions
 
 START, END = "<!-- access-benchmarks:start -->", "<!-- access-benchmarks:end -->"
@@ -388,7 +389,8 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 def report(args, rows: list[dict], elapsed: float) -> str:
     L = [START, "", "## Random access against LitData and Mosaic streaming", "",
-         f"`{args.command}` (took {elapsed:.0f} s; 2 cores shared with other jobs). "
+         f"`{args.command}` (took {elapsed:.0f} s; 2 cores shared with other jobs, load "
+         f"average {args.load} at the start, {load_average()} at the end). "
          f"{args.examples} examples local, {args.s3_examples} on the loopback S3 server (moto, "
          "as the tests use), of a 32x32x3 uint8 noise image and a label, in ~4 MiB shards, "
          "uncompressed in all three. Same random indices for every system; every read checks "
@@ -449,6 +451,7 @@ def main(argv=None) -> None:
     args.command = "python -m benchmarks.bench_access" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]) if a != "--no-write")
     warnings.filterwarnings("ignore")
+    args.load = load_average()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="snapcache-access-") as workdir:
         rows = local_rows(os.path.join(workdir, "local"), args.examples, args.cold, args.warm)
