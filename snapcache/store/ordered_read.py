@@ -413,7 +413,7 @@ class RowAccess:
                 self._held -= self._batches.popitem(last=False)[1][1]
 
     def __getitem__(self, i: Any) -> Any:
-        row = self._index(i)
+        row = i if type(i) is int and 0 <= i < self._count else self._index(i)
         alone = self._alone
         if alone is not None:  # raw local shards with page checksums: see _PageRows
             b = bisect.bisect_right(alone.starts, row) - 1

@@ -160,8 +160,9 @@ class RowDecoder:
                 if spec.ndim >= 2:  # "<name>.shape": fixed_size_list (validity); int32 values
                     self.top.append(node)
                     node, buffer, shape = node + 2, buffer + 3, buffer + 2
+                dims = struct.Struct(f"<{spec.ndim}i")
                 self.fields.append(("tensor", spec.name, dtype, storage, factor, spec.ndim,
-                                    offsets, values, shape))
+                                    offsets, values, shape, dims))
             elif spec.kind == "scalar":
                 storage, factor = storage_dtype(dtype)
                 if factor == 1:  # a primitive (bool: a bitmap): validity, data
@@ -231,7 +232,7 @@ class RowDecoder:
             one = np.frombuffer(raw, storage, factor, at).view(dtype)
             return one.tolist()[0] if python else one[0]
         if kind == "tensor":
-            _, _, dtype, storage, factor, ndim, offsets, values, shape = field
+            _, _, dtype, storage, factor, ndim, offsets, values, shape, dims_of = field
             a, b = _bounds(name, pages, body, buffers, offsets, k)
             if (b - a) % factor:
                 raise _Damaged(f"field {name!r}: a list length is not a multiple of {factor}")
@@ -251,7 +252,7 @@ class RowDecoder:
                 if (k + 1) * ndim * 4 > size:
                     raise _Damaged(f"field {name!r}: a buffer is shorter than its array")
                 raw, at = pages.get(body + offset + k * ndim * 4, ndim * 4)
-                dims = struct.unpack_from(f"<{ndim}i", raw, at)
+                dims = dims_of.unpack_from(raw, at)
                 if min(dims) < 0 or math.prod(dims) != count:
                     raise _Damaged(f"field {name!r}: shapes disagree with list lengths")
                 return array.reshape(dims)
