@@ -41,6 +41,7 @@ _RECORD_BATCH = 3  # MessageHeader.RecordBatch in Arrow's Message.fbs
 _U16, _I32, _U32, _I64 = (struct.Struct(f) for f in ("<H", "<i", "<I", "<q"))
 _OFFSETS = struct.Struct("<2q")
 _pread = os.pread  # (tests count the pages read)
+_FIRST_READ = 4096
 
 
 def readable_alone(shard: ShardInfo, local: bool) -> bool:
@@ -184,7 +185,9 @@ class RowDecoder:
         fd = os.open(path, os.O_RDONLY)
         try:
             pages = _Pages(fd, shard, verify)
-            data, at = pages.get(start, min(8, end - start))
+            # The pages holding the metadata's first 4 KiB: most often its metadata and the
+            # offsets of the first list columns too, in one pread.
+            data, at = pages.get(start, min(_FIRST_READ, end - start))
             length = _I32.unpack_from(data, at + 4)[0] if end - start >= 8 else -1
             if data[at:at + 4] != _CONTINUATION or not 0 < length <= end - start - 8:
                 raise _Damaged("no IPC message starts there")
