@@ -40,6 +40,7 @@ import numpy as np
 import snapcache as sc
 from benchmarks.bench_resume import example
 from benchmarks.loopback_s3 import loopback_s3
+from benchmarks.report import load_average
 from snapcache.options import ReadOptions
 
 START, END = "<!-- access-benchmarks:start -->", "<!-- access-benchmarks:end -->"
@@ -326,25 +327,28 @@ def s3_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
 # Written with the numbers of the run that produced docs/benchmarks.md; revisit after changes.
 WHY = """What decides each column:
 
-- **cold, local (missed against Mosaic)**: Mosaic's first `dataset[i]` reads that one sample
-  (3 KB) from the shard file and decodes it, checking nothing. snapcache's first `snap[i]`
-  reads the sample's record batch alone (one `pread`; the manifest, read at open, says where it
-  lies), checks its xxh3 against the manifest, validates its Arrow structure (offsets in bounds,
-  no nulls, the schema) and the row's tensor shape, and decodes that one row: the guarantee
-  every read path keeps (no unverified bytes are returned), at record batch granularity. With
-  the default record batches (a quarter of the 4 MiB shard: 1 MiB, 256 examples) reading and
-  hashing the batch is half the time; with 64 KiB record batches
-  (`snapshot(record_batch_size=64 << 10)`) what is left is Python-level work per access
-  (~0.3 ms on this loaded machine). Skipping the checks (`verify=False` skips only the
-  checksum) is not offered. Counting the open (open + cold), snapcache is ahead of both.
+- **cold, local**: Mosaic's first `dataset[i]` reads that one sample (3 KB) from the shard
+  file and decodes it, checking nothing. snapcache's first `snap[i]` reads only pages of the
+  sample's record batch (`pread`s of 16 KiB pages here: the one holding the batch's IPC
+  metadata and the image's offsets, the one holding the image, the one holding its shape and
+  label), checks each page's xxh3 against the manifest's page checksums (raw shards record one
+  per page, at most 64 a record batch and 256 a shard), parses the record batch metadata
+  (field nodes, buffers) itself, bounds-checks the row's offsets and shape against their
+  buffers, and decodes the row from the pages: no byte returned unverified, without reading
+  or hashing the other 255 rows' bytes. Before page checksums it read and hashed the whole
+  1 MiB record batch and validated it with Arrow (0.75 ms). Everything that does not depend on
+  `i` (the manifest, the row decoder compiled from the schema, the record batches' first rows
+  as a list) is prepared by `open_snapshot`, which stays cheaper than the peers' open. With
+  64 KiB record batches the pages are 16 KiB too (a shard holds at most 256 page checksums),
+  so a first row reads about as much as with the default.
 - **cold, S3 (met)**: snapcache's first `snap[i]` is one ranged GET of the record batch (the
   manifest came at open); Mosaic downloads the whole shard (4 MiB), LitData makes a range GET
   of the example but through its own slower path. Open on S3 is mostly creating the S3 client
   (s3fs/aiobotocore for snapcache, boto3 for the peers; 0.15-1 s each here, varying run to
   run), then a LIST of the root and the manifest GET for snapcache, the index GET for the
   peers; open + cold is within noise of Mosaic.
-- **warm**: the first row of a record batch decodes that row alone and keeps the verified
-  batch; its second row decodes the whole batch once into zero-copy views, which stay within
+- **warm**: the first row of a record batch decodes that row alone; its second row reads and
+  verifies the whole record batch and decodes it once into zero-copy views, which stay within
   half the read budget (`ReadOptions.prefetch_bytes`, by default a share of RAM up to 256 MiB,
   so all of this data): a later row is an index. The warm pass (every 97th example) touches
   every 1 MiB record batch but only one in five 64 KiB ones, so in the 64 KiB rows a warm
@@ -385,7 +389,8 @@ def verdicts(rows: list[dict]) -> list[str]:
 
 def report(args, rows: list[dict], elapsed: float) -> str:
     L = [START, "", "## Random access against LitData and Mosaic streaming", "",
-         f"`{args.command}` (took {elapsed:.0f} s; 2 cores shared with other jobs). "
+         f"`{args.command}` (took {elapsed:.0f} s; 2 cores shared with other jobs, load "
+         f"average {args.load} at the start, {load_average()} at the end). "
          f"{args.examples} examples local, {args.s3_examples} on the loopback S3 server (moto, "
          "as the tests use), of a 32x32x3 uint8 noise image and a label, in ~4 MiB shards, "
          "uncompressed in all three. Same random indices for every system; every read checks "
@@ -446,6 +451,7 @@ def main(argv=None) -> None:
     args.command = "python -m benchmarks.bench_access" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]) if a != "--no-write")
     warnings.filterwarnings("ignore")
+    args.load = load_average()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="snapcache-access-") as workdir:
         rows = local_rows(os.path.join(workdir, "local"), args.examples, args.cold, args.warm)

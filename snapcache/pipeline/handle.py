@@ -304,10 +304,14 @@ class Snapshot:
 
     def __getitem__(self, index: int) -> Any:
         """Example ``index`` (negative counts from the end). The first example of a record
-        batch reads that record batch alone and checks it against its checksum in the
-        manifest (snapshots written before batch checksums were recorded load and verify the whole shard);
-        the batch is then kept decoded, within the read budget."""
-        return self._row_access()[index]
+        batch reads only what it needs: on local disk the pages holding it, each checked
+        against its checksum in the manifest (raw shards; docs/format.md "Page checksums"),
+        else that record batch alone, checked against its checksum (snapshots written before
+        batch checksums were recorded load and verify the whole shard). A second example of
+        the record batch reads and verifies it whole and keeps it decoded, within the read
+        budget: later ones are an index."""
+        rows = self._rows  # indexed when the handle was opened (open_snapshot)
+        return (rows if rows is not None else self._row_access())[index]
 
     def take(self, indices: Sequence[int]) -> list:
         """The examples at ``indices``, in that order; each record batch decoded once."""

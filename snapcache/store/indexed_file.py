@@ -9,7 +9,10 @@ Example::
     writer = IndexedFileWriter(sink, schema, codec=None)
     writer.write_batch(batch)
     writer.close(); sink.close()
-    sink.hash.hexdigest(), writer.offsets, writer.checksums
+    sink.hash.hexdigest(), writer.offsets, writer.checksums, sink.pages()
+
+With a ``page_size`` the sink also checksums the file page by page (``ShardInfo.page_checksums``,
+docs/format.md "Page checksums"): what lets a reader of one row verify only the bytes it reads.
 """
 
 from __future__ import annotations
@@ -22,15 +25,34 @@ import xxhash
 from snapcache.errors import StoreError
 
 _HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
+PAGES_PER_BATCH = 64   # page checksums a record batch (of the writer's target size), at most
+PAGES_PER_SHARD = 256  # and a shard (of the writer's target size), at most
+MIN_PAGE = 4 << 10
+
+
+def page_size_for(batch_bytes: int, shard_bytes: int = 0) -> int:
+    """The page size of a shard of about ``shard_bytes`` whose record batches hold about
+    ``batch_bytes``: the smallest power of two of at least 4 KiB giving at most
+    :data:`PAGES_PER_BATCH` pages a record batch and :data:`PAGES_PER_SHARD` a shard, so that
+    a row read alone reads a few pages instead of its record batch while the manifest grows
+    by at most 4 KiB (16 hex digits a page) a shard."""
+    size = MIN_PAGE
+    while size * PAGES_PER_BATCH < batch_bytes or size * PAGES_PER_SHARD < shard_bytes:
+        size *= 2
+    return size
 
 
 class HashingSink:
     """A write-only file wrapper that checksums and counts what passes through it: as a whole
     (:attr:`hash`), and, past the Arrow IPC file's header (its magic and schema message), piece
-    by piece (:meth:`piece`, one record batch each)."""
+    by piece (:meth:`piece`, one record batch each); with a ``page_size``, also page by page
+    (:meth:`pages`)."""
 
-    def __init__(self, raw: Any):
+    def __init__(self, raw: Any, page_size: int | None = None):
         self._raw = raw
+        self.page_size = page_size
+        self._page = xxhash.xxh3_64()
+        self._pages: list[str] = []
         self.hash = xxhash.xxh3_64()
         self._piece = xxhash.xxh3_64()
         self.size = 0
@@ -46,6 +68,8 @@ class HashingSink:
         skip = max(0, min(view.nbytes, (self.header_end or 1 << 62) - self.size))
         if skip < view.nbytes:
             self._piece.update(view[skip:])
+        if self.page_size:
+            self._hash_pages(view)
         self._raw.write(view)
         self.size += view.nbytes
         return view.nbytes
@@ -60,6 +84,25 @@ class HashingSink:
             raise StoreError("pyarrow wrote an Arrow IPC file without the continuation "
                              "marker; upgrade pyarrow (snapcache needs the 0.15+ IPC format)")
         self.header_end = _HEADER_PREFIX + int.from_bytes(self._head[12:16], "little")
+
+    def _hash_pages(self, view: memoryview) -> None:
+        size, done = self.page_size, 0
+        while done < view.nbytes:
+            room = size - (self.size + done) % size  # bytes left in the current page
+            part = view[done:done + room]
+            self._page.update(part)
+            done += part.nbytes
+            if part.nbytes == room:
+                self._pages.append(self._page.hexdigest())
+                self._page.reset()
+
+    def pages(self) -> str | None:
+        """The xxh3_64 of each ``page_size`` bytes of what was written (the last page may be
+        shorter), 16 hex digits each, concatenated; None without a page size."""
+        if not self.page_size:
+            return None
+        tail = [self._page.hexdigest()] if self.size % self.page_size else []
+        return "".join(self._pages + tail)
 
     def piece(self) -> str:
         """The xxh3_64 of what was written past the header since the last call."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -66,6 +67,13 @@ class ShardInfo:
     batch_checksums: tuple[str, ...] | None = None
     """The xxh3_64 (16 hex digits) of each record batch's bytes: what lets a reader of one row
     (``snap[i]``) fetch and verify one record batch instead of the whole shard."""
+    page_size: int | None = None
+    page_checksums: str | None = None
+    """The xxh3_64 of each ``page_size`` bytes of the file (the last page may be shorter), 16
+    hex digits each, concatenated; None in snapshots written before they were recorded and in
+    compressed shards: what lets a reader of one row on local disk read and verify only the
+    pages holding that row and its record batch's metadata (docs/format.md, "Page
+    checksums")."""
 
     def __post_init__(self) -> None:
         for name in ("batch_rows", "batch_offsets", "batch_checksums"):
@@ -80,10 +88,14 @@ class ShardInfo:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for name in ("batch_offsets", "batch_checksums"):
+        for name in ("batch_offsets", "batch_checksums", "page_size", "page_checksums"):
             if d[name] is None:  # snapshots of older writers: keep their manifests as they were
                 d.pop(name)
         return d
+
+    def page_checksum(self, page: int) -> str:
+        """The xxh3_64 (16 hex digits) of page ``page`` of the file."""
+        return self.page_checksums[16 * page:16 * page + 16]  # type: ignore[index]
 
 
 @dataclass(frozen=True)
@@ -274,11 +286,32 @@ def _shard(doc: Any, index: int, bad) -> ShardInfo:
         raise bad(f"shard {path!r}: compression {compression!r} is not one of "
                   f"{', '.join(SHARD_COMPRESSIONS)}")
     offsets, checksums = _batch_index(doc, path, batch_rows, bad)
+    page_size, pages = _pages(doc, path, bad) if offsets is not None else (None, None)
     return ShardInfo(path=path, rows=doc["rows"], bytes=doc["bytes"], checksum=checksum,
                      raw_bytes=raw if isinstance(raw, int) and raw >= 0 else 0,
                      batch_rows=tuple(batch_rows) if batch_rows is not None else None,
                      compression=compression, batch_offsets=offsets,
-                     batch_checksums=checksums)
+                     batch_checksums=checksums, page_size=page_size, page_checksums=pages)
+
+
+_HEX = re.compile("[0-9a-f]*")
+
+
+def _pages(doc: dict, path: str, bad) -> tuple[int | None, str | None]:
+    """A shard's page size and page checksums, validated: both or neither, 16 hex digits for
+    each page of the file (they are used with the record batch index only)."""
+    size, pages = doc.get("page_size"), doc.get("page_checksums")
+    if size is None and pages is None:
+        return None, None
+    if not (isinstance(size, int) and not isinstance(size, bool) and size > 0
+            and isinstance(pages, str)):
+        raise bad(f"shard {path!r}: page_size and page_checksums must both be given, a "
+                  "positive int and a string")
+    count = -(-doc["bytes"] // size)
+    if len(pages) != 16 * count or not _HEX.fullmatch(pages):
+        raise bad(f"shard {path!r}: page_checksums must be {count} {CHECKSUM_ALGORITHM} "
+                  f"digests (16 hex digits each, one per {size} bytes of the file)")
+    return size, pages
 
 
 _MAGIC_BYTES = 8  # an Arrow IPC file starts with "ARROW1" and padding

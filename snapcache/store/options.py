@@ -47,6 +47,12 @@ class WriteOptions:
     the next is written (each held in memory, or a local temporary file when large, until
     stored)."""
 
+    @property
+    def batch_target(self) -> int:
+        """Target bytes of one record batch: ``record_batch_size``, and at most a quarter of a
+        shard (a shard holds several record batches)."""
+        return min(self.record_batch_size, max(1, self.shard_size // 4))
+
     def __post_init__(self) -> None:
         if self.compression is None:  # as every peer spells "no compression"
             object.__setattr__(self, "compression", "none")

@@ -11,6 +11,7 @@ is used, as every read path does.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,6 +24,8 @@ from snapcache.errors import CorruptSnapshotError
 from snapcache.store.batched_read import as_columns, open_sequential, read_budget
 from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Layout
+from snapcache.store.reader import way_out
+from snapcache.store.row_read import RowDecoder, read_row, readable_alone
 
 if TYPE_CHECKING:
     from snapcache.store.reader import SnapshotReader
@@ -318,7 +321,9 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
 
 
 class RowAccess:
-    """Random access to the rows of a committed snapshot. The first row of a record batch
+    """Random access to the rows of a committed snapshot. The first row of a record batch of a
+    raw local shard with page checksums reads and verifies only the pages holding it
+    (:mod:`snapcache.store.row_read`); elsewhere the first row of a record batch
     reads that record batch alone and checks it against its checksum in the manifest (or, in
     snapshots written before those were recorded, loads and verifies its whole shard, then
     kept open, least recently used first out, within half of ``budget`` bytes), decodes it
@@ -346,6 +351,8 @@ class RowAccess:
             collections.OrderedDict()
         self._held = 0
         self._lock = threading.Lock()
+        self._count = self.layout.num_rows
+        self._alone = _PageRows.of(self.reader, self.layout)
 
     def __getstate__(self) -> dict:
         # A copy in another process (a DataLoader worker started with spawn) opens its own
@@ -357,9 +364,11 @@ class RowAccess:
         self._setup()
 
     def __len__(self) -> int:
-        return self.layout.num_rows
+        return self._count
 
     def _index(self, i: Any) -> int:
+        if type(i) is int and 0 <= i < self._count:
+            return i
         if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
             raise TypeError(f"a snapshot is indexed by int; got {type(i).__name__}")
         n = len(self)
@@ -385,9 +394,10 @@ class RowAccess:
             entry = self._batches.get(key)
             if entry is not None:
                 self._batches.move_to_end(key)
-                if not isinstance(entry[0], _Read):
+                if not isinstance(entry[0], _Read) and entry[0] is not _SEEN:
                     return entry[0]
-        batch = load() if entry is None else entry[0].checked()
+        batch = entry[0].checked() if entry is not None and isinstance(entry[0], _Read) \
+            else load()
         getter = self.reader._decoder.row_reader(batch)
         self._keep(key, getter, batch.nbytes)
         return getter
@@ -403,7 +413,17 @@ class RowAccess:
                 self._held -= self._batches.popitem(last=False)[1][1]
 
     def __getitem__(self, i: Any) -> Any:
-        key, load, k = self._locate(self._index(i))
+        row = i if type(i) is int and 0 <= i < self._count else self._index(i)
+        alone = self._alone
+        if alone is not None:  # raw local shards with page checksums: see _PageRows
+            b = bisect.bisect_right(alone.starts, row) - 1
+            key = alone.keys[b]
+            if key is not None and key not in self._batches:
+                value = alone.read(key, row - alone.starts[b])
+                with self._lock:
+                    self._batches.setdefault(key, (_SEEN, 0))
+                return value
+        key, load, k = self._locate(row)
         if isinstance(load, _Alone):
             with self._lock:
                 known = key in self._batches
@@ -447,3 +467,40 @@ class _Read:
 
     def checked(self) -> pa.RecordBatch:
         return self.load.reader.check_batch(self.load.shard, self.load.index, self.batch)
+
+
+_SEEN = object()
+"""What :class:`RowAccess` keeps of a record batch one row of which was read alone, page by
+page: the batch itself is still to read (whole) and verify."""
+
+
+class _PageRows:
+    """The first row read from a record batch of a raw local shard with page checksums: read
+    page by page, only what it needs (:mod:`snapcache.store.row_read`). Everything that does
+    not depend on the row is prepared when the snapshot is opened: the row decoder compiled
+    from the schema, the record batches' first rows and (shard, record batch) keys as lists."""
+
+    def __init__(self, reader: "SnapshotReader", layout: Layout, usable: list[bool]):
+        self.reader = reader
+        self.decoder = RowDecoder(reader.schema)  # type: ignore[arg-type]
+        self.starts = layout.start.tolist()
+        self.keys = [(s, j) if j >= 0 and usable[s] else None
+                     for s, j in zip(layout.shard.tolist(), layout.batch.tolist())]
+        self.paths = [reader.storage.full(shard.path) if ok else ""
+                      for shard, ok in zip(reader.manifest.shards, usable)]
+
+    @classmethod
+    def of(cls, reader: "SnapshotReader", layout: Layout) -> "_PageRows | None":
+        """For ``reader``'s snapshot if any of its shards can be read that way, else None."""
+        if reader.schema is None or not reader.storage.local:
+            return None
+        usable = [readable_alone(shard, True) for shard in reader.manifest.shards]
+        return cls(reader, layout, usable) if any(usable) else None
+
+    def read(self, key: tuple[int, int], k: int) -> Any:
+        index, batch = key
+        reader = self.reader
+        shard = reader.manifest.shards[index]
+        return read_row(self.decoder, self.paths[index], shard, batch, k,
+                        verify=reader.verify,
+                        names=lambda: (reader.where(shard), way_out(reader.storage)))

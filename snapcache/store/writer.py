@@ -23,7 +23,7 @@ from snapcache.store.options import WriteOptions
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
-from snapcache.store.indexed_file import HashingSink, IndexedFileWriter
+from snapcache.store.indexed_file import HashingSink, IndexedFileWriter, page_size_for
 from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
@@ -172,8 +172,14 @@ class _ShardFile:
         return self.spool
 
     def _open(self, schema: pa.Schema, compression: str) -> None:
-        self.sink = HashingSink(self._output())
+        # Pages checksummed one by one (ShardInfo.page_checksums) serve rows read alone, only
+        # from raw shards: a compressed buffer is decompressed whole.
+        self.sink = HashingSink(self._output(), self.page_size if compression == "none" else None)
         self.writer = IndexedFileWriter(self.sink, schema, _codec(compression, self.options))
+
+    @property
+    def page_size(self) -> int:
+        return page_size_for(self.options.batch_target, self.options.shard_size)
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
         self.writer.write_batch(batch)
@@ -193,7 +199,8 @@ class _ShardFile:
                          raw_bytes=self.raw_bytes, batch_rows=tuple(self.batch_rows),
                          compression=self.compression,
                          batch_offsets=tuple(self.writer.offsets),
-                         batch_checksums=tuple(self.writer.checksums))
+                         batch_checksums=tuple(self.writer.checksums),
+                         page_size=self.sink.page_size, page_checksums=self.sink.pages())
 
     def _rewrite_raw(self) -> None:
         """The shard's later batches did not compress like its first: store it raw if that
@@ -202,7 +209,7 @@ class _ShardFile:
             self.storage.read_bytes(self.tmp)
         table = pa.ipc.open_file(pa.py_buffer(written)).read_all()
         buffer = io.BytesIO()
-        raw = HashingSink(buffer)
+        raw = HashingSink(buffer, self.page_size)
         writer = IndexedFileWriter(raw, table.schema, None)
         for batch in table.to_batches():
             writer.write_batch(batch)
@@ -267,9 +274,7 @@ class SnapshotWriter:
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._uploads: Uploads | None = None  # remote: finished shards uploading
         self._state = "open"
-        # A shard holds several record batches, so batches stay well below the shard size.
-        self._batch_target = min(self.options.record_batch_size,
-                                 max(1, self.options.shard_size // 4))
+        self._batch_target = self.options.batch_target
         self._batch_rows: int | None = None
 
     @property

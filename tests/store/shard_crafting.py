@@ -60,6 +60,10 @@ def replace_shard(storage, data: bytes, *, fix_checksum: bool = True) -> None:
         index = batch_index(data, len(shard["batch_rows"]))
         if index is not None:  # so that random access reads these batches alone too
             shard["batch_offsets"], shard["batch_checksums"] = index
+        if "page_size" in shard:  # and a first row its pages alone
+            size = shard["page_size"]
+            shard["page_checksums"] = "".join(xxhash.xxh3_64(data[a:a + size]).hexdigest()
+                                              for a in range(0, len(data), size))
         with open(os.path.join(storage.url, "manifest.json"), "w") as f:
             json.dump(doc, f)
 

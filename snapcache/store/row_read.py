@@ -1,0 +1,316 @@
+"""One row of a raw shard on local disk, read alone: only the pages that hold it.
+
+A shard written with page checksums (:attr:`ShardInfo.page_checksums
+<snapcache.store.manifest.ShardInfo.page_checksums>`, docs/format.md "Page checksums") lets a
+reader of one row (``snap[i]``) verify what it reads page by page instead of a whole record
+batch: the pages holding the record batch's IPC metadata, then those holding each byte range
+the row is decoded from (its list offsets, values, shape, scalars). Each page is read once
+(``pread``) and checked against its checksum before any byte of it is used; the metadata is
+parsed only once verified, and every offset, length and shape the row reads is checked
+against the buffer it lies in (the buffers against the message body) before anything is read
+through it, so that no byte reaches the caller unverified and no read leaves the record
+batch. Other rows' bytes are not read, so not checked: the second row read from a record
+batch reads and verifies the batch whole (:meth:`SnapshotReader.read_batch
+<snapcache.store.reader.SnapshotReader.read_batch>`).
+
+The row is decoded straight from the pages, without Arrow: :class:`RowDecoder` is compiled
+once from the schema (which IPC field nodes and buffers hold each field, in the order Arrow
+lays a record batch out) and reads the record batch message's flatbuffer metadata itself (its
+field nodes and buffer locations), so a first ``snap[i]`` on a freshly opened snapshot costs a
+few ``pread`` calls and little Python. Rows equal :meth:`Decoder.rows
+<snapcache.store.codec.Decoder.rows>`' (``tests/store/test_row_read.py`` checks every field
+kind), as read-only arrays over the page bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from typing import Any, Callable
+
+import numpy as np
+import xxhash
+
+from snapcache.errors import CorruptSnapshotError
+from snapcache.store.manifest import ShardInfo
+from snapcache.store.schema import Schema, storage_dtype
+
+_CONTINUATION = b"\xff\xff\xff\xff"
+_RECORD_BATCH = 3  # MessageHeader.RecordBatch in Arrow's Message.fbs
+_U16, _I32, _U32, _I64 = (struct.Struct(f) for f in ("<H", "<i", "<I", "<q"))
+_OFFSETS = struct.Struct("<2q")
+_pread = os.pread  # (tests count the pages read)
+_FIRST_READ = 4096
+
+
+def readable_alone(shard: ShardInfo, local: bool) -> bool:
+    """Whether a row of ``shard`` can be read alone, page by page: a raw shard on local disk
+    whose manifest entry has page checksums and the record batch index."""
+    return local and shard.page_checksums is not None and shard.compression == "none" \
+        and shard.batch_checksums is not None and shard.batch_rows is not None
+
+
+class _Damaged(Exception):
+    """Raised inside a row read; reported as CorruptSnapshotError naming the record batch."""
+
+
+class _Pages:
+    """Pages of one shard file read on demand, each checked against its checksum: runs of
+    whole pages, each one ``pread``."""
+
+    def __init__(self, fd: int, shard: ShardInfo, verify: bool):
+        self.fd, self.shard, self.verify = fd, shard, verify
+        self.runs: list[tuple[int, int, bytes]] = []
+
+    def get(self, a: int, n: int) -> tuple[bytes, int]:
+        """(a verified buffer, the position in it of file byte ``a``), holding ``n`` bytes."""
+        for lo, hi, data in self.runs:
+            if lo <= a and a + n <= hi:
+                return data, a - lo
+        size, total = self.shard.page_size, self.shard.bytes
+        lo, hi = a - a % size, min(a + n + (-(a + n)) % size, total)
+        data = _pread(self.fd, hi - lo, lo)
+        if len(data) != hi - lo:
+            raise _Damaged("the shard is shorter than the manifest says")
+        if self.verify:
+            view = memoryview(data)
+            for at in range(lo, hi, size):
+                page = at // size
+                actual = xxhash.xxh3_64(view[at - lo:at - lo + size]).hexdigest()
+                if actual != self.shard.page_checksums[16 * page:16 * page + 16]:  # type: ignore
+                    raise _Damaged(
+                        f"page {page} (bytes {at}-{min(at + size, total)}) has checksum "
+                        f"{actual} != {self.shard.page_checksum(page)} in the manifest")
+        self.runs.append((lo, hi, data))
+        return data, a - lo
+
+
+class _Table:
+    """A flatbuffer table in ``meta`` at ``pos``: its fields' positions (None if absent)."""
+
+    def __init__(self, meta: memoryview, pos: int):
+        if pos < 0:
+            raise _Damaged("the message metadata is malformed")
+        vtable = pos - _I32.unpack_from(meta, pos)[0]
+        if vtable < 0:
+            raise _Damaged("the message metadata is malformed")
+        self.meta, self.pos, self.vtable = meta, pos, vtable
+        self.size = _U16.unpack_from(meta, vtable)[0]
+
+    def field(self, i: int) -> int | None:
+        at = 4 + 2 * i
+        if at + 2 > self.size:
+            return None
+        offset = _U16.unpack_from(self.meta, self.vtable + at)[0]
+        return self.pos + offset if offset else None
+
+    def table(self, i: int) -> "_Table | None":
+        at = self.field(i)
+        return None if at is None else _Table(self.meta, at + _U32.unpack_from(self.meta, at)[0])
+
+    def int64(self, i: int) -> int:
+        at = self.field(i)
+        return 0 if at is None else _I64.unpack_from(self.meta, at)[0]
+
+    def pairs(self, i: int, vector: struct.Struct) -> tuple[int, ...]:
+        """A vector of 16-byte structs of two int64 (FieldNode, Buffer), flattened: as many as
+        ``vector`` reads (``<2nq``), or _Damaged."""
+        at = self.field(i)
+        if at is None:
+            raise _Damaged("the message metadata is malformed")
+        at += _U32.unpack_from(self.meta, at)[0]
+        if _U32.unpack_from(self.meta, at)[0] * 16 != vector.size:
+            raise _Damaged("the record batch does not have the snapshot's columns")
+        return vector.unpack_from(self.meta, at + 4)
+
+
+def _record_batch(meta: memoryview, nodes: struct.Struct, buffers: struct.Struct
+                  ) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
+    """(rows, body length, field nodes, buffers) of a record batch message's metadata."""
+    root = _U32.unpack_from(meta, 0)[0]
+    message = _Table(meta, root)
+    kind = message.field(1)
+    if kind is None or meta[kind] != _RECORD_BATCH:
+        raise _Damaged("an IPC message of another type where a record batch belongs")
+    header = message.table(2)
+    if header is None:
+        raise _Damaged("the message metadata is malformed")
+    if header.field(3) is not None:
+        raise _Damaged("its buffers are compressed, the manifest says the shard is not")
+    return header.int64(0), message.int64(3), header.pairs(1, nodes), header.pairs(2, buffers)
+
+
+class RowDecoder:
+    """Decodes one row of a record batch of ``schema`` from a shard's pages (see the module
+    docstring); compiled once, when a snapshot is opened."""
+
+    def __init__(self, schema: Schema):
+        self.structure, self.names = schema.structure, tuple(f.name for f in schema.fields)
+        self.fields: list[tuple] = []
+        self.top: list[int] = []  # the field nodes of the columns (one per row each)
+        node = buffer = 0
+        for spec in schema.fields:
+            dtype = np.dtype(spec.dtype) if spec.dtype else None
+            self.top.append(node)
+            if spec.kind == "tensor":
+                storage, factor = storage_dtype(dtype)
+                # large_list: validity, offsets; its values: validity, data
+                shape = None
+                node, buffer, offsets, values = node + 2, buffer + 4, buffer + 1, buffer + 3
+                if spec.ndim >= 2:  # "<name>.shape": fixed_size_list (validity); int32 values
+                    self.top.append(node)
+                    node, buffer, shape = node + 2, buffer + 3, buffer + 2
+                dims = struct.Struct(f"<{spec.ndim}i")
+                self.fields.append(("tensor", spec.name, dtype, storage, factor, spec.ndim,
+                                    offsets, values, shape, dims))
+            elif spec.kind == "scalar":
+                storage, factor = storage_dtype(dtype)
+                if factor == 1:  # a primitive (bool: a bitmap): validity, data
+                    node, buffer, data = node + 1, buffer + 2, buffer + 1
+                else:  # complex: fixed_size_list (validity); its values: validity, data
+                    node, buffer, data = node + 2, buffer + 3, buffer + 2
+                self.fields.append(("scalar", spec.name, dtype, storage, factor, spec.python,
+                                    data))
+            else:  # large_string / large_binary: validity, offsets, data
+                self.fields.append((spec.kind, spec.name, buffer + 1, buffer + 2))
+                node, buffer = node + 1, buffer + 3
+        self.nodes = struct.Struct(f"<{2 * node}q")      # the field nodes: length, nulls
+        self.buffers = struct.Struct(f"<{2 * buffer}q")  # the buffers: offset, length
+
+    def read(self, path: str, shard: ShardInfo, index: int, k: int, verify: bool) -> Any:
+        """Row ``k`` of record batch ``index`` of ``shard`` (the local file ``path``);
+        :class:`_Damaged` on any mismatch (the caller names the shard)."""
+        start, end = shard.batch_offsets[index], shard.batch_offsets[index + 1]  # type: ignore
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            pages = _Pages(fd, shard, verify)
+            # The pages holding the metadata's first 4 KiB: most often its metadata and the
+            # offsets of the first list columns too, in one pread.
+            data, at = pages.get(start, min(_FIRST_READ, end - start))
+            length = _I32.unpack_from(data, at + 4)[0] if end - start >= 8 else -1
+            if data[at:at + 4] != _CONTINUATION or not 0 < length <= end - start - 8:
+                raise _Damaged("no IPC message starts there")
+            data, at = pages.get(start + 8, length)
+            rows, body_length, nodes, buffers = _record_batch(
+                memoryview(data)[at:at + length], self.nodes, self.buffers)
+            body = start + 8 + length
+            if rows != shard.batch_rows[index] or not 0 <= k < rows:  # type: ignore[index]
+                raise _Damaged(f"it has {rows} rows, the manifest says "
+                               f"{shard.batch_rows[index]}")  # type: ignore[index]
+            if body_length < 0 or body + body_length > end:
+                raise _Damaged("its body is longer than the record batch")
+            if any(nodes[2 * n] != rows for n in self.top) or any(nodes[1::2]):
+                raise _Damaged("its columns' lengths or null counts are wrong")
+            for b in range(0, len(buffers), 2):
+                if buffers[b] < 0 or buffers[b + 1] < 0 or \
+                        buffers[b] + buffers[b + 1] > body_length:
+                    raise _Damaged("a buffer lies outside the message body")
+            values = [self._field(field, pages, body, buffers, k) for field in self.fields]
+        finally:
+            os.close(fd)
+        if self.structure == "single":
+            return values[0]
+        if self.structure == "tuple":
+            return tuple(values)
+        return dict(zip(self.names, values))
+
+    @staticmethod
+    def _field(field: tuple, pages: _Pages, body: int, buffers: tuple[int, ...], k: int
+               ) -> Any:
+        kind, name = field[0], field[1]
+        if kind == "scalar":
+            _, _, dtype, storage, factor, python, data = field
+            offset, size = buffers[2 * data], buffers[2 * data + 1]
+            if dtype.kind == "b":
+                if k // 8 >= size:
+                    raise _Damaged(f"field {name!r}: a buffer is shorter than its array")
+                raw, at = pages.get(body + offset + k // 8, 1)
+                value = bool((raw[at] >> (k % 8)) & 1)
+                return value if python else np.bool_(value)
+            width = storage.itemsize * factor
+            if (k + 1) * width > size:
+                raise _Damaged(f"field {name!r}: a buffer is shorter than its array")
+            raw, at = pages.get(body + offset + k * width, width)
+            one = np.frombuffer(raw, storage, factor, at).view(dtype)
+            return one.tolist()[0] if python else one[0]
+        if kind == "tensor":
+            _, _, dtype, storage, factor, ndim, offsets, values, shape, dims_of = field
+            a, b = _bounds(name, pages, body, buffers, offsets, k)
+            if (b - a) % factor:
+                raise _Damaged(f"field {name!r}: a list length is not a multiple of {factor}")
+            offset, size = buffers[2 * values], buffers[2 * values + 1]
+            width = storage.itemsize
+            if b * width > size:
+                raise _Damaged(f"field {name!r}: a buffer is shorter than its array")
+            if b > a:
+                raw, at = pages.get(body + offset + a * width, (b - a) * width)
+                array = np.frombuffer(raw, storage, b - a, at).view(dtype)
+            else:
+                array = np.empty(0, storage).view(dtype)
+                array.setflags(write=False)
+            count = (b - a) // factor
+            if ndim >= 2:
+                offset, size = buffers[2 * shape], buffers[2 * shape + 1]
+                if (k + 1) * ndim * 4 > size:
+                    raise _Damaged(f"field {name!r}: a buffer is shorter than its array")
+                raw, at = pages.get(body + offset + k * ndim * 4, ndim * 4)
+                dims = dims_of.unpack_from(raw, at)
+                if min(dims) < 0 or math.prod(dims) != count:
+                    raise _Damaged(f"field {name!r}: shapes disagree with list lengths")
+                return array.reshape(dims)
+            if ndim == 0:
+                if count != 1:
+                    raise _Damaged(f"field {name!r}: a 0-d array with several elements")
+                return array.reshape(())
+            return array
+        _, _, offsets, data = field  # str, bytes
+        a, b = _bounds(name, pages, body, buffers, offsets, k)
+        offset, size = buffers[2 * data], buffers[2 * data + 1]
+        if b > size:
+            raise _Damaged(f"field {name!r}: a buffer is shorter than its array")
+        value = b""
+        if b > a:
+            raw, at = pages.get(body + offset + a, b - a)
+            value = bytes(raw[at:at + b - a])
+        if kind == "bytes":
+            return value
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Damaged(f"field {name!r}: a string is not UTF-8") from None
+
+
+def _bounds(name: str, pages: _Pages, body: int, buffers: tuple[int, ...], offsets: int,
+            k: int) -> tuple[int, int]:
+    """Row ``k``'s [start, end) in a list column's values, from its offsets buffer."""
+    offset, size = buffers[2 * offsets], buffers[2 * offsets + 1]
+    if (k + 2) * 8 > size:
+        raise _Damaged(f"field {name!r}: a buffer is shorter than its array")
+    raw, at = pages.get(body + offset + 8 * k, 16)
+    a, b = _OFFSETS.unpack_from(raw, at)
+    if a < 0 or b < a:
+        raise _Damaged(f"field {name!r}: list offsets decrease or are negative")
+    return a, b
+
+
+def read_row(decoder: RowDecoder, path: str, shard: ShardInfo, index: int, k: int, *,
+             verify: bool, names: Callable[[], tuple[str, str]]) -> Any:
+    """Example ``k`` of record batch ``index`` of ``shard`` (the local file ``path``), reading
+    and verifying only the pages it needs; CorruptSnapshotError if anything is missing,
+    damaged or inconsistent, naming the shard and the way out (``names()``: how errors name
+    the shard, and what to do; asked only then)."""
+    try:
+        return decoder.read(path, shard, index, k, verify)
+    except FileNotFoundError:
+        where, way_out = names()
+        raise CorruptSnapshotError(f"{where} record batch {index}: the shard is missing "
+                                   f"({path}). {way_out}") from None
+    except _Damaged as e:
+        where, way_out = names()
+        raise CorruptSnapshotError(f"{where} is corrupt: record batch {index}: {e}. "
+                                   f"{way_out}") from None
+    except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as e:
+        where, way_out = names()
+        raise CorruptSnapshotError(f"{where} is corrupt: record batch {index} is damaged "
+                                   f"({type(e).__name__}: {e}). {way_out}") from None

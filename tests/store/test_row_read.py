@@ -1,0 +1,290 @@
+"""A first row read from a raw local shard reads and verifies only its pages: the writer records
+each page's checksum (raw shards only), the row decoded straight from the pages equals the row
+read in order for every field kind, a damaged page or inconsistent metadata is refused naming
+the shard, and a second row of the same record batch reads and verifies the batch whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import snapcache as sc
+from snapcache.store import row_read
+from snapcache.store.codec import Encoder, Schema, infer_schema
+from snapcache.store.fs import Storage
+from snapcache.store.indexed_file import HashingSink, IndexedFileWriter, page_size_for
+from snapcache.store.manifest import ShardInfo
+from snapcache.store.ordered_read import RowAccess
+from snapcache.store.reader import SnapshotReader
+from tests.equality import assert_same_example
+from tests.store.test_codec import example_lists
+
+
+def example(i):
+    """About 3 KB of noise, a shape, a label and a string: several record batches a shard."""
+    image = np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    return {"image": image, "label": np.int64(i), "name": f"n{i}" * (i % 3)}
+
+
+def build(root, n=400, **kw):
+    kw = {"shard_size": 256 << 10, "record_batch_size": 32 << 10, **kw}
+    ds = sc.Dataset.range(n).map(example).snapshot(root, progress=False, **kw)
+    assert sum(1 for _ in ds) == n
+    snap = sc.open_snapshot(root)
+    return snap, Storage(snap.url)
+
+
+class Reads:
+    """Every pread of a row read alone, and every other read of a shard."""
+
+    def __init__(self, monkeypatch):
+        self.preads: list[tuple[int, int]] = []
+        self.others: list[tuple] = []
+        real = os.pread
+        monkeypatch.setattr(row_read, "_pread", lambda fd, n, at: (
+            self.preads.append((at, n)), real(fd, n, at))[1])
+        real_range = Storage.read_range
+        monkeypatch.setattr(Storage, "read_range", lambda s, rel, a, b: (
+            self.others.append((rel, a, b)), real_range(s, rel, a, b))[1])
+        monkeypatch.setattr(Storage, "map_file", lambda *a, **k: 1 / 0)
+
+
+def first_rows(snap):
+    """(row, shard, record batch, row in it) of a few rows: firsts, middles and lasts."""
+    out, row = [], 0
+    for index, shard in enumerate(snap.shards):
+        for j, rows in enumerate(shard.batch_rows):
+            if (index + j) % 3 == 0:
+                out.append((row + rows // 2, index, j, rows // 2))
+            row += rows
+    return out + [(len(snap) - 1, len(snap.shards) - 1, len(snap.shards[-1].batch_rows) - 1,
+                   snap.shards[-1].batch_rows[-1] - 1)]
+
+
+def test_the_writer_checksums_the_pages_of_raw_shards_only(tmp_path):
+    snap, storage = build(str(tmp_path / "raw"))
+    assert len(snap.shards) > 2
+    for shard in snap.shards:
+        data = storage.read_bytes(shard.path)
+        assert shard.compression == "none" and shard.page_size == page_size_for(32 << 10, 256 << 10)
+        size = shard.page_size
+        assert shard.page_checksums == "".join(
+            xxhash.xxh3_64(data[a:a + size]).hexdigest() for a in range(0, len(data), size))
+    zeros = sc.Dataset.range(300).map(lambda i: np.zeros(1000, np.uint8)).snapshot(
+        str(tmp_path / "zstd"), progress=False, compression="zstd", shard_size=256 << 10)
+    assert sum(1 for _ in zeros) == 300
+    packed = sc.open_snapshot(str(tmp_path / "zstd"))
+    assert all(s.compression == "zstd" and s.page_checksums is None for s in packed.shards)
+    assert "page_checksums" not in json.dumps(packed.manifest.to_json())
+    assert int(packed[7].sum()) == 0  # read its record batch whole, as before
+
+
+def test_a_first_row_reads_only_its_pages(tmp_path, monkeypatch):
+    snap, storage = build(str(tmp_path))
+    reads = Reads(monkeypatch)
+    for row, index, j, k in first_rows(snap):
+        fresh = sc.open_snapshot(str(tmp_path))
+        reads.preads.clear()
+        assert_same_example(example(row), fresh[row])
+        shard = snap.shards[index]
+        size = shard.page_size
+        batch = shard.batch_offsets[j + 1] - shard.batch_offsets[j]
+        assert reads.preads and all(at % size == 0 for at, _ in reads.preads)
+        assert sum(n for _, n in reads.preads) < batch, (reads.preads, batch)
+    assert reads.others == []
+
+
+def test_the_second_row_of_a_record_batch_reads_it_whole_then_rows_are_indexed(
+        tmp_path, monkeypatch):
+    snap, storage = build(str(tmp_path))
+    reads = Reads(monkeypatch)
+    shard = snap.shards[1]
+    first = snap.shards[0].rows + shard.batch_rows[0]  # record batch 1 of shard 1
+    assert_same_example(example(first + 2), snap[first + 2])
+    assert reads.others == []
+    assert_same_example(example(first), snap[first])
+    assert reads.others == [(shard.path, shard.batch_offsets[1], shard.batch_offsets[2])]
+    count = len(reads.preads)
+    assert_same_example(example(first + 1), snap[first + 1])
+    assert len(reads.others) == 1 and len(reads.preads) == count
+
+
+def test_take_across_shards_and_every_row_alone_equal_rows_in_order(tmp_path):
+    snap, storage = build(str(tmp_path))
+    everything = list(snap.reader())
+    order = [int(i) for i in np.random.default_rng(2).permutation(len(snap))[:60]]
+    fresh = sc.open_snapshot(str(tmp_path))
+    for e, got in zip([everything[i] for i in order], fresh.take(order), strict=True):
+        assert_same_example(e, got)
+    assert len({fresh._rows._locate(i)[0][0] for i in order}) == len(snap.shards)
+    reader = SnapshotReader.open(storage)
+    for i in order[:30]:  # a fresh handle each: every row is the first of its record batch
+        assert_same_example(everything[i], RowAccess(reader)[i])
+    assert_same_example(everything[-1], RowAccess(reader)[-1])
+
+
+def flip(storage, shard, at):
+    path = os.path.join(storage.root, shard.path)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x20]))
+
+
+def test_a_flipped_byte_in_the_rows_pages_is_refused_naming_the_shard(tmp_path):
+    snap, storage = build(str(tmp_path))
+    shard, j = snap.shards[0], 1
+    row = shard.batch_rows[0] + 3
+    start = shard.batch_offsets[j]
+    rows = RowAccess(SnapshotReader.open(storage))
+    image = rows[row]["image"]  # where row's image lies in the file: its page is read alone
+    flip(storage, shard, start + 8)  # the record batch's metadata
+    with pytest.raises(sc.CorruptSnapshotError, match=r"record batch 1: page \d+ .*checksum") \
+            as info:
+        sc.open_snapshot(str(tmp_path))[row]
+    message = str(info.value)
+    assert shard.path in message and "snapcache purge --root" in message
+    flip(storage, shard, start + 8)  # undone
+    assert_same_example(example(row), sc.open_snapshot(str(tmp_path))[row])
+    data = storage.read_bytes(shard.path)
+    at = data.find(image.tobytes(), start)
+    assert start < at < shard.batch_offsets[j + 1]
+    flip(storage, shard, at + 100)  # the row's own image
+    with pytest.raises(sc.CorruptSnapshotError, match=r"record batch 1: page \d+ .*checksum"):
+        sc.open_snapshot(str(tmp_path))[row]
+    assert_same_example(example(0), sc.open_snapshot(str(tmp_path))[0])  # batch 0 is intact
+
+
+def test_damage_in_another_rows_page_is_found_by_the_second_row(tmp_path):
+    """A first row verifies only what it reads; the batch's second row verifies it whole."""
+    snap, storage = build(str(tmp_path))
+    shard = snap.shards[0]
+    rows = shard.batch_rows[0]
+    data = storage.read_bytes(shard.path)
+    last = example(rows - 1)["image"].tobytes()
+    at = data.find(last, shard.batch_offsets[0])
+    flip(storage, shard, at + 100)  # in the last row's image, pages away from row 0's
+    fresh = sc.open_snapshot(str(tmp_path))
+    assert (at + 100) // shard.page_size > (shard.batch_offsets[0] + 8 + 3072 * 2) \
+        // shard.page_size
+    assert_same_example(example(0), fresh[0])
+    with pytest.raises(sc.CorruptSnapshotError, match=r"record batch 0 is corrupt: checksum"):
+        fresh[1]
+    with pytest.raises(sc.CorruptSnapshotError, match=r"record batch 0: page"):
+        sc.open_snapshot(str(tmp_path))[rows - 1]
+
+
+def manifest_doc(storage):
+    return json.loads(storage.read_bytes("manifest.json"))
+
+
+def write_manifest(storage, doc):
+    storage.write_atomic("manifest.json", json.dumps(doc).encode())
+
+
+def test_a_record_batch_slot_holding_the_schema_message_is_refused(tmp_path):
+    snap, storage = build(str(tmp_path))
+    doc = manifest_doc(storage)
+    doc["shards"][0]["batch_offsets"][0] = 8  # the schema message (pages still match)
+    write_manifest(storage, doc)
+    with pytest.raises(sc.CorruptSnapshotError, match="record batch 0: an IPC message of "
+                                                      "another type"):
+        sc.open_snapshot(str(tmp_path))[0]
+
+
+@pytest.mark.parametrize("change,problem", [
+    ({"page_size": "12"}, "must both be given"),
+    ({"page_size": None}, "must both be given"),
+    ({"page_size": 0}, "must both be given"),
+    ({"page_checksums": "00"}, "page_checksums must be"),
+    ({"page_checksums": "x"}, "page_checksums must be"),
+])
+def test_malformed_page_checksums_are_a_corrupt_manifest(tmp_path, change, problem):
+    snap, storage = build(str(tmp_path))
+    doc = manifest_doc(storage)
+    shard = doc["shards"][0]
+    for key, value in change.items():
+        if value is None:
+            del shard[key]
+        elif value == "x":
+            shard[key] = "x" + shard[key][1:]
+        else:
+            shard[key] = value
+    write_manifest(storage, doc)
+    fresh = sc.open_snapshot(str(tmp_path))
+    assert fresh.state == "corrupt" and problem in fresh.problem, fresh.problem
+
+
+def test_a_manifest_without_page_checksums_reads_record_batches_as_before(tmp_path,
+                                                                           monkeypatch):
+    snap, storage = build(str(tmp_path))
+    doc = manifest_doc(storage)
+    for shard in doc["shards"]:
+        del shard["page_size"], shard["page_checksums"]
+    write_manifest(storage, doc)
+    reads = Reads(monkeypatch)
+    old = sc.open_snapshot(str(tmp_path))
+    assert_same_example(example(5), old[5])
+    assert reads.preads == [] and len(reads.others) == 1
+
+
+def test_a_missing_shard_is_named(tmp_path):
+    snap, storage = build(str(tmp_path))
+    os.unlink(os.path.join(storage.root, snap.shards[0].path))
+    with pytest.raises(sc.CorruptSnapshotError, match="the shard is missing"):
+        sc.open_snapshot(str(tmp_path))[0]
+
+
+# -- every field kind, pages of any size --------------------------------------------------------
+def _shard_file(path: str, examples: list[Any], split: int, page_size: int
+                ) -> tuple[Schema, ShardInfo]:
+    schema = infer_schema(examples[0])
+    encoder = Encoder(schema)
+    sink = HashingSink(open(path, "wb"), page_size)
+    writer = IndexedFileWriter(sink, schema.arrow_schema(), None)
+    rows = []
+    for part in (examples[:split], examples[split:]):
+        if part:
+            for e in part:
+                encoder.add(e)
+            writer.write_batch(encoder.flush())
+            rows.append(len(part))
+    writer.close()
+    sink.close()
+    stored = Schema.from_json(json.loads(json.dumps(encoder.observed_schema().to_json())))
+    return stored, ShardInfo(path=os.path.basename(path), rows=len(examples), bytes=sink.size,
+                             checksum="xxh3_64:" + sink.hash.hexdigest(), batch_rows=tuple(rows),
+                             compression="none", batch_offsets=tuple(writer.offsets),
+                             batch_checksums=tuple(writer.checksums), page_size=page_size,
+                             page_checksums=sink.pages())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(examples=example_lists(), data=st.data())
+def test_rows_decoded_from_pages_equal_rows_decoded_by_arrow(examples, data):
+    split = data.draw(st.integers(0, len(examples)), label="split")
+    page_size = data.draw(st.sampled_from([8, 24, 64, 512, 4096]), label="page size")
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "shard.arrow")
+        schema, shard = _shard_file(path, examples, split, page_size)
+        decoder = row_read.RowDecoder(schema)
+        row, names = 0, lambda: ("shard", "way out")
+        for index, count in enumerate(shard.batch_rows):
+            for k in range(count):
+                got = row_read.read_row(decoder, path, shard, index, k, verify=True,
+                                        names=names)
+                assert_same_example(examples[row], got)
+                for value in (got.values() if isinstance(got, dict) else
+                              got if isinstance(got, tuple) else [got]):
+                    if isinstance(value, np.ndarray):
+                        assert not value.flags.writeable
+                row += 1
