@@ -35,6 +35,9 @@ node) until the copy is in place, so every other user of the key still waits for
 it. Nothing is left half-done by that: a process exiting waits for its copies (they are
 bounded in size), a process killed leaves a temporary file that is cleaned like any other, and
 a forked child starts with no lock of its parent's threads (see :func:`_after_fork_in_child`).
+A process started by :mod:`multiprocessing` (a DataLoader worker) ends with ``os._exit``,
+which would abandon copies still being written, so there a copy is written before ``get``
+returns, as without ``copy_in_background``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -131,7 +135,8 @@ class ShardCache:
         """The bytes of ``key``: the cached copy if there is one of ``size`` bytes, else
         ``fetch()``'s result, kept for next time if it has ``size`` bytes and fits the limit.
         ``copy_in_background``: a fetched file of up to :data:`BACKGROUND_COPY_BYTES` is
-        returned at once, its copy written by a background thread (see the module's notes)."""
+        returned at once, its copy written by a background thread (not in processes started
+        by multiprocessing; see the module's notes)."""
         path = self._path(key)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"size must be a non-negative int, got {size!r}")
@@ -153,7 +158,8 @@ class ShardCache:
                 return pa.py_buffer(data)
             if size > self.limit_bytes:
                 return pa.py_buffer(data)
-            if copy_in_background and size <= BACKGROUND_COPY_BYTES:
+            if copy_in_background and size <= BACKGROUND_COPY_BYTES and \
+                    multiprocessing.parent_process() is None:
                 self._copy_later(key, path, data, entry, fd)
                 entry = fd = None  # the copy releases them
                 return pa.py_buffer(data)

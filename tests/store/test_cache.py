@@ -403,3 +403,23 @@ def test_a_process_exiting_finishes_its_background_copies(tmp_path):
     cache = ShardCache(tmp_path, 1 << 30)
     assert cached_keys(cache) == {"fp/s"}
     assert cache.get("fp/s", 256 * 40000, Fetcher(b"")).to_pybytes() == bytes(range(256)) * 40000
+
+
+def test_a_multiprocessing_child_writes_its_copies_before_get_returns(tmp_path):
+    """A DataLoader worker ends with os._exit, which would abandon a copy being written: in a
+    process started by multiprocessing the copy is in place when ``get`` returns."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    process = context.Process(target=_copy_in_a_child, args=(str(tmp_path),))
+    process.start()
+    process.join(300)
+    assert process.exitcode == 0
+    assert cached_keys(ShardCache(tmp_path, 1 << 20)) == {"fp/child"}
+
+
+def _copy_in_a_child(directory: str) -> None:
+    cache = ShardCache(directory, 1 << 20)
+    cache.get("fp/child", 3000, Fetcher(payload("fp/child", 3000)), copy_in_background=True)
+    if cached_keys(cache) != {"fp/child"}:
+        os._exit(3)
