@@ -610,12 +610,14 @@ def bounds(rows) -> list[str]:
                 continue
             up, peer_up = ups.get("snapcache"), ups.get(best["system"])
             gb = ours["payload"] / 1e9
+            # the start-ups' CPU: one run each, whose wall time swings with the load
             L.append(
                 f"- {workload} {phase} missed: snapcache {ours['seconds']:.2f} s"
-                + (f", of which its S3 client's start-up is about {up['seconds']:.2f} s"
+                + (f", of which its S3 client's start-up is about {up['cpu_s']:.2f} CPU s"
                    if up else "")
                 + f"; {best['system']} {best['seconds']:.2f} s"
-                + (f" (its S3 client's start-up {peer_up['seconds']:.2f} s)" if peer_up else "")
+                + (f" (its S3 client's start-up {peer_up['cpu_s']:.2f} CPU s)"
+                   if peer_up else "")
                 + f". Client CPU {ours['cpu_s'] / gb:.1f} vs {best['cpu_s'] / gb:.1f} s/GB, "
                 f"server CPU {ours['server_cpu_s']:.2f} vs {best['server_cpu_s']:.2f} s. "
                 f"The target asks for {best['seconds'] / factor:.2f} s.")
