@@ -1,5 +1,6 @@
-"""Snapshots on S3 (a loopback moto server): requests, time and CPU per phase, for snapcache and
-(when installed in the bench venv) LitData and MosaicML streaming.
+"""Snapshots on S3 against LitData and MosaicML streaming: requests, time and CPU per phase.
+
+On a loopback moto server; the peers when installed in the bench venv.
 
     python -m benchmarks.bench_s3 [--scale 1.0] [--systems snapcache,litdata,mosaic]
                                   [--workers 0,2] [--workloads image,token]
