@@ -44,8 +44,8 @@ _IMPORT_LOCK = threading.Lock()
 _UNUSED_TLS_BACKEND = "urllib3.contrib.pyopenssl"
 
 
-def import_s3fs() -> None:
-    """Import s3fs (fsspec would on the first ``s3://`` URL) without what it does not use.
+def import_s3fs(url: str) -> None:
+    """For an ``s3://`` URL, import s3fs (fsspec would) without what it does not use.
 
     botocore's ``httpsession`` imports ``urllib3.contrib.pyopenssl`` only to take the standard
     library's ``SSLContext`` back out of it, and that module imports pyOpenSSL and
@@ -54,7 +54,7 @@ def import_s3fs() -> None:
     class from ``urllib3.util.ssl_``; the entry is removed again at once, so any later import
     of it works as usual. A process that already imported it is left alone. An ImportError
     (s3fs missing) is raised as fsspec would raise it."""
-    if "s3fs" in sys.modules:
+    if not url.startswith(("s3://", "s3a://")) or "s3fs" in sys.modules:
         return
     with _IMPORT_LOCK:
         if "s3fs" in sys.modules:
