@@ -33,8 +33,9 @@ import tempfile
 import time
 
 from benchmarks.loopback_s3 import loopback_s3
+from benchmarks.report import command_line, markers, publish, target_rows, verdict
 
-START, END = "<!-- delta-benchmark:start -->", "<!-- delta-benchmark:end -->"
+START, END = markers("delta-benchmark")
 MAP_SECONDS = 0.005
 
 
@@ -248,10 +249,6 @@ def render_parquet(p: dict | None) -> str:
         f"{p['delta_s']:.2f} s for the run. Load average {p['load']:.1f}.\n")
 
 
-def verdict(met: bool) -> str:
-    return "**met**" if met else "**MISSED**"
-
-
 def render(g: dict, b: dict, s3: dict | None = None, p: dict | None = None) -> str:
     calls_pct = 100 * g["delta_calls"] / g["full_calls"]
     time_pct = 100 * g["delta_s"] / g["full_s"]
@@ -289,8 +286,23 @@ def render(g: dict, b: dict, s3: dict | None = None, p: dict | None = None) -> s
            f"requests** and {s3['other_requests']} other requests ({s3['seconds']:.1f} s): one "
            "request per 1,000 keys, none per object, so 100 for 100,000 files.\n" if s3 else
            "\nThe S3 part did not run (moto or s3fs missing).\n")
-        + render_parquet(p)
+        + render_parquet(p) + "\n"
+        + "\n".join(target_rows(targets(g, b))) + "\n"
         + f"{END}\n")
+
+
+def targets(g: dict, b: dict) -> list[tuple[str, str, bool]]:
+    calls_pct = 100 * g["delta_calls"] / g["full_calls"]
+    time_pct = 100 * g["delta_s"] / g["full_s"]
+    return [
+        ("delta run: <= 2% of the full build's map calls", f"{calls_pct:.1f}%",
+         calls_pct <= 2),
+        ("delta run: <= 5% of the full build's time", f"{time_pct:.1f}%", time_pct <= 5),
+        (f"fingerprint of {b['files']:,} files in a fresh process: < 1 s",
+         f"{b['fingerprint_s']:.2f} s", b["fingerprint_s"] < 1),
+        ("manifest of that version: < 2 MB", f"{b['manifest_bytes'] / 1e6:.2f} MB",
+         b["manifest_bytes"] < 2e6),
+    ]
 
 
 def main() -> None:
@@ -305,31 +317,26 @@ def main() -> None:
         return
     if sys.argv[1:2] == ["--render"]:  # the doc section from a run's JSON lines
         lines = [json.loads(line) for line in open(sys.argv[2]).read().splitlines()[:4]]
-        from benchmarks.run_all import write_doc
-
-        write_doc(render(*lines), START, END)
+        publish(render(*lines), START, END, write=True)
         return
-    args = sys.argv[1:]
-    files = int(args[args.index("--files") + 1]) if "--files" in args else 10_000
-    big = int(args[args.index("--big") + 1]) if "--big" in args else 100_000
-    g = growth(files)
+    parser = command_line(__doc__)
+    parser.add_argument("--files", type=int, default=10_000)
+    parser.add_argument("--big", type=int, default=100_000)
+    # moto stores ~60 objects/s here: 100,000 would take half an hour to create, so the S3
+    # part lists fewer (the request count is one per 1,000 keys whatever the total).
+    parser.add_argument("--s3-files", type=int, default=5_000)
+    parser.add_argument("--no-s3", action="store_true")
+    parser.add_argument("--parquet-files", type=int, default=8)
+    args = parser.parse_args(sys.argv[1:])
+    g = growth(args.files)
     print(json.dumps(g), file=sys.stderr)
-    b = big_source(big)
+    b = big_source(args.big)
     print(json.dumps(b), file=sys.stderr)
-    # moto stores ~60 objects/s here: 100,000 would take half an hour to create, so the S3 part
-    # lists fewer (the request count is one per 1,000 keys whatever the total).
-    s3_files = int(args[args.index("--s3-files") + 1]) if "--s3-files" in args else 5_000
-    s3 = s3_listing(s3_files) if "--no-s3" not in args else None
+    s3 = s3_listing(args.s3_files) if not args.no_s3 else None
     print(json.dumps(s3), file=sys.stderr)
-    pq_files = int(args[args.index("--parquet-files") + 1]) if "--parquet-files" in args else 8
-    p = parquet_units(pq_files)
+    p = parquet_units(args.parquet_files)
     print(json.dumps(p), file=sys.stderr)
-    text = render(g, b, s3, p)
-    print(text)
-    if "--write-doc" in args:
-        from benchmarks.run_all import write_doc
-
-        write_doc(text, START, END)
+    publish(render(g, b, s3, p), START, END, write=args.write)
 
 
 if __name__ == "__main__":

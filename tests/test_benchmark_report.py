@@ -30,3 +30,29 @@ def test_command_line_and_targets():
     rows = report.target_rows([("x >= 2x y", "3 vs 1 = 3.00x", True), ("z", "not measured", None)])
     assert rows == ["| target | measured | |", "|---|---|---|",
                     "| x >= 2x y | 3 vs 1 = 3.00x | **met** |", "| z | not measured | **MISSED** |"]
+
+
+def test_the_s3_benchmark_counts_the_fastest_of_each_systems_runs():
+    """bench_s3: repeated phases keep every run and count the fastest, for every system alike;
+    a target compares snapcache's best setting with the faster peer's."""
+    from benchmarks import bench_s3
+
+    assert bench_s3._repeat("image=2,token=1") == {"image": 2, "token": 1}
+
+    def run(seconds, total=1):
+        return {"seconds": seconds, "cpu_s": 0.1, "server_cpu_s": 0.0,
+                "requests": {"total": total, "GET": total}}
+
+    rows = [bench_s3._row("image", "snapcache", "cold", 0, 10**8, 10, [run(1.5), run(1.0)]),
+            bench_s3._row("image", "snapcache", "cold", 2, 10**8, 10, [{"error": "boom"},
+                                                                      run(3.0)]),
+            bench_s3._row("image", "litdata", "cold", 0, 10**8, 10, [run(2.4), run(2.2)]),
+            bench_s3._row("image", "mosaic", "cold", 2, 10**8, 10, [run(1.9), run(2.5)]),
+            bench_s3._row("image", "snapcache", "warm", 0, 10**8, 10, [run(0.1, total=2)])]
+    assert rows[0]["seconds"] == 1.0 and rows[0]["runs"] == [1.5, 1.0]
+    assert rows[1]["seconds"] == 3.0 and rows[1]["runs"] == [None, 3.0]
+    found = {what: (measured, ok) for what, measured, ok in bench_s3.targets(rows)}
+    measured, ok = found["image cold: >= 2x the faster peer"]
+    assert "vs mosaic 1.90 s (workers 2) = 1.90x" in measured and ok is False
+    assert found["image warm epoch, workers 0: <= 1 request"][1] is False
+    assert found["image build: no slower than the faster peer"][1] is None  # not measured

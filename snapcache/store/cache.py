@@ -27,6 +27,17 @@ the copies are of remote files, so eviction never removes the only copy of anyth
 Copies are not fsynced: a copy truncated by a crash is caught by its size on the next ``get``
 and fetched again; readers still verify checksums, and call :meth:`ShardCache.discard` to drop a
 copy that fails them.
+
+A reader on its critical path asks ``get(..., copy_in_background=True)``: a fetched file of up
+to :data:`BACKGROUND_COPY_BYTES` is returned from memory at once and written into the folder
+by a background thread of the cache, which holds the key's locks (in the process and on the
+node) until the copy is in place, so every other user of the key still waits for it and finds
+it. Nothing is left half-done by that: a process exiting waits for its copies (they are
+bounded in size), a process killed leaves a temporary file that is cleaned like any other, and
+a forked child starts with no lock of its parent's threads (see :func:`_after_fork_in_child`).
+A process started by :mod:`multiprocessing` (a DataLoader worker) ends with ``os._exit``,
+which would abandon copies still being written, so there a copy is written before ``get``
+returns, as without ``copy_in_background``.
 """
 
 from __future__ import annotations
@@ -34,10 +45,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import multiprocessing
 import os
 import threading
 import time
 import uuid
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -52,6 +67,10 @@ PART_SUFFIX = ".part"
 STALE_PART_SECONDS = 3600.0  # a temporary file this old belongs to a writer that died
 LOCK_STRIPES = 64
 """Lock files shared by all keys (a key's is picked by a hash): bounded, never deleted."""
+BACKGROUND_COPY_BYTES = 256 << 20
+"""A fetched file up to this size may be returned from memory while its copy is written in the
+background (``copy_in_background``); a larger one is copied first and memory-mapped, so that a
+process does not keep a large file in its own memory while it reads it."""
 
 
 @dataclass(frozen=True)
@@ -97,47 +116,101 @@ class ShardCache:
         os.makedirs(self._root, exist_ok=True)
         self._lock = threading.Lock()
         self._key_locks: dict[str, list] = {}   # key -> [lock, number of users]
+        self._node_fds: set[int] = set()         # lock files held (flock) by this process
+        self._copier: ThreadPoolExecutor | None = None
+        self._copier_pid = 0
+        self._copies_pending: list[Future] = []
         self._last_stamp_ns = 0
         self._remove_stale_parts()
         with self._lock:
             self._evict()
+        _CACHES.add(self)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.directory!r}, limit_bytes={self.limit_bytes})"
 
     # -- public API ----------------------------------------------------------------------------
-    def get(self, key: str, size: int, fetch: Callable[[], bytes]) -> pa.Buffer:
+    def get(self, key: str, size: int, fetch: Callable[[], bytes], *,
+            copy_in_background: bool = False) -> pa.Buffer:
         """The bytes of ``key``: the cached copy if there is one of ``size`` bytes, else
-        ``fetch()``'s result, kept for next time if it has ``size`` bytes and fits the limit."""
+        ``fetch()``'s result, kept for next time if it has ``size`` bytes and fits the limit.
+        ``copy_in_background``: a fetched file of up to :data:`BACKGROUND_COPY_BYTES` is
+        returned at once, its copy written by a background thread (not in processes started
+        by multiprocessing; see the module's notes)."""
         path = self._path(key)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"size must be a non-negative int, got {size!r}")
-        with self._key_locked(key):
+        entry = self._lock_key(key)
+        fd = None
+        try:
             buffer = self._open_copy(path, size)
             if buffer is not None:
                 return buffer
-            with self._node_locked(key):  # another process may be fetching it right now
-                buffer = self._open_copy(path, size)
-                if buffer is not None:
-                    return buffer
-                return self._fetch_and_store(key, path, size, fetch)
+            fd = self._lock_node(key)  # another process may be fetching it right now
+            buffer = self._open_copy(path, size)
+            if buffer is not None:
+                return buffer
+            data = fetch()
+            if len(data) != size:
+                # the remote file is not what the caller expected (it will say so): not cached
+                log.debug("shard cache: %s fetched %d bytes, expected %d; not cached",
+                          key, len(data), size)
+                return pa.py_buffer(data)
+            if size > self.limit_bytes:
+                return pa.py_buffer(data)
+            if copy_in_background and size <= BACKGROUND_COPY_BYTES and \
+                    multiprocessing.parent_process() is None:
+                self._copy_later(key, path, data, entry, fd)
+                entry = fd = None  # the copy releases them
+                return pa.py_buffer(data)
+            self._copy(path, data)
+            buffer = self._open_copy(path, size)
+            # evicted at once by a concurrent process filling the cache: serve from memory
+            return buffer if buffer is not None else pa.py_buffer(data)
+        finally:
+            if fd is not None:
+                self._unlock_node(fd)
+            if entry is not None:
+                self._unlock_key(key, entry)
 
-    def _fetch_and_store(self, key: str, path: str, size: int,
-                         fetch: Callable[[], bytes]) -> pa.Buffer:
-        data = fetch()
-        if len(data) != size:
-            # the remote file is not what the caller expected (it will say so): not cached
-            log.debug("shard cache: %s fetched %d bytes, expected %d; not cached",
-                      key, len(data), size)
-            return pa.py_buffer(data)
-        if size > self.limit_bytes:
-            return pa.py_buffer(data)
+    def _copy(self, path: str, data: bytes) -> None:
         self._store(path, data)
         with self._lock:
             self._evict()
-        buffer = self._open_copy(path, size)
-        # evicted at once by a concurrent process filling the cache: serve from memory
-        return buffer if buffer is not None else pa.py_buffer(data)
+
+    def _copy_later(self, key: str, path: str, data: bytes, entry: list, fd: int) -> None:
+        """Write the copy of ``key`` on the cache's background thread, then release the key's
+        locks (taken by the caller and handed over)."""
+        def copy() -> None:
+            try:
+                self._copy(path, data)
+            except Exception as e:  # noqa: BLE001 - the copy is an optimisation: reads go on
+                log.warning("shard cache: could not keep a copy of %s in %s: %s", key,
+                            self.directory, e)
+            finally:
+                self._unlock_node(fd)
+                self._unlock_key(key, entry)
+
+        with self._lock:
+            if self._copier is None or self._copier_pid != os.getpid():
+                self._copier = ThreadPoolExecutor(1, thread_name_prefix="snapcache-cache-copy")
+                self._copier_pid = os.getpid()
+            copier = self._copier
+            self._copies_pending = [f for f in self._copies_pending if not f.done()]
+        try:
+            future = copier.submit(copy)
+        except RuntimeError:  # the interpreter is shutting down: copy now
+            copy()
+            return
+        with self._lock:
+            self._copies_pending.append(future)
+
+    def wait_for_copies(self, timeout: float | None = None) -> bool:
+        """Wait until the copies being written in the background are in place; False on
+        timeout."""
+        with self._lock:
+            pending = list(self._copies_pending)
+        return not futures_wait(pending, timeout).not_done
 
     def peek(self, key: str, size: int) -> pa.Buffer | None:
         """The cached copy of ``key`` if there is a complete one, without fetching it."""
@@ -151,6 +224,7 @@ class ShardCache:
 
     def clear(self) -> None:
         """Remove every copy (and temporary file) the cache made; nothing else."""
+        self.wait_for_copies()
         with self._lock:
             for copy in self._copies():
                 _remove(copy.path)
@@ -166,32 +240,66 @@ class ShardCache:
     def _path(self, key: str) -> str:
         return os.path.join(self._root, *validate_key(key)) + SUFFIX
 
-    @contextlib.contextmanager
-    def _node_locked(self, key: str) -> Iterator[None]:
-        """An exclusive lock on ``key`` among the processes of this machine (``flock``)."""
+    def _lock_node(self, key: str) -> int:
+        """Take an exclusive lock on ``key`` among the processes of this machine (``flock``
+        on one of the lock files); the descriptor to give :meth:`_unlock_node`."""
         stripe = xxhash.xxh3_64_intdigest(key.encode()) % LOCK_STRIPES
         lock_dir = os.path.join(self._root, "locks")
         os.makedirs(lock_dir, exist_ok=True)
         fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._node_fds.add(fd)
+        return fd
 
-    @contextlib.contextmanager
-    def _key_locked(self, key: str) -> Iterator[None]:
+    def _unlock_node(self, fd: int) -> None:
+        with self._lock:
+            if fd not in self._node_fds:  # closed by a fork's reset: not ours any more
+                return
+            self._node_fds.discard(fd)
+        os.close(fd)  # releases the lock
+
+    def _lock_key(self, key: str) -> list:
+        """Take ``key``'s lock in this process; the entry to give :meth:`_unlock_key` (from
+        any thread)."""
         with self._lock:
             entry = self._key_locks.setdefault(key, [threading.Lock(), 0])
             entry[1] += 1
+        entry[0].acquire()
+        return entry
+
+    def _unlock_key(self, key: str, entry: list) -> None:
+        entry[0].release()
+        with self._lock:
+            entry[1] -= 1
+            if entry[1] == 0 and self._key_locks.get(key) is entry:
+                del self._key_locks[key]
+
+    @contextlib.contextmanager
+    def _key_locked(self, key: str) -> Iterator[None]:
+        entry = self._lock_key(key)
         try:
-            with entry[0]:
-                yield
+            yield
         finally:
-            with self._lock:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._key_locks[key]
+            self._unlock_key(key, entry)
+
+    def _after_fork_in_child(self) -> None:
+        """A forked child has none of its parent's other threads: drop the locks they held
+        (the node's lock files stay locked by the parent, whose descriptors are its own) and
+        the background copier (the parent finishes its copies)."""
+        self._lock = threading.Lock()
+        self._key_locks = {}
+        for fd in self._node_fds:
+            try:
+                os.close(fd)  # the child's duplicate only: the parent's lock is untouched
+            except OSError:
+                pass
+        self._node_fds = set()
+        self._copier, self._copier_pid, self._copies_pending = None, 0, []
 
     def _open_copy(self, path: str, size: int) -> pa.Buffer | None:
         """A memory map of the copy at ``path`` if it is complete, marked as just used."""
@@ -307,6 +415,17 @@ def _remove(path: str) -> bool:
 
 _shared: dict[tuple[str, int], ShardCache] = {}
 _shared_lock = threading.Lock()
+_CACHES: "weakref.WeakSet[ShardCache]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    for cache in list(_CACHES):
+        cache._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_cache(directory: str | os.PathLike, limit_bytes: int) -> ShardCache:

@@ -40,6 +40,7 @@ _INSTALL_HINTS = {
 
 def _filesystem(url: str, storage_options: dict | None) -> tuple[fsspec.AbstractFileSystem, str]:
     try:
+        fs_s3.import_s3fs(url)
         return url_to_fs(url, **(storage_options or {}))
     except ImportError as e:  # fsspec knows the protocol but its backend is missing
         protocol = url.split("://", 1)[0] if "://" in url else "file"

@@ -15,6 +15,8 @@ how many requests it makes, because on S3 requests are what a snapshot's phases 
 from __future__ import annotations
 
 import posixpath
+import sys
+import threading
 from typing import Any, NamedTuple
 
 import fsspec
@@ -36,6 +38,35 @@ class Upload(NamedTuple):
     path: str             # relative to the Storage
     upload_id: str
     initiated: float      # seconds since the epoch
+
+
+_IMPORT_LOCK = threading.Lock()
+_UNUSED_TLS_BACKEND = "urllib3.contrib.pyopenssl"
+
+
+def import_s3fs(url: str) -> None:
+    """For an ``s3://`` URL, import s3fs (fsspec would) without what it does not use.
+
+    botocore's ``httpsession`` imports ``urllib3.contrib.pyopenssl`` only to take the standard
+    library's ``SSLContext`` back out of it, and that module imports pyOpenSSL and
+    cryptography when they are installed: ~60 ms of the ~0.5 s a process's first S3 access
+    pays here. While s3fs is imported, that module reads as absent, so botocore takes the same
+    class from ``urllib3.util.ssl_``; the entry is removed again at once, so any later import
+    of it works as usual. A process that already imported it is left alone. An ImportError
+    (s3fs missing) is raised as fsspec would raise it."""
+    if not url.startswith(("s3://", "s3a://")) or "s3fs" in sys.modules:
+        return
+    with _IMPORT_LOCK:
+        if "s3fs" in sys.modules:
+            return
+        blocked = _UNUSED_TLS_BACKEND not in sys.modules
+        if blocked:
+            sys.modules[_UNUSED_TLS_BACKEND] = None  # type: ignore[assignment]
+        try:
+            import s3fs  # noqa: F401
+        finally:
+            if blocked and sys.modules.get(_UNUSED_TLS_BACKEND, 0) is None:
+                del sys.modules[_UNUSED_TLS_BACKEND]
 
 
 def is_s3(fs: fsspec.AbstractFileSystem, protocol: str) -> bool:

@@ -402,7 +402,8 @@ class SnapshotReader:
         try:
             if self._cached:
                 buffer = self.cache.get(self._cache_key(shard), shard.bytes,
-                                        lambda: self.storage.read_bytes(shard.path, shard.bytes))
+                                        lambda: self.storage.read_bytes(shard.path, shard.bytes),
+                                        copy_in_background=True)
             else:
                 buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
         except FileNotFoundError:

@@ -271,3 +271,155 @@ def test_threads_and_processes_sharing_a_folder_stay_within_the_limit(tmp_path):
     assert errors == []
     assert bytes_on_disk(tmp_path) <= 4000
     assert not [f for _, _, files in os.walk(tmp_path) for f in files if f.endswith(PART_SUFFIX)]
+
+
+# -- copies written in the background ---------------------------------------------------------
+class HeldCopies:
+    """Makes a cache's copies wait for :meth:`release` before they are written."""
+
+    def __init__(self, cache: ShardCache):
+        self.go = threading.Event()
+        store = cache._store
+
+        def held_store(path, data):
+            assert self.go.wait(120), "the test never released the copy"
+            store(path, data)
+
+        cache._store = held_store
+
+    def release(self) -> None:
+        self.go.set()
+
+
+def test_a_background_copy_returns_the_bytes_first_and_keeps_the_copy_after(tmp_path):
+    cache = ShardCache(tmp_path, 1 << 20)
+    held = HeldCopies(cache)
+    data = payload("fp/s", 5000)
+    fetch = Fetcher(data)
+    buffer = cache.get("fp/s", 5000, fetch, copy_in_background=True)
+    assert buffer.to_pybytes() == data and fetch.calls == 1
+    assert cached_keys(cache) == set()  # the copy is still held
+    held.release()
+    assert cache.wait_for_copies(timeout=120)
+    assert cached_keys(cache) == {"fp/s"}
+    again = Fetcher(data)
+    assert cache.get("fp/s", 5000, again).to_pybytes() == data and again.calls == 0
+
+
+def test_a_file_too_large_for_a_background_copy_is_copied_first(tmp_path, monkeypatch):
+    from snapcache.store import cache as cache_module
+    monkeypatch.setattr(cache_module, "BACKGROUND_COPY_BYTES", 1000)
+    cache = ShardCache(tmp_path, 1 << 20)
+    buffer, _ = get(cache, "fp/big", 1001)
+    assert cached_keys(cache) == {"fp/big"}
+    assert cache.get("fp/small", 1000, Fetcher(payload("fp/small", 1000)),
+                     copy_in_background=True).size == 1000
+
+
+def test_users_of_a_key_being_copied_wait_for_the_copy_instead_of_fetching(tmp_path):
+    """Another thread, another cache object on the folder (as another process): both wait for
+    the key's locks, which the background copy holds until the copy is in place."""
+    cache = ShardCache(tmp_path, 1 << 20)
+    held = HeldCopies(cache)
+    data = payload("fp/s", 5000)
+    cache.get("fp/s", 5000, Fetcher(data), copy_in_background=True)
+    fetches, results = [], []
+
+    def fail() -> bytes:
+        fetches.append(1)
+        return data
+
+    def use(c: ShardCache) -> None:
+        results.append(c.get("fp/s", 5000, fail).to_pybytes())
+
+    users = [threading.Thread(target=use, args=(c,)) for c in (cache, ShardCache(tmp_path, 1 << 20))]
+    for t in users:
+        t.start()
+    held.release()  # whenever the users got the locks, the copy was in place before
+    for t in users:
+        t.join()
+    assert results == [data, data] and fetches == []
+
+
+def test_discard_waits_for_a_background_copy_and_removes_it(tmp_path):
+    cache = ShardCache(tmp_path, 1 << 20)
+    held = HeldCopies(cache)
+    cache.get("fp/s", 500, Fetcher(payload("fp/s", 500)), copy_in_background=True)
+    done = threading.Event()
+    discarder = threading.Thread(target=lambda: (cache.discard("fp/s"), done.set()))
+    discarder.start()
+    held.release()
+    discarder.join()
+    assert done.is_set() and cached_keys(cache) == set()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_during_a_background_copy_holds_none_of_its_locks(tmp_path):
+    """A DataLoader worker forked while its parent writes a copy: the child gets the same key
+    (waiting for the parent's copy, never for locks of threads it does not have) and makes
+    copies of its own."""
+    import signal
+
+    cache = ShardCache(tmp_path, 1 << 20)
+    held = HeldCopies(cache)
+    data = payload("fp/s", 5000)
+    cache.get("fp/s", 5000, Fetcher(data), copy_in_background=True)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if everything holds
+        status = 1
+        try:
+            signal.alarm(120)  # a deadlock fails the test instead of hanging it
+            cache._store = ShardCache._store.__get__(cache)  # its copies are not held
+            fetch = Fetcher(data)
+            same = cache.get("fp/s", 5000, fetch).to_pybytes() == data and fetch.calls == 0
+            other = Fetcher(payload("fp/t", 700))
+            mine = cache.get("fp/t", 700, other, copy_in_background=True).size == 700
+            status = 0 if same and mine and cache.wait_for_copies(120) else 2
+        finally:
+            os._exit(status)
+    held.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cache.wait_for_copies(timeout=120)
+    assert cached_keys(cache) == {"fp/s", "fp/t"}
+
+
+def test_a_process_exiting_finishes_its_background_copies(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = textwrap.dedent("""
+        import sys
+        from snapcache.store.cache import ShardCache
+        cache = ShardCache(sys.argv[1], 1 << 30)
+        data = bytes(range(256)) * 40000
+        cache.get("fp/s", len(data), lambda: data, copy_in_background=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": root}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    cache = ShardCache(tmp_path, 1 << 30)
+    assert cached_keys(cache) == {"fp/s"}
+    assert cache.get("fp/s", 256 * 40000, Fetcher(b"")).to_pybytes() == bytes(range(256)) * 40000
+
+
+def test_a_multiprocessing_child_writes_its_copies_before_get_returns(tmp_path):
+    """A DataLoader worker ends with os._exit, which would abandon a copy being written: in a
+    process started by multiprocessing the copy is in place when ``get`` returns."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    process = context.Process(target=_copy_in_a_child, args=(str(tmp_path),))
+    process.start()
+    process.join(300)
+    assert process.exitcode == 0
+    assert cached_keys(ShardCache(tmp_path, 1 << 20)) == {"fp/child"}
+
+
+def _copy_in_a_child(directory: str) -> None:
+    cache = ShardCache(directory, 1 << 20)
+    cache.get("fp/child", 3000, Fetcher(payload("fp/child", 3000)), copy_in_background=True)
+    if cached_keys(cache) != {"fp/child"}:
+        os._exit(3)
