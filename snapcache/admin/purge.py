@@ -283,7 +283,7 @@ def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:
     # A delta snapshot's shards are shared by its versions: a file stays while any version
     # lists it (reference counting), whatever the newest version lists.
     listed = set(snap.referenced) if snap.referenced is not None else \
-        {shard.path for shard in snap.manifest.shards}
+        layout.with_pages(shard.path for shard in snap.manifest.shards)
     live_runs = {lease.owner for lease in snap.live_leases if lease.kind == "write"}
     live_files = {lease.name for lease in snap.live_leases}
     result = []

@@ -11,8 +11,9 @@ Example::
     writer.close(); sink.close()
     sink.hash.hexdigest(), writer.offsets, writer.checksums, sink.pages()
 
-With a ``page_size`` the sink also checksums the file page by page (``ShardInfo.page_checksums``,
-docs/format.md "Page checksums"): what lets a reader of one row verify only the bytes it reads.
+With a ``page_size`` the sink also checksums the file page by page (the table of
+``ShardInfo.pages_checksum``, docs/format.md "Page checksums"): what lets a reader of one row
+verify only the bytes it reads.
 """
 
 from __future__ import annotations
@@ -25,19 +26,17 @@ import xxhash
 from snapcache.errors import StoreError
 
 _HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
-PAGES_PER_BATCH = 64   # page checksums a record batch (of the writer's target size), at most
-PAGES_PER_SHARD = 256  # and a shard (of the writer's target size), at most
+PAGES_PER_BATCH = 64  # page checksums a record batch (of the writer's target size), at most
 MIN_PAGE = 4 << 10
 
 
-def page_size_for(batch_bytes: int, shard_bytes: int = 0) -> int:
-    """The page size of a shard of about ``shard_bytes`` whose record batches hold about
-    ``batch_bytes``: the smallest power of two of at least 4 KiB giving at most
-    :data:`PAGES_PER_BATCH` pages a record batch and :data:`PAGES_PER_SHARD` a shard, so that
-    a row read alone reads a few pages instead of its record batch while the manifest grows
-    by at most 4 KiB (16 hex digits a page) a shard."""
+def page_size_for(batch_bytes: int) -> int:
+    """The page size of a shard whose record batches hold about ``batch_bytes``: a power of two,
+    :data:`PAGES_PER_BATCH` pages a record batch (at least 4 KiB), so that a row read alone
+    reads a few pages instead of its record batch, and the page table (8 bytes a page, beside
+    the shard) is about 0.05% of the shard."""
     size = MIN_PAGE
-    while size * PAGES_PER_BATCH < batch_bytes or size * PAGES_PER_SHARD < shard_bytes:
+    while size * PAGES_PER_BATCH < batch_bytes:
         size *= 2
     return size
 
@@ -52,7 +51,7 @@ class HashingSink:
         self._raw = raw
         self.page_size = page_size
         self._page = xxhash.xxh3_64()
-        self._pages: list[str] = []
+        self._pages: list[bytes] = []
         self.hash = xxhash.xxh3_64()
         self._piece = xxhash.xxh3_64()
         self.size = 0
@@ -93,16 +92,17 @@ class HashingSink:
             self._page.update(part)
             done += part.nbytes
             if part.nbytes == room:
-                self._pages.append(self._page.hexdigest())
+                self._pages.append(self._page.digest())
                 self._page.reset()
 
-    def pages(self) -> str | None:
-        """The xxh3_64 of each ``page_size`` bytes of what was written (the last page may be
-        shorter), 16 hex digits each, concatenated; None without a page size."""
+    def pages(self) -> bytes | None:
+        """The page table: the xxh3_64 digest (8 bytes, big-endian) of each ``page_size`` bytes
+        of what was written (the last page may be shorter), concatenated; None without a page
+        size."""
         if not self.page_size:
             return None
-        tail = [self._page.hexdigest()] if self.size % self.page_size else []
-        return "".join(self._pages + tail)
+        tail = [self._page.digest()] if self.size % self.page_size else []
+        return b"".join(self._pages + tail)
 
     def piece(self) -> str:
         """The xxh3_64 of what was written past the header since the last call."""

@@ -4,6 +4,7 @@
 
     <root>/<fingerprint>/manifest.json          written last, atomically: the commit point
     <root>/<fingerprint>/<run>-<stream>-<seq>.arrow   shard files (Arrow IPC, compressed batches)
+    <root>/<fingerprint>/<run>-<stream>-<seq>.arrow.pages  a raw local shard's page checksums
     <root>/<fingerprint>/<name>.<16 hex>.tmp     a file being written (local disk); never referenced
     <root>/<fingerprint>/lease-<n>-<i>-<gen>.json  write lease of stream i of n (see lease.py)
     <root>/<fingerprint>/reader-<run>.json       read lease of a process reading the snapshot
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import re
 import secrets
+from typing import Iterable
 
 MANIFEST = "manifest.json"
 LAST_USED = "last-used.json"
 SHARD_SUFFIX = ".arrow"
+PAGES_SUFFIX = ".pages"
 TMP_SUFFIX = ".tmp"
 
 _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{8,64}$")
@@ -32,6 +35,19 @@ def new_run_id() -> str:
 
 def shard_name(run_id: str, stream: int, seq: int) -> str:
     return f"{run_id}-{stream:04d}-{seq:06d}{SHARD_SUFFIX}"
+
+
+def pages_name(shard_path: str) -> str:
+    """The page checksum file beside a shard (see ``ShardInfo.pages_checksum``): it lives and
+    goes with its shard."""
+    return shard_path + PAGES_SUFFIX
+
+
+def with_pages(shard_paths: Iterable[str]) -> set[str]:
+    """The names a listed shard keeps alive: itself and its page checksum file (what cleanup
+    and purge keep for every shard a manifest lists)."""
+    names = set(shard_paths)
+    return names | {pages_name(p) for p in names}
 
 
 def tmp_name(final: str) -> str:
@@ -88,9 +104,10 @@ def marker_prefix(streams: int) -> str:
 
 
 def run_of(name: str) -> str | None:
-    """The writer run id a shard or temporary shard file belongs to."""
+    """The writer run id a shard, a shard's page checksum file, or a temporary file of
+    either belongs to."""
     match = _SHARD_RE.match(name)
     return match.group(1) if match else None
 
 
-_SHARD_RE = re.compile(r"^([0-9a-f]{8})-\d{4}-\d{6}\.arrow(\.[0-9a-f]{16})?(\.tmp)?$")
+_SHARD_RE = re.compile(r"^([0-9a-f]{8})-\d{4}-\d{6}\.arrow(\.pages)?(\.[0-9a-f]{16})?(\.tmp)?$")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import socket
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -68,12 +67,14 @@ class ShardInfo:
     """The xxh3_64 (16 hex digits) of each record batch's bytes: what lets a reader of one row
     (``snap[i]``) fetch and verify one record batch instead of the whole shard."""
     page_size: int | None = None
-    page_checksums: str | None = None
-    """The xxh3_64 of each ``page_size`` bytes of the file (the last page may be shorter), 16
-    hex digits each, concatenated; None in snapshots written before they were recorded and in
-    compressed shards: what lets a reader of one row on local disk read and verify only the
-    pages holding that row and its record batch's metadata (docs/format.md, "Page
-    checksums")."""
+    pages_checksum: str | None = None
+    """The xxh3_64 (16 hex digits) of the shard's page checksum file ``<path>.pages`` (the
+    8-byte xxh3_64 digest of each ``page_size`` bytes of the shard, the last page may be
+    shorter): what lets a reader of one row on local disk read and verify only the pages
+    holding that row and its record batch's metadata. The table lives beside the shard, not in
+    the manifest, so the manifest stays a few dozen bytes per record batch however large the
+    snapshot (docs/format.md, "Page checksums"). None in compressed shards, shards on remote
+    storage and snapshots written before they were recorded."""
 
     def __post_init__(self) -> None:
         for name in ("batch_rows", "batch_offsets", "batch_checksums"):
@@ -88,14 +89,15 @@ class ShardInfo:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for name in ("batch_offsets", "batch_checksums", "page_size", "page_checksums"):
+        for name in ("batch_offsets", "batch_checksums", "page_size", "pages_checksum"):
             if d[name] is None:  # snapshots of older writers: keep their manifests as they were
                 d.pop(name)
         return d
 
-    def page_checksum(self, page: int) -> str:
-        """The xxh3_64 (16 hex digits) of page ``page`` of the file."""
-        return self.page_checksums[16 * page:16 * page + 16]  # type: ignore[index]
+    @property
+    def pages(self) -> int:
+        """How many pages the shard has (0 without page checksums)."""
+        return -(-self.bytes // self.page_size) if self.page_size else 0
 
 
 @dataclass(frozen=True)
@@ -291,26 +293,22 @@ def _shard(doc: Any, index: int, bad) -> ShardInfo:
                      raw_bytes=raw if isinstance(raw, int) and raw >= 0 else 0,
                      batch_rows=tuple(batch_rows) if batch_rows is not None else None,
                      compression=compression, batch_offsets=offsets,
-                     batch_checksums=checksums, page_size=page_size, page_checksums=pages)
-
-
-_HEX = re.compile("[0-9a-f]*")
+                     batch_checksums=checksums, page_size=page_size, pages_checksum=pages)
 
 
 def _pages(doc: dict, path: str, bad) -> tuple[int | None, str | None]:
-    """A shard's page size and page checksums, validated: both or neither, 16 hex digits for
-    each page of the file (they are used with the record batch index only)."""
-    size, pages = doc.get("page_size"), doc.get("page_checksums")
+    """A shard's page size and the checksum of its page checksum file, validated: both or
+    neither (they are used with the record batch index only)."""
+    size, pages = doc.get("page_size"), doc.get("pages_checksum")
     if size is None and pages is None:
         return None, None
     if not (isinstance(size, int) and not isinstance(size, bool) and size > 0
             and isinstance(pages, str)):
-        raise bad(f"shard {path!r}: page_size and page_checksums must both be given, a "
+        raise bad(f"shard {path!r}: page_size and pages_checksum must both be given, a "
                   "positive int and a string")
-    count = -(-doc["bytes"] // size)
-    if len(pages) != 16 * count or not _HEX.fullmatch(pages):
-        raise bad(f"shard {path!r}: page_checksums must be {count} {CHECKSUM_ALGORITHM} "
-                  f"digests (16 hex digits each, one per {size} bytes of the file)")
+    if len(pages) != 16 or not layout.is_hex(pages):
+        raise bad(f"shard {path!r}: pages_checksum must be one {CHECKSUM_ALGORITHM} digest "
+                  "(16 hex digits)")
     return size, pages
 
 

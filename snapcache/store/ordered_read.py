@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
@@ -22,10 +23,14 @@ import pyarrow as pa
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store.batched_read import as_columns, open_sequential, read_budget
+from snapcache.store.layout import pages_name
 from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Layout
 from snapcache.store.reader import way_out
-from snapcache.store.row_read import RowDecoder, read_row, readable_alone
+from snapcache.store.row_read import RowDecoder, load_pages, read_row, readable_alone
+
+log = logging.getLogger(__name__)
+NO_PAGES = object()  # a row read alone is not possible: its page checksum file is unusable
 
 if TYPE_CHECKING:
     from snapcache.store.reader import SnapshotReader
@@ -420,9 +425,10 @@ class RowAccess:
             key = alone.keys[b]
             if key is not None and key not in self._batches:
                 value = alone.read(key, row - alone.starts[b])
-                with self._lock:
-                    self._batches.setdefault(key, (_SEEN, 0))
-                return value
+                if value is not NO_PAGES:  # (else its page file is unusable: by record batch)
+                    with self._lock:
+                        self._batches.setdefault(key, (_SEEN, 0))
+                    return value
         key, load, k = self._locate(row)
         if isinstance(load, _Alone):
             with self._lock:
@@ -488,6 +494,7 @@ class _PageRows:
                      for s, j in zip(layout.shard.tolist(), layout.batch.tolist())]
         self.paths = [reader.storage.full(shard.path) if ok else ""
                       for shard, ok in zip(reader.manifest.shards, usable)]
+        self.tables: dict[int, Any] = {}  # shard -> its verified page table, or NO_PAGES
 
     @classmethod
     def of(cls, reader: "SnapshotReader", layout: Layout) -> "_PageRows | None":
@@ -498,9 +505,26 @@ class _PageRows:
         return cls(reader, layout, usable) if any(usable) else None
 
     def read(self, key: tuple[int, int], k: int) -> Any:
+        """Row ``k`` of record batch ``key``, or NO_PAGES if its shard's page checksum file
+        is missing or damaged (the row is then read with its record batch)."""
         index, batch = key
         reader = self.reader
         shard = reader.manifest.shards[index]
-        return read_row(self.decoder, self.paths[index], shard, batch, k,
-                        verify=reader.verify,
+        table = self._table(index) if reader.verify else None
+        if table is NO_PAGES:
+            return NO_PAGES
+        return read_row(self.decoder, self.paths[index], shard, batch, k, table=table,
                         names=lambda: (reader.where(shard), way_out(reader.storage)))
+
+    def _table(self, index: int) -> Any:
+        table = self.tables.get(index)
+        if table is None:
+            table = load_pages(self.paths[index], self.reader.manifest.shards[index])
+            if table is None:
+                log.warning("%s: its page checksum file %s is missing or damaged; its rows are "
+                            "read with their record batches", self.reader.where(
+                                self.reader.manifest.shards[index]),
+                            pages_name(self.paths[index]))
+                table = NO_PAGES
+            self.tables[index] = table
+        return table

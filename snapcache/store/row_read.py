@@ -1,7 +1,7 @@
 """One row of a raw shard on local disk, read alone: only the pages that hold it.
 
-A shard written with page checksums (:attr:`ShardInfo.page_checksums
-<snapcache.store.manifest.ShardInfo.page_checksums>`, docs/format.md "Page checksums") lets a
+A shard written with page checksums (its ``.pages`` file, :attr:`ShardInfo.pages_checksum
+<snapcache.store.manifest.ShardInfo.pages_checksum>`, docs/format.md "Page checksums") lets a
 reader of one row (``snap[i]``) verify what it reads page by page instead of a whole record
 batch: the pages holding the record batch's IPC metadata, then those holding each byte range
 the row is decoded from (its list offsets, values, shape, scalars). Each page is read once
@@ -33,6 +33,7 @@ import numpy as np
 import xxhash
 
 from snapcache.errors import CorruptSnapshotError
+from snapcache.store import layout
 from snapcache.store.manifest import ShardInfo
 from snapcache.store.schema import Schema, storage_dtype
 
@@ -47,8 +48,28 @@ _FIRST_READ = 4096
 def readable_alone(shard: ShardInfo, local: bool) -> bool:
     """Whether a row of ``shard`` can be read alone, page by page: a raw shard on local disk
     whose manifest entry has page checksums and the record batch index."""
-    return local and shard.page_checksums is not None and shard.compression == "none" \
+    return local and shard.pages_checksum is not None and shard.compression == "none" \
         and shard.batch_checksums is not None and shard.batch_rows is not None
+
+
+def load_pages(path: str, shard: ShardInfo) -> bytes | None:
+    """The page table of ``shard`` (the local file ``path``): its ``.pages`` file, checked
+    against the manifest's ``pages_checksum``; None if that file is missing or does not match
+    (an index, not data: the rows of such a shard are read by record batch instead)."""
+    try:
+        fd = os.open(layout.pages_name(path), os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        table = _pread(fd, 8 * shard.pages + 1, 0)  # one more: a longer file does not match
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(table) != 8 * shard.pages or \
+            xxhash.xxh3_64(table).hexdigest() != shard.pages_checksum:
+        return None
+    return table
 
 
 class _Damaged(Exception):
@@ -59,8 +80,8 @@ class _Pages:
     """Pages of one shard file read on demand, each checked against its checksum: runs of
     whole pages, each one ``pread``."""
 
-    def __init__(self, fd: int, shard: ShardInfo, verify: bool):
-        self.fd, self.shard, self.verify = fd, shard, verify
+    def __init__(self, fd: int, shard: ShardInfo, table: bytes | None):
+        self.fd, self.shard, self.table = fd, shard, table  # no table: not verified
         self.runs: list[tuple[int, int, bytes]] = []
 
     def get(self, a: int, n: int) -> tuple[bytes, int]:
@@ -73,15 +94,17 @@ class _Pages:
         data = _pread(self.fd, hi - lo, lo)
         if len(data) != hi - lo:
             raise _Damaged("the shard is shorter than the manifest says")
-        if self.verify:
+        table = self.table
+        if table is not None:
             view = memoryview(data)
             for at in range(lo, hi, size):
                 page = at // size
-                actual = xxhash.xxh3_64(view[at - lo:at - lo + size]).hexdigest()
-                if actual != self.shard.page_checksums[16 * page:16 * page + 16]:  # type: ignore
+                actual = xxhash.xxh3_64(view[at - lo:at - lo + size]).digest()
+                if actual != table[8 * page:8 * page + 8]:
                     raise _Damaged(
                         f"page {page} (bytes {at}-{min(at + size, total)}) has checksum "
-                        f"{actual} != {self.shard.page_checksum(page)} in the manifest")
+                        f"{actual.hex()} != {table[8 * page:8 * page + 8].hex()} in its "
+                        "page checksum file")
         self.runs.append((lo, hi, data))
         return data, a - lo
 
@@ -178,13 +201,15 @@ class RowDecoder:
         self.nodes = struct.Struct(f"<{2 * node}q")      # the field nodes: length, nulls
         self.buffers = struct.Struct(f"<{2 * buffer}q")  # the buffers: offset, length
 
-    def read(self, path: str, shard: ShardInfo, index: int, k: int, verify: bool) -> Any:
-        """Row ``k`` of record batch ``index`` of ``shard`` (the local file ``path``);
+    def read(self, path: str, shard: ShardInfo, index: int, k: int, table: bytes | None
+             ) -> Any:
+        """Row ``k`` of record batch ``index`` of ``shard`` (the local file ``path``), its
+        pages checked against ``table`` (:func:`load_pages`; None: not checked);
         :class:`_Damaged` on any mismatch (the caller names the shard)."""
         start, end = shard.batch_offsets[index], shard.batch_offsets[index + 1]  # type: ignore
         fd = os.open(path, os.O_RDONLY)
         try:
-            pages = _Pages(fd, shard, verify)
+            pages = _Pages(fd, shard, table)
             # The pages holding the metadata's first 4 KiB: most often its metadata and the
             # offsets of the first list columns too, in one pread.
             data, at = pages.get(start, min(_FIRST_READ, end - start))
@@ -295,13 +320,13 @@ def _bounds(name: str, pages: _Pages, body: int, buffers: tuple[int, ...], offse
 
 
 def read_row(decoder: RowDecoder, path: str, shard: ShardInfo, index: int, k: int, *,
-             verify: bool, names: Callable[[], tuple[str, str]]) -> Any:
+             table: bytes | None, names: Callable[[], tuple[str, str]]) -> Any:
     """Example ``k`` of record batch ``index`` of ``shard`` (the local file ``path``), reading
-    and verifying only the pages it needs; CorruptSnapshotError if anything is missing,
-    damaged or inconsistent, naming the shard and the way out (``names()``: how errors name
-    the shard, and what to do; asked only then)."""
+    only the pages it needs, each checked against ``table`` (None: ``verify=False``);
+    CorruptSnapshotError if anything is missing, damaged or inconsistent, naming the shard and
+    the way out (``names()``: how errors name the shard, and what to do; asked only then)."""
     try:
-        return decoder.read(path, shard, index, k, verify)
+        return decoder.read(path, shard, index, k, table)
     except FileNotFoundError:
         where, way_out = names()
         raise CorruptSnapshotError(f"{where} record batch {index}: the shard is missing "

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from snapcache.errors import LeaseLostError, StoreError
 from snapcache.store.options import WriteOptions
@@ -172,14 +173,16 @@ class _ShardFile:
         return self.spool
 
     def _open(self, schema: pa.Schema, compression: str) -> None:
-        # Pages checksummed one by one (ShardInfo.page_checksums) serve rows read alone, only
-        # from raw shards: a compressed buffer is decompressed whole.
-        self.sink = HashingSink(self._output(), self.page_size if compression == "none" else None)
+        self.sink = HashingSink(self._output(), self._page_size(compression))
         self.writer = IndexedFileWriter(self.sink, schema, _codec(compression, self.options))
 
-    @property
-    def page_size(self) -> int:
-        return page_size_for(self.options.batch_target, self.options.shard_size)
+    def _page_size(self, compression: str) -> int | None:
+        """Pages checksummed one by one (ShardInfo.pages_checksum) serve rows read alone from
+        raw shards on local disk only: a compressed buffer is decompressed whole, and a row on
+        remote storage is one ranged GET of its record batch either way."""
+        if compression != "none" or not self.storage.local:
+            return None
+        return page_size_for(self.options.batch_target)
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
         self.writer.write_batch(batch)
@@ -192,6 +195,9 @@ class _ShardFile:
         self.sink.close()
         if self.compression != "none" and self.sink.size > self.raw_bytes:
             self._rewrite_raw()
+        pages = self.sink.pages()
+        if pages is not None:  # before the shard is in place: a listed shard has its table
+            self._write_pages(pages)
         if self.tmp != self.name:
             self.storage.rename(self.tmp, self.name)
         return ShardInfo(path=self.name, rows=self.rows, bytes=self.sink.size,
@@ -200,7 +206,27 @@ class _ShardFile:
                          compression=self.compression,
                          batch_offsets=tuple(self.writer.offsets),
                          batch_checksums=tuple(self.writer.checksums),
-                         page_size=self.sink.page_size, page_checksums=self.sink.pages())
+                         page_size=self.sink.page_size,
+                         pages_checksum=xxhash.xxh3_64(pages).hexdigest()
+                         if pages is not None else None)
+
+    def _write_pages(self, pages: bytes) -> None:
+        """The page checksum file, renamed into place whole (an index: a crash that loses it
+        costs rows read alone, never data; see docs/format.md "Page checksums")."""
+        final = layout.pages_name(self.name)
+        tmp = layout.tmp_name(final)
+        out = self.storage.open_output(tmp)
+        try:
+            out.write(pages)
+            out.close()
+        except BaseException:
+            try:
+                out.close()
+            except OSError:
+                pass
+            self.storage.remove(tmp)  # (a full disk): no partial file is left
+            raise
+        self.storage.rename(tmp, final)
 
     def _rewrite_raw(self) -> None:
         """The shard's later batches did not compress like its first: store it raw if that
@@ -209,7 +235,7 @@ class _ShardFile:
             self.storage.read_bytes(self.tmp)
         table = pa.ipc.open_file(pa.py_buffer(written)).read_all()
         buffer = io.BytesIO()
-        raw = HashingSink(buffer, self.page_size)
+        raw = HashingSink(buffer, self._page_size("none"))
         writer = IndexedFileWriter(raw, table.schema, None)
         for batch in table.to_batches():
             writer.write_batch(batch)

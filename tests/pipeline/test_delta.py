@@ -342,6 +342,8 @@ def test_purge_old_versions_keeps_shared_shards_and_ls_counts_them_once(src, tmp
     report = sc.purge(str(root), old_versions=True)
     assert not report.deleted and report.tidied
     assert versions.versions(lineage(root)) == [2]
+    left = set(os.listdir(lineage(root).root))  # page files went with their shards
+    assert all(n[:-len(".pages")] in left for n in left if n.endswith(".pages")), left
     assert run(src, root) == expected(src) and CALLS == []
     no_readers(root)
     sc.purge(str(root), older_than=0)      # the whole lineage goes

@@ -62,8 +62,11 @@ def replace_shard(storage, data: bytes, *, fix_checksum: bool = True) -> None:
             shard["batch_offsets"], shard["batch_checksums"] = index
         if "page_size" in shard:  # and a first row its pages alone
             size = shard["page_size"]
-            shard["page_checksums"] = "".join(xxhash.xxh3_64(data[a:a + size]).hexdigest()
-                                              for a in range(0, len(data), size))
+            table = b"".join(xxhash.xxh3_64(data[a:a + size]).digest()
+                             for a in range(0, len(data), size))
+            with open(path + ".pages", "wb") as f:
+                f.write(table)
+            shard["pages_checksum"] = xxhash.xxh3_64(table).hexdigest()
         with open(os.path.join(storage.url, "manifest.json"), "w") as f:
             json.dump(doc, f)
 

@@ -49,7 +49,7 @@ def without_page_checksums(storage):
     tests/store/test_row_read.py)."""
     doc = manifest_doc(storage)
     for shard in doc["shards"]:
-        shard.pop("page_size", None), shard.pop("page_checksums", None)
+        shard.pop("page_size", None), shard.pop("pages_checksum", None)
     write_manifest(storage, doc)
     return sc.open_snapshot(storage.url)
 
@@ -152,7 +152,7 @@ def test_a_record_batch_slot_holding_another_message_is_refused(tmp_path):
     shard["batch_offsets"][0] = 8
     shard["batch_checksums"][0] = xxhash.xxh3_64(
         data[8:shard["batch_offsets"][1]]).hexdigest()
-    del shard["page_size"], shard["page_checksums"]  # (read page by page: test_row_read.py)
+    del shard["page_size"], shard["pages_checksum"]  # (read page by page: test_row_read.py)
     write_manifest(storage, doc)
     with pytest.raises(sc.CorruptSnapshotError, match="record batch 0 is damaged.*schema"):
         sc.open_snapshot(str(tmp_path))[0]

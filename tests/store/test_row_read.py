@@ -74,16 +74,19 @@ def test_the_writer_checksums_the_pages_of_raw_shards_only(tmp_path):
     assert len(snap.shards) > 2
     for shard in snap.shards:
         data = storage.read_bytes(shard.path)
-        assert shard.compression == "none" and shard.page_size == page_size_for(32 << 10, 256 << 10)
+        assert shard.compression == "none" and shard.page_size == page_size_for(32 << 10)
         size = shard.page_size
-        assert shard.page_checksums == "".join(
-            xxhash.xxh3_64(data[a:a + size]).hexdigest() for a in range(0, len(data), size))
+        table = storage.read_bytes(shard.path + ".pages")  # beside the shard, not inline
+        assert table == b"".join(
+            xxhash.xxh3_64(data[a:a + size]).digest() for a in range(0, len(data), size))
+        assert shard.pages_checksum == xxhash.xxh3_64(table).hexdigest()
     zeros = sc.Dataset.range(300).map(lambda i: np.zeros(1000, np.uint8)).snapshot(
         str(tmp_path / "zstd"), progress=False, compression="zstd", shard_size=256 << 10)
     assert sum(1 for _ in zeros) == 300
     packed = sc.open_snapshot(str(tmp_path / "zstd"))
-    assert all(s.compression == "zstd" and s.page_checksums is None for s in packed.shards)
-    assert "page_checksums" not in json.dumps(packed.manifest.to_json())
+    assert all(s.compression == "zstd" and s.pages_checksum is None for s in packed.shards)
+    assert "pages_checksum" not in json.dumps(packed.manifest.to_json())
+    assert not [n for n in os.listdir(packed.url) if n.endswith(".pages")]
     assert int(packed[7].sum()) == 0  # read its record batch whole, as before
 
 
@@ -205,8 +208,8 @@ def test_a_record_batch_slot_holding_the_schema_message_is_refused(tmp_path):
     ({"page_size": "12"}, "must both be given"),
     ({"page_size": None}, "must both be given"),
     ({"page_size": 0}, "must both be given"),
-    ({"page_checksums": "00"}, "page_checksums must be"),
-    ({"page_checksums": "x"}, "page_checksums must be"),
+    ({"pages_checksum": "00"}, "pages_checksum must be"),
+    ({"pages_checksum": "x"}, "pages_checksum must be"),
 ])
 def test_malformed_page_checksums_are_a_corrupt_manifest(tmp_path, change, problem):
     snap, storage = build(str(tmp_path))
@@ -229,7 +232,7 @@ def test_a_manifest_without_page_checksums_reads_record_batches_as_before(tmp_pa
     snap, storage = build(str(tmp_path))
     doc = manifest_doc(storage)
     for shard in doc["shards"]:
-        del shard["page_size"], shard["page_checksums"]
+        del shard["page_size"], shard["pages_checksum"]
     write_manifest(storage, doc)
     reads = Reads(monkeypatch)
     old = sc.open_snapshot(str(tmp_path))
@@ -246,7 +249,7 @@ def test_a_missing_shard_is_named(tmp_path):
 
 # -- every field kind, pages of any size --------------------------------------------------------
 def _shard_file(path: str, examples: list[Any], split: int, page_size: int
-                ) -> tuple[Schema, ShardInfo]:
+                ) -> tuple[Schema, ShardInfo, bytes]:
     schema = infer_schema(examples[0])
     encoder = Encoder(schema)
     sink = HashingSink(open(path, "wb"), page_size)
@@ -260,12 +263,15 @@ def _shard_file(path: str, examples: list[Any], split: int, page_size: int
             rows.append(len(part))
     writer.close()
     sink.close()
+    table = sink.pages()
+    with open(path + ".pages", "wb") as f:
+        f.write(table)
     stored = Schema.from_json(json.loads(json.dumps(encoder.observed_schema().to_json())))
     return stored, ShardInfo(path=os.path.basename(path), rows=len(examples), bytes=sink.size,
                              checksum="xxh3_64:" + sink.hash.hexdigest(), batch_rows=tuple(rows),
                              compression="none", batch_offsets=tuple(writer.offsets),
                              batch_checksums=tuple(writer.checksums), page_size=page_size,
-                             page_checksums=sink.pages())
+                             pages_checksum=xxhash.xxh3_64(table).hexdigest()), table
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -275,12 +281,13 @@ def test_rows_decoded_from_pages_equal_rows_decoded_by_arrow(examples, data):
     page_size = data.draw(st.sampled_from([8, 24, 64, 512, 4096]), label="page size")
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "shard.arrow")
-        schema, shard = _shard_file(path, examples, split, page_size)
+        schema, shard, table = _shard_file(path, examples, split, page_size)
+        assert row_read.load_pages(path, shard) == table
         decoder = row_read.RowDecoder(schema)
         row, names = 0, lambda: ("shard", "way out")
         for index, count in enumerate(shard.batch_rows):
             for k in range(count):
-                got = row_read.read_row(decoder, path, shard, index, k, verify=True,
+                got = row_read.read_row(decoder, path, shard, index, k, table=table,
                                         names=names)
                 assert_same_example(examples[row], got)
                 for value in (got.values() if isinstance(got, dict) else
@@ -288,3 +295,60 @@ def test_rows_decoded_from_pages_equal_rows_decoded_by_arrow(examples, data):
                     if isinstance(value, np.ndarray):
                         assert not value.flags.writeable
                 row += 1
+
+
+# -- the page checksum file beside each shard ----------------------------------------------------
+def test_the_manifest_does_not_grow_with_the_pages(tmp_path):
+    """The page table lives beside its shard: a shard's manifest entry holds one checksum of
+    it, so the manifest stays a few dozen bytes a record batch whatever the page count."""
+    small = build(str(tmp_path / "small"), record_batch_size=256 << 10)[0]
+    large = build(str(tmp_path / "large"), record_batch_size=256 << 10, shard_size=4 << 20)[0]
+    for snap in (small, large):
+        for shard in snap.manifest.to_json()["shards"]:
+            assert len(json.dumps(shard)) < 400 + 40 * len(shard["batch_rows"]), shard
+            assert shard["page_size"] and len(shard["pages_checksum"]) == 16
+    assert max(s.pages for s in large.shards) > 4 * max(s.pages for s in small.shards)
+
+
+@pytest.mark.parametrize("damage", ["missing", "flipped", "truncated"])
+def test_an_unusable_page_file_falls_back_to_the_record_batch(tmp_path, monkeypatch, caplog,
+                                                              damage):
+    snap, storage = build(str(tmp_path))
+    shard = snap.shards[0]
+    pages = os.path.join(storage.root, shard.path + ".pages")
+    if damage == "missing":
+        os.unlink(pages)
+    elif damage == "flipped":
+        with open(pages, "r+b") as f:
+            f.write(b"\x00" * 8)
+    else:
+        with open(pages, "r+b") as f:
+            f.truncate(8)
+    reads = Reads(monkeypatch)
+    fresh = sc.open_snapshot(str(tmp_path))
+    with caplog.at_level("WARNING"):
+        assert_same_example(example(3), fresh[3])
+    assert "page checksum file" in caplog.text and shard.path in caplog.text
+    table = [(0, 8 * shard.pages + 1)] if damage != "missing" else []  # the page file, once
+    assert reads.preads == table and reads.others == [(shard.path, shard.batch_offsets[0],
+                                                       shard.batch_offsets[1])]
+    row = shard.rows + 1  # another shard's pages still serve its rows
+    assert_same_example(example(row), fresh[row])
+    assert reads.preads
+
+
+def test_page_files_go_with_their_shards(tmp_path):
+    """Cleanup after a commit keeps the page file of every listed shard and removes those of a
+    dead run's shards (and their temporaries)."""
+    from snapcache.store.protocol import records
+
+    snap, storage = build(str(tmp_path))
+    names = set(os.listdir(storage.root))
+    assert {s.path + ".pages" for s in snap.shards} <= names
+    stale = "0badc0de-0000-000000.arrow"
+    for name in (stale, stale + ".pages", stale + ".pages.0123456789abcdef.tmp"):
+        storage.write_atomic(name, b"x")
+    removed = records.cleanup(storage, snap.manifest)
+    assert sorted(removed) == sorted([stale, stale + ".pages",
+                                      stale + ".pages.0123456789abcdef.tmp"])
+    assert set(os.listdir(storage.root)) == names

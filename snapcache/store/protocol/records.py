@@ -71,8 +71,8 @@ def discard(storage: Storage, record: StreamRecord) -> None:
     for name in storage.listdir():
         if name.startswith(layout.progress_prefix(record.streams, record.stream)):
             storage.remove(name)
-    for shard in record.shards:
-        storage.remove(shard.path)
+    for name in sorted(layout.with_pages(shard.path for shard in record.shards)):
+        storage.remove(name)
 
 
 def missing_shards(storage: Storage, shards: "tuple[ShardInfo, ...] | list[ShardInfo]"
@@ -240,7 +240,7 @@ def cleanup(storage: Storage, manifest: Manifest) -> list[str]:
     """After a commit: remove progress records, stream markers, and shard files that the
     manifest does not list and that no live writer owns. Returns the removed names."""
     live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
-    keep = {s.path for s in manifest.shards}
+    keep = layout.with_pages(s.path for s in manifest.shards)
     removed = []
     for name in storage.listdir():
         run = layout.run_of(name)

@@ -329,7 +329,7 @@ def referenced(storage: Storage, names: Sequence[str] | None = None,
             continue
         needed.add(manifest_name(version))
         needed.add(str(manifest.source.get("record")))
-        needed.update(s.path for s in manifest.shards)
+        needed.update(layout.with_pages(s.path for s in manifest.shards))
     return needed
 
 
