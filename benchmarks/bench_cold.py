@@ -5,8 +5,8 @@ same files dropped the same way.
     python -m benchmarks.bench_cold [--scale 1.0] [--write-doc]
 
 snapcache: a fresh pipeline object over the committed snapshot, batches of 256 copied into a
-staging buffer, checksums verified: each record batch of a compressed shard against its checksum in the
-manifest as it is decoded (``store/batched_read.BatchedShard``; uncompressed shards are hashed
+staging buffer, checksums verified: each record batch of a compressed shard against its
+checksum in the manifest as it is decoded (``store/batched_read.BatchedShard``; uncompressed shards are hashed
 whole, see ``open_sequential``), and, in the same run for comparison, every shard through the
 whole-shard path (the whole file hashed before its first batch is decoded; what every
 sequential read did before; for uncompressed shards the same path twice, which shows the

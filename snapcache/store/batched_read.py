@@ -41,9 +41,9 @@ def read_budget(threads: int | None, budget: int | None) -> tuple[int, int]:
 
 
 class BatchedShard:
-    """A compressed local shard read record batch by record batch: each record batch's bytes (a slice of
-    the file's memory map) are checked against its checksum in the manifest, decoded with the
-    manifest's schema and validated (:meth:`SnapshotReader.batch_from_bytes
+    """A compressed local shard read record batch by record batch: each record batch's bytes (a
+    slice of the file's memory map) are checked against its checksum in the manifest, decoded
+    with the manifest's schema and validated (:meth:`SnapshotReader.batch_from_bytes
     <snapcache.store.reader.SnapshotReader.batch_from_bytes>`) when it is asked for, so that
     reading, verifying and decompressing the record batches of one shard run in parallel on
     the read threads and overlap with the consumer, instead of the whole file being hashed
@@ -52,10 +52,10 @@ class BatchedShard:
 
     Opening maps the file (its size must be the manifest's) and reads nothing. The bytes
     outside the record batches (the file's header and footer) are not used, so not read;
-    ``snapcache verify`` checks the whole file's checksum. ``low_memory``: once a record batch is
-    decoded, its pages and those before it are dropped from this process (they fault back in
-    from the page cache where a batch's values are views of them), so that resident memory
-    stays within the prefetch budget however large the shard. Same interface as
+    ``snapcache verify`` checks the whole file's checksum. ``low_memory``: once a record batch
+    is decoded, its pages and those before it are dropped from this process (decoded values
+    are fresh memory, never views of the map), so that resident memory stays within the
+    prefetch budget however large the shard. Same interface as
     :class:`~snapcache.store.reader.ShardFile`."""
 
     def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False):
@@ -89,8 +89,7 @@ class BatchedShard:
                 digest = xxhash.xxh3_64(memoryview(data)).hexdigest()
         batch = self._reader.batch_from_bytes(self._shard, index, data, digest=digest)
         if self._low_memory and self._map is not None:
-            # this batch's pages and those of the batches before it, which the consumer may
-            # have touched again (values of an uncompressed batch are views of them)
+            # this batch's pages and those of the batches before it (hashed on other threads)
             self._map.madvise(mmap.MADV_DONTNEED, 0, end)
         return batch
 

@@ -4,8 +4,8 @@ Readers trust nothing but the manifest, and the manifest only as far as the file
 each shard's size and xxh3 checksum are checked (checksum unless ``verify=False``) before any
 of its examples is yielded, and its row count and Arrow schema must match; where the manifest
 indexes a shard's record batches, a batch read alone (random access, and sequential reads of
-compressed local shards: :class:`~snapcache.store.batched_read.BatchedShard`) is checked against its own
-checksum and decoded with the manifest's schema instead. Every record batch
+compressed local shards: :class:`~snapcache.store.batched_read.BatchedShard`) is checked
+against its own checksum and decoded with the manifest's schema instead. Every record batch
 is validated in full (offsets monotonic and inside their buffers, UTF-8 valid) before it is
 handed out, with or without ``verify``: a checksum only proves the bytes are the ones the
 manifest names, not that they are safe to index (a crafted shard with a matching checksum, or
@@ -291,7 +291,7 @@ class SnapshotReader:
         start, end = shard.batch_offsets[index], shard.batch_offsets[index + 1]
         data, cached = self._batch_bytes(shard, start, end, where)
         digest = xxhash.xxh3_64(memoryview(data)).hexdigest() if self.verify else None
-        if digest != shard.batch_checksums[index] and cached:
+        if cached and digest is not None and digest != shard.batch_checksums[index]:
             self.cache.discard(self._cache_key(shard))  # the local copy may be what is bad
             data, _ = self._batch_bytes(shard, start, end, where, use_cache=False)
             digest = None

@@ -275,3 +275,26 @@ def test_reading_one_large_shard_stays_within_the_prefetch_budget(tmp_path, code
     result = json.loads(child("read").splitlines()[-1])
     assert result["rows"] == 80
     assert result["extra"] <= 64 << 20, f"peak grew by {result['extra'] >> 20} MB"
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_sound_local_copy_of_a_remote_batch_is_kept(tmp_path, monkeypatch, verify):
+    """A record batch read alone from the node-local copy of a remote shard: the copy is
+    dropped only when its bytes do not match the batch's checksum (never without verify)."""
+    from snapcache.store.cache import ShardCache
+
+    url = f"memory://snapcache-batches-{os.getpid()}-{verify}"
+    ds = pipeline(url, 2000, "lz4", shard_size=1 << 30)
+    list(ds)
+    storage = Storage(url).child(ds.open_snapshot().id)
+    cache = ShardCache(str(tmp_path / "cache"), 1 << 30)
+    reader = SnapshotReader.open(storage, verify=verify, cache=cache)
+    discarded = []
+    monkeypatch.setattr(cache, "discard", lambda key: discarded.append(key))
+    (shard,) = reader.manifest.shards
+    first = reader.read_batch(shard, 3)  # from the store; the shard is copied in the background
+    assert reader.wait_for_cache(60)
+    again = reader.read_batch(shard, 3)  # from the local copy
+    assert again.equals(first) and discarded == []
+    import fsspec
+    fsspec.filesystem("memory").rm(url.removeprefix("memory://"), recursive=True)
