@@ -131,6 +131,22 @@ def test_take_across_shards_and_every_row_alone_equal_rows_in_order(tmp_path):
     assert_same_example(everything[-1], RowAccess(reader)[-1])
 
 
+def test_take_reads_a_record_batch_asked_for_one_row_page_by_page(tmp_path, monkeypatch):
+    snap, storage = build(str(tmp_path))
+    batches = {(index, j): row for row, index, j, _ in reversed(first_rows(snap))}
+    firsts = sorted(batches.values())  # one row each of distinct record batches
+    reads = Reads(monkeypatch)
+    fresh = sc.open_snapshot(str(tmp_path))
+    got = fresh.take(firsts + [firsts[0] + 1, firsts[0]])  # batch 0: three rows, read whole
+    assert [int(e["label"]) for e in got] == firsts + [firsts[0] + 1, firsts[0]]
+    shard = snap.shards[0]
+    assert reads.others == [(shard.path, shard.batch_offsets[0], shard.batch_offsets[1])]
+    assert len(reads.preads) >= len(firsts) - 1
+    for row, got_row in zip(firsts, fresh.take(firsts)):  # now: second rows, read whole
+        assert_same_example(example(row), got_row)
+    assert len(reads.others) == len(firsts)
+
+
 def flip(storage, shard, at):
     path = os.path.join(storage.root, shard.path)
     with open(path, "r+b") as f:
