@@ -137,8 +137,9 @@ def report(n: int, resume: dict, local: dict, s3: dict | None) -> str:
     L += ["", "The resume target is < 2x the fresh epoch's first batch: a resumed epoch reads the "
           "window it resumes in and nothing before it (no replay).", "",
           "`snap[i]` for random `i` (`snapcache.open_snapshot(root)[i]`; the first row of a "
-          "record batch reads and verifies that record batch alone and decodes that row, its "
-          "second row decodes the batch into views kept within half the read budget, later "
+          "record batch reads and verifies only the pages holding it on local disk (raw "
+          "shards), that record batch alone on S3, and decodes that row; its second row reads, "
+          "verifies and decodes the batch into views kept within half the read budget, later "
           "rows of a kept batch are an index; cold: the first probes of a fresh handle, warm: "
           "as many more after them):", "",
           "| storage | shards | cold median | cold p99 | warm median | warm p99 |",

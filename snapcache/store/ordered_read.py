@@ -444,11 +444,20 @@ class RowAccess:
 
     def take(self, indices: Sequence[int]) -> list:
         """The examples at ``indices``, in that order; each record batch decoded at most
-        once."""
+        once, and one asked for a single row it has not been read for before read like a
+        first ``rows[i]`` (page by page where the shard allows)."""
+        located = [self._locate(self._index(i)) for i in indices]
+        count = collections.Counter(key for key, _, _ in located)
+        alone = self._alone
         getters: dict[tuple[int, int], Any] = {}
         out = []
-        for row in [self._index(i) for i in indices]:
-            key, load, k = self._locate(row)
+        for key, load, k in located:
+            if count[key] == 1 and alone is not None and alone.paths[key[0]] and \
+                    isinstance(load, _Alone) and key not in self._batches:
+                out.append(alone.read(key, k))
+                with self._lock:
+                    self._batches.setdefault(key, (_SEEN, 0))
+                continue
             if key not in getters:
                 getters[key] = self._getter(key, load)
             out.append(getters[key](k))
@@ -492,7 +501,7 @@ class _PageRows:
         self.starts = layout.start.tolist()
         self.keys = [(s, j) if j >= 0 and usable[s] else None
                      for s, j in zip(layout.shard.tolist(), layout.batch.tolist())]
-        self.paths = [reader.storage.full(shard.path) if ok else ""
+        self.paths = [reader.storage.full(shard.path) if ok else ""  # "": not page by page
                       for shard, ok in zip(reader.manifest.shards, usable)]
         self.tables: dict[int, Any] = {}  # shard -> its verified page table, or NO_PAGES
 

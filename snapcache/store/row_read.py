@@ -90,6 +90,8 @@ class _Pages:
             if lo <= a and a + n <= hi:
                 return data, a - lo
         size, total = self.shard.page_size, self.shard.bytes
+        if a < 0 or a + n > total:  # (callers stay within the record batch)
+            raise _Damaged("a read past the end of the shard")
         lo, hi = a - a % size, min(a + n + (-(a + n)) % size, total)
         data = _pread(self.fd, hi - lo, lo)
         if len(data) != hi - lo:

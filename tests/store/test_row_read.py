@@ -134,6 +134,22 @@ def test_take_across_shards_and_every_row_alone_equal_rows_in_order(tmp_path):
     assert_same_example(everything[-1], RowAccess(reader)[-1])
 
 
+def test_take_reads_a_record_batch_asked_for_one_row_page_by_page(tmp_path, monkeypatch):
+    snap, storage = build(str(tmp_path))
+    batches = {(index, j): row for row, index, j, _ in reversed(first_rows(snap))}
+    firsts = sorted(batches.values())  # one row each of distinct record batches
+    reads = Reads(monkeypatch)
+    fresh = sc.open_snapshot(str(tmp_path))
+    got = fresh.take(firsts + [firsts[0] + 1, firsts[0]])  # batch 0: three rows, read whole
+    assert [int(e["label"]) for e in got] == firsts + [firsts[0] + 1, firsts[0]]
+    shard = snap.shards[0]
+    assert reads.others == [(shard.path, shard.batch_offsets[0], shard.batch_offsets[1])]
+    assert len(reads.preads) >= len(firsts) - 1
+    for row, got_row in zip(firsts, fresh.take(firsts)):  # now: second rows, read whole
+        assert_same_example(example(row), got_row)
+    assert len(reads.others) == len(firsts)
+
+
 def flip(storage, shard, at):
     path = os.path.join(storage.root, shard.path)
     with open(path, "r+b") as f:
@@ -167,23 +183,25 @@ def test_a_flipped_byte_in_the_rows_pages_is_refused_naming_the_shard(tmp_path):
     assert_same_example(example(0), sc.open_snapshot(str(tmp_path))[0])  # batch 0 is intact
 
 
-def test_damage_in_another_rows_page_is_found_by_the_second_row(tmp_path):
+def test_damage_in_another_rows_page_is_found_by_the_second_row(tmp_path, monkeypatch):
     """A first row verifies only what it reads; the batch's second row verifies it whole."""
     snap, storage = build(str(tmp_path))
     shard = snap.shards[0]
-    rows = shard.batch_rows[0]
+    middle = shard.batch_rows[0] // 2
     data = storage.read_bytes(shard.path)
-    last = example(rows - 1)["image"].tobytes()
-    at = data.find(last, shard.batch_offsets[0])
-    flip(storage, shard, at + 100)  # in the last row's image, pages away from row 0's
+    at = data.find(example(middle)["image"].tobytes(), shard.batch_offsets[0]) + 100
+    reads = Reads(monkeypatch)
+    assert_same_example(example(0), sc.open_snapshot(str(tmp_path))[0])
+    size = shard.page_size
+    read = {page for a, n in reads.preads for page in range(a // size, (a + n) // size)}
+    assert at // size not in read  # row 0 never reads the page about to be damaged
+    flip(storage, shard, at)
     fresh = sc.open_snapshot(str(tmp_path))
-    assert (at + 100) // shard.page_size > (shard.batch_offsets[0] + 8 + 3072 * 2) \
-        // shard.page_size
     assert_same_example(example(0), fresh[0])
     with pytest.raises(sc.CorruptSnapshotError, match=r"record batch 0 is corrupt: checksum"):
         fresh[1]
     with pytest.raises(sc.CorruptSnapshotError, match=r"record batch 0: page"):
-        sc.open_snapshot(str(tmp_path))[rows - 1]
+        sc.open_snapshot(str(tmp_path))[middle]
 
 
 def manifest_doc(storage):
