@@ -257,11 +257,10 @@ class ShardCache:
         return fd
 
     def _unlock_node(self, fd: int) -> None:
-        with self._lock:
-            if fd not in self._node_fds:  # closed by a fork's reset: not ours any more
-                return
-            self._node_fds.discard(fd)
-        os.close(fd)  # releases the lock
+        with self._lock:  # closed with the set updated, so a fork sees both or neither
+            if fd in self._node_fds:  # (else closed by a fork's reset: not ours any more)
+                self._node_fds.discard(fd)
+                os.close(fd)  # releases the lock
 
     def _lock_key(self, key: str) -> list:
         """Take ``key``'s lock in this process; the entry to give :meth:`_unlock_key` (from
