@@ -361,5 +361,8 @@ def test_build_of_a_delta_snapshot_splits_its_segments_among_the_tasks(ray_clust
         (src / f"{i:05d}.txt").write_text("")
     grown = scr.build(pipeline(), num_tasks=2)
     assert sorted(calls(calls_dir).elements()) == list(range(files, files + 10))
-    assert sorted(s.status for s in grown.streams) == ["complete", "written"]
+    # the idle task finds its share done: "complete", or "committed" if the other task's
+    # commit came first (either order is right; which one depends on scheduling)
+    assert sorted(s.status for s in grown.streams) in (["complete", "written"],
+                                                       ["committed", "written"])
     assert versions.versions(lineage) == [1, 2] and grown.num_examples == files + 10
