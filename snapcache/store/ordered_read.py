@@ -31,6 +31,10 @@ from snapcache.store.row_read import RowDecoder, load_pages, read_row, readable_
 
 log = logging.getLogger(__name__)
 NO_PAGES = object()  # a row read alone is not possible: its page checksum file is unusable
+EAGER_PAGE_TABLES = 32
+"""Snapshots of at most this many shards with page checksum files have them read when opened
+(one small file each), so that a first ``snap[i]`` reads only its pages; larger ones read a
+shard's page table when a row of it is first read (once per handle)."""
 
 if TYPE_CHECKING:
     from snapcache.store.reader import SnapshotReader
@@ -493,7 +497,8 @@ class _PageRows:
     """The first row read from a record batch of a raw local shard with page checksums: read
     page by page, only what it needs (:mod:`snapcache.store.row_read`). Everything that does
     not depend on the row is prepared when the snapshot is opened: the row decoder compiled
-    from the schema, the record batches' first rows and (shard, record batch) keys as lists."""
+    from the schema, the record batches' first rows and (shard, record batch) keys as lists,
+    and the shards' page tables when there are few (:data:`EAGER_PAGE_TABLES`)."""
 
     def __init__(self, reader: "SnapshotReader", layout: Layout, usable: list[bool]):
         self.reader = reader
@@ -504,6 +509,10 @@ class _PageRows:
         self.paths = [reader.storage.full(shard.path) if ok else ""  # "": not page by page
                       for shard, ok in zip(reader.manifest.shards, usable)]
         self.tables: dict[int, Any] = {}  # shard -> its verified page table, or NO_PAGES
+        if reader.verify and sum(usable) <= EAGER_PAGE_TABLES:
+            for index, ok in enumerate(usable):  # read now: a first row then reads its pages
+                if ok:
+                    self._table(index)
 
     @classmethod
     def of(cls, reader: "SnapshotReader", layout: Layout) -> "_PageRows | None":

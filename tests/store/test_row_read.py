@@ -328,9 +328,17 @@ def test_the_manifest_does_not_grow_with_the_pages(tmp_path):
     assert max(s.pages for s in large.shards) > 4 * max(s.pages for s in small.shards)
 
 
+@pytest.mark.parametrize("eager", [True, False], ids=["tables-at-open", "tables-at-first-row"])
 @pytest.mark.parametrize("damage", ["missing", "flipped", "truncated"])
 def test_an_unusable_page_file_falls_back_to_the_record_batch(tmp_path, monkeypatch, caplog,
-                                                              damage):
+                                                              damage, eager):
+    """A snapshot of few shards reads their page files when opened (EAGER_PAGE_TABLES), a
+    larger one when a row of the shard is first read; either way once, and an unusable one
+    makes that shard's rows read with their record batches."""
+    from snapcache.store import ordered_read
+
+    if not eager:
+        monkeypatch.setattr(ordered_read, "EAGER_PAGE_TABLES", 0)
     snap, storage = build(str(tmp_path))
     shard = snap.shards[0]
     pages = os.path.join(storage.root, shard.path + ".pages")
@@ -343,16 +351,25 @@ def test_an_unusable_page_file_falls_back_to_the_record_batch(tmp_path, monkeypa
         with open(pages, "r+b") as f:
             f.truncate(8)
     reads = Reads(monkeypatch)
-    fresh = sc.open_snapshot(str(tmp_path))
     with caplog.at_level("WARNING"):
+        fresh = sc.open_snapshot(str(tmp_path))
+        at_open = list(reads.preads)
+        reads.preads.clear()
         assert_same_example(example(3), fresh[3])
     assert "page checksum file" in caplog.text and shard.path in caplog.text
     table = [(0, 8 * shard.pages + 1)] if damage != "missing" else []  # the page file, once
-    assert reads.preads == table and reads.others == [(shard.path, shard.batch_offsets[0],
-                                                       shard.batch_offsets[1])]
+    if eager:
+        assert [at for at, _ in at_open] == [0] * (len(snap.shards) - (not table))
+        assert at_open[:1] == table or not table
+        assert reads.preads == []
+    else:
+        assert at_open == [] and reads.preads == table
+    assert reads.others == [(shard.path, shard.batch_offsets[0], shard.batch_offsets[1])]
     row = shard.rows + 1  # another shard's pages still serve its rows
+    reads.preads.clear()
     assert_same_example(example(row), fresh[row])
-    assert reads.preads
+    assert reads.preads and all(n != 8 * snap.shards[1].pages + 1 for _, n in reads.preads) \
+        if eager else reads.preads[0] == (0, 8 * snap.shards[1].pages + 1)
 
 
 def test_page_files_go_with_their_shards(tmp_path):
