@@ -331,16 +331,17 @@ WHY = """What decides each column:
   file and decodes it, checking nothing. snapcache's first `snap[i]` reads only pages of the
   sample's record batch (`pread`s of 16 KiB pages here: the one holding the batch's IPC
   metadata and the image's offsets, the one holding the image, the one holding its shape and
-  label), checks each page's xxh3 against the manifest's page checksums (raw shards record one
-  per page, at most 64 a record batch and 256 a shard), parses the record batch metadata
+  label), checks each page's xxh3 against the shard's page table (raw local shards have one
+  beside them, `<shard>.pages`: the digest of each page, 64 a record batch, itself checked
+  against the manifest; read when the snapshot is opened for snapshots of up to 32 shards,
+  else at the shard's first row), parses the record batch metadata
   (field nodes, buffers) itself, bounds-checks the row's offsets and shape against their
   buffers, and decodes the row from the pages: no byte returned unverified, without reading
   or hashing the other 255 rows' bytes. Before page checksums it read and hashed the whole
   1 MiB record batch and validated it with Arrow (0.75 ms). Everything that does not depend on
   `i` (the manifest, the row decoder compiled from the schema, the record batches' first rows
-  as a list) is prepared by `open_snapshot`, which stays cheaper than the peers' open. With
-  64 KiB record batches the pages are 16 KiB too (a shard holds at most 256 page checksums),
-  so a first row reads about as much as with the default.
+  as a list, the page tables) is prepared by `open_snapshot`, which stays cheaper than the
+  peers' open. With 64 KiB record batches the pages are 4 KiB.
 - **cold, S3 (met)**: snapcache's first `snap[i]` is one ranged GET of the record batch (the
   manifest came at open); Mosaic downloads the whole shard (4 MiB), LitData makes a range GET
   of the example but through its own slower path. Open on S3 is mostly creating the S3 client
