@@ -428,10 +428,8 @@ class RowAccess:
             b = bisect.bisect_right(alone.starts, row) - 1
             key = alone.keys[b]
             if key is not None and key not in self._batches:
-                value = alone.read(key, row - alone.starts[b])
-                if value is not NO_PAGES:  # (else its page file is unusable: by record batch)
-                    with self._lock:
-                        self._batches.setdefault(key, (_SEEN, 0))
+                value = self._read_alone(key, row - alone.starts[b])
+                if value is not NO_PAGES:
                     return value
         key, load, k = self._locate(row)
         if isinstance(load, _Alone):
@@ -446,6 +444,16 @@ class RowAccess:
                 return row
         return self._getter(key, load)(k)
 
+    def _read_alone(self, key: tuple[int, int], k: int) -> Any:
+        """Row ``k`` of record batch ``key`` read page by page (the batch is then marked seen:
+        its next row reads it whole), or NO_PAGES if its shard's page file is unusable (the
+        caller reads the row with its record batch)."""
+        value = self._alone.read(key, k)  # type: ignore[union-attr]
+        if value is not NO_PAGES:
+            with self._lock:
+                self._batches.setdefault(key, (_SEEN, 0))
+        return value
+
     def take(self, indices: Sequence[int]) -> list:
         """The examples at ``indices``, in that order; each record batch decoded at most
         once, and one asked for a single row it has not been read for before read like a
@@ -458,10 +466,10 @@ class RowAccess:
         for key, load, k in located:
             if count[key] == 1 and alone is not None and alone.paths[key[0]] and \
                     isinstance(load, _Alone) and key not in self._batches:
-                out.append(alone.read(key, k))
-                with self._lock:
-                    self._batches.setdefault(key, (_SEEN, 0))
-                continue
+                value = self._read_alone(key, k)
+                if value is not NO_PAGES:
+                    out.append(value)
+                    continue
             if key not in getters:
                 getters[key] = self._getter(key, load)
             out.append(getters[key](k))

@@ -370,6 +370,11 @@ def test_an_unusable_page_file_falls_back_to_the_record_batch(tmp_path, monkeypa
     assert_same_example(example(row), fresh[row])
     assert reads.preads and all(n != 8 * snap.shards[1].pages + 1 for _, n in reads.preads) \
         if eager else reads.preads[0] == (0, 8 * snap.shards[1].pages + 1)
+    # take() of one row of a fresh batch of that shard falls back the same way
+    later = shard.batch_rows[0] + shard.batch_rows[1] + 2
+    for got, want in zip(sc.open_snapshot(str(tmp_path)).take([later, 5]), [later, 5],
+                         strict=True):
+        assert_same_example(example(want), got)
 
 
 def test_page_files_go_with_their_shards(tmp_path):
