@@ -59,22 +59,12 @@ class BatchedShard:
     :class:`~snapcache.store.reader.ShardFile`."""
 
     def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False):
-        from snapcache.store.reader import way_out
-
         self._reader, self._shard, self._low_memory = reader, shard, low_memory
         self._in_order = threading.Lock()
         self.num_record_batches = len(shard.batch_rows or ())
         self.schema = reader._arrow_schema
-        try:
-            self._buffer, self._map = reader.storage.map_file(shard.path, shard.bytes)
-        except FileNotFoundError:
-            raise CorruptSnapshotError(
-                f"{reader.where(shard)} is missing ({reader.storage.url_of(shard.path)}). "
-                f"{way_out(reader.storage)}") from None
-        if self._buffer.size != shard.bytes:
-            raise CorruptSnapshotError(
-                f"{reader.where(shard)} has {self._buffer.size} bytes, the manifest says "
-                f"{shard.bytes}. {way_out(reader.storage)}")
+        # mapped (a local shard), a missing or resized file a CorruptSnapshotError
+        self._buffer, self._map = reader._load(shard, reader.where(shard))
 
     def get_batch(self, index: int) -> pa.RecordBatch:
         start, end = self._shard.batch_offsets[index], self._shard.batch_offsets[index + 1]
