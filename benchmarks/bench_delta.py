@@ -319,8 +319,8 @@ def render(g: dict, b: dict, s3: dict | None = None, p: dict | None = None) -> s
            f"{s3['other_requests']} other requests (target: "
            f"{(s3['files'] + 999) // 1000} listing requests, none per object: "
            f"{verdict(s3['list_requests'] <= (s3['files'] + 999) // 1000 and not s3['other_requests'])}"
-           f"; {s3['seconds']:.0f} s, nearly all of it the server's: moto scans the whole "
-           "bucket for every page).\n" if s3 else
+           f"; {s3['seconds']:.0f} s with the server in the same process, which serves and the "
+           "client parses every page of 1,000 keys: not a target).\n" if s3 else
            "\nThe S3 part did not run (moto or s3fs missing).\n")
         + render_parquet(p) + "\n"
         + "\n".join(target_rows(targets(g, b, s3))) + "\n"
