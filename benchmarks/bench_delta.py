@@ -167,7 +167,7 @@ def seeded_s3(files: int):
 
 def s3_listing(files: int) -> dict | None:
     """``files`` objects in one folder of a loopback S3 server: the requests and time it
-    takes to read their identities (``store.fs.file_identities``, what ``from_files`` on S3
+    takes to read their identities (``store.source_files.file_identities``, what ``from_files`` on S3
     fingerprints), counted by botocore's events."""
     from tests import s3server  # noqa: F401  (seeded_s3 put the repository on the path)
 
@@ -176,7 +176,8 @@ def s3_listing(files: int) -> dict | None:
             bucket, put_s = stack.enter_context(seeded_s3(files))
         except ImportError:  # no moto or s3fs here: the S3 row is left out
             return None
-        from snapcache.store.fs import _filesystem, file_identities
+        from snapcache.store.fs import _filesystem
+        from snapcache.store.source_files import file_identities
 
         urls = [f"s3://{bucket}/src/f{i:07d}.txt" for i in range(files)]
         fs, _ = _filesystem(urls[0], None)
@@ -217,7 +218,7 @@ def write_parquet(path: str, first: int, changed: int | None = None) -> None:
 def parquet_units(files: int) -> dict:
     import snapcache as sc
     from snapcache.pipeline import plan
-    from snapcache.store.fs import file_identities
+    from snapcache.store.source_files import file_identities
 
     def units_of(src, root):
         PQ_CALLS[0] = 0  # pq_map refers to PQ_CALLS: its value counts in the lineage
