@@ -16,8 +16,8 @@ and the requests in the server's access log:
 - cold read: timed from the dataset's construction (snapcache: the pipeline's, with the
   DataLoader when workers are asked) to its last batch, with an empty local cache: batches of
   256 copied into a staging buffer, checksums verified. Whatever a system's S3 client costs to
-  start after its ``import`` (snapcache imports s3fs lazily; Mosaic boto3; LitData boto3 at
-  ``import litdata``, obstore lazily) is inside this span, as a user would feel it;
+  start after its ``import`` (snapcache imports obstore lazily, s3fs only where obstore cannot
+  serve; Mosaic boto3; LitData boto3 at ``import litdata``, obstore lazily) is inside this span, as a user would feel it;
 - warm read: the next epoch of the same dataset object (a loader held across epochs), in the
   same process, the local cache filled by the cold read. With workers, DataLoaders keep them
   (``persistent_workers``).
@@ -188,12 +188,16 @@ def child(system: str, phase: str, workload: str, n: int, url: str, cache: str,
 
 
 def _start_up_snapcache(url: str, meter: "Meter") -> dict:
-    """snapcache's S3 client: importing s3fs/aiobotocore, a session and a client, one LIST."""
+    """snapcache's S3 client as a fresh process gets it (obstore where the options allow, as
+    here; else s3fs/aiobotocore, a session and a client), and one LIST."""
     import snapcache  # noqa: F401 (the library's own import is not the client's start-up)
     meter.start()
     from snapcache.store.fs import Storage
     Storage(url).listdir()
-    return {**meter.stop(), "rows": 0}
+    result = meter.stop()
+    from snapcache.store import fs_obstore
+    return {**result, "rows": 0, "client": "obstore" if fs_obstore.used_here() and
+            "s3fs" not in sys.modules else "s3fs + aiobotocore"}
 
 
 def _start_up_boto3(url: str, meter: "Meter") -> dict:
@@ -224,7 +228,7 @@ def _start_up_obstore(url: str, meter: "Meter") -> dict:
 
 START_UPS = {"snapcache": _start_up_snapcache, "mosaic": _start_up_boto3,
              "litdata": _start_up_obstore}
-START_UP_NAMES = {"snapcache": "s3fs + aiobotocore", "mosaic": "boto3",
+START_UP_NAMES = {"snapcache": "obstore", "mosaic": "boto3",
                   "litdata": "obstore"}
 
 
@@ -408,24 +412,26 @@ NOTES = """
   warm epoch is one request with workers too, persistent or not.
 - **A build's requests.** Per shard: one PUT of the whole shard (written in memory, uploaded
   from a background pool while the next shard is encoded; parallel parts above 128 MB) and at
-  most one PUT of the stream's progress record; no listing per shard. The other ~25 are the
-  write protocol's fixed cost (lease, fence, stream marker, manifest, clean-up), the same for
-  1 shard or 100.
-- **What bounds the image build and cold read.** Both run in a fresh process, and its first
-  S3 request pays the client's start-up (the "S3 client start-up" rows, each measured alone in
-  a fresh process): snapcache imports s3fs and aiobotocore (with aiohttp; ~0.45 s of CPU, of
-  which its own choice is only to skip the TLS backend botocore imports for nothing) and
-  creates a session and client (~0.13 s: botocore loads and parses the S3 service model and
-  its endpoint rules, as boto3 does). Mosaic pays boto3's start-up inside its phases too,
-  but on its upload or download thread, overlapped with its work; LitData imports boto3 with
-  `import litdata` (outside the timed span) and transfers through obstore, whose start-up is
-  a few milliseconds. A cold image read then waits for its first 64 MB shard whole (~0.45 s
-  over loopback, bound by the server: its CPU column), verifies it (xxh3, ~10 ms) and starts
-  the next while the consumer is on the first; the local copy is written in the background.
-  A build pays the start-up and the write protocol's ~25 sequential requests (~0.3 s) before
-  and after the examples are computed, where Mosaic's ~6 requests and client start-up overlap
-  its writing: with the computing the same for both (~1.7 s for the image-like examples), the
-  ratio sits near 1 and moves with the load on the machine.
+  most one PUT of the stream's progress record; no listing per shard. The rest is the write
+  protocol's fixed cost, the same for 1 shard or 100: 21 requests for one shard (lease,
+  fence, stream marker, manifest, clean-up; 4 of them listings, each serving every look-up
+  of the step that made it: `tests/store/test_s3_requests.py` pins them, through both S3
+  clients).
+- **The S3 client.** snapcache sends its S3 requests through obstore (the Rust object_store
+  crate's bindings, as LitData's transfers do) whenever the storage options can be said in
+  its terms (keys or the `AWS_*` variables, endpoint, region: as here), and through s3fs
+  otherwise (profiles, botocore config, credentials only botocore finds) and in processes
+  forked after obstore started (its runtime does not survive a fork: DataLoader workers then
+  pay s3fs's start-up, as in the workers-2 rows); `SNAPCACHE_S3_CLIENT=s3fs` forces s3fs.
+  s3fs's start-up in a fresh process is ~0.5 CPU s (aiobotocore, aiohttp, a botocore session
+  parsing the S3 service model), obstore's a few milliseconds (the start-up rows). Mosaic
+  pays boto3's start-up inside its phases, on its upload or download thread; LitData imports
+  boto3 with `import litdata` (outside the timed span) and transfers through obstore.
+- **What bounds the image build and cold read.** A cold image read waits for its first
+  64 MB shard whole (over loopback, bound by the server: its CPU column), verifies it (xxh3,
+  ~10 ms) and starts the next while the consumer is on the first; the local copy is written
+  in the background. A build computes the examples (the same for every system), uploads each
+  shard while the next is encoded, and pays the protocol's fixed requests before and after.
 - **Checksums.** snapcache verifies each shard (xxh3) before use, Mosaic its shards (xxh64,
   `validate_hash`); LitData has no verification.
 - **Noise.** Other jobs share the 2 cores: wall times swing by up to 2x between runs of the
@@ -534,7 +540,8 @@ def render(args, rows, elapsed) -> str:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["requests"].items()) if k != "total")
         if r["phase"] == "start-up":
             L.append(f"| - | {r['system']} | S3 client start-up "
-                     f"({START_UP_NAMES[r['system']]}) | 0 | {r['seconds']:.2f} | - | "
+                     f"({r.get('client') or START_UP_NAMES[r['system']]}) | 0 | "
+                     f"{r['seconds']:.2f} | - | "
                      f"{r['cpu_s']:.2f} CPU s | {r['server_cpu_s']:.2f} | "
                      f"{r['requests'].get('total', 0)} | {kinds} | |")
             continue

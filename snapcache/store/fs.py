@@ -130,6 +130,15 @@ class Storage:
             return self._s3.client().exists(self.full(rel))
         return self.fs.exists(self._fresh(self.full(rel)))
 
+    def is_file(self, rel: str) -> bool:
+        """Whether the file ``rel`` exists (on S3 one HEAD; ``exists`` also asks whether a
+        folder of that name has files, a LIST more)."""
+        if self.local:
+            return os.path.isfile(self.full(rel))
+        if self._s3:
+            return self._s3.client().head(self.full(rel)) is not None
+        return self.fs.isfile(self._fresh(self.full(rel)))
+
     def bucket_exists(self) -> bool:
         """Whether the bucket holding this root exists (an object store's first path
         component; for local storage, whether the root itself exists). A prefix with no

@@ -141,15 +141,15 @@ class S3fsClient:
         return path
 
     def head(self, path: str) -> dict | None:
+        """One HEAD (s3fs's ``info`` would LIST too, for a folder, when the object is
+        missing)."""
+        bucket, key, _ = self.fs.split_path(path)
         try:
-            info = self.fs.info(self._fresh(path))
+            out = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return None
-        if info.get("type") == "directory":
-            return None
-        modified = info.get("LastModified") or info.get("mtime")
-        return {"size": int(info.get("size") or 0), "last_modified": modified,
-                "e_tag": info.get("ETag") or info.get("etag")}
+        return {"size": int(out["ContentLength"]), "last_modified": out.get("LastModified"),
+                "e_tag": out.get("ETag")}
 
     def exists(self, path: str) -> bool:
         return self.fs.exists(self._fresh(path))
