@@ -183,7 +183,8 @@ class Storage:
         """The whole file, in one request on object stores (s3fs would first ask for its size:
         a HEAD, and a LIST when it is missing): a file rewritten meanwhile (a lease's heartbeat)
         reads as either version, never as a failed partial read. With its ``size`` known (a
-        shard, from the manifest), a large file is fetched as concurrent ranged GETs."""
+        shard, from the manifest), a large file is fetched as concurrent ranged GETs, and the
+        result may be a read-only buffer of the bytes (obstore's, not copied) instead."""
         if self.local:
             with open(self.full(rel), "rb") as f:
                 return f.read()

@@ -256,26 +256,37 @@ class S3Client:
         return out
 
     # -- reads -------------------------------------------------------------------------------
-    def read(self, path: str, size: int | None = None) -> bytes:
-        """The whole object: one GET, or ranged GETs of :data:`RANGE_BYTES` in parallel when
-        its ``size`` is known and larger."""
-        if size is None or size <= RANGE_BYTES:
-            return self.read_versioned(path)[0]
-        starts = list(range(0, size, RANGE_BYTES))
+    def read(self, path: str, size: int | None = None) -> "bytes | memoryview":
+        """The whole object: one GET, or ranged GETs of about :data:`RANGE_BYTES` in parallel
+        when its ``size`` is known and at least 1.5 times that. With ``size`` given (a shard)
+        a read-only view of obstore's buffer (no copy of the shard), else bytes."""
+        parts = 1 if size is None else max(1, round(size / RANGE_BYTES))
+        if parts == 1:
+            body = self._body(self._get(path), path)
+            return body.to_bytes() if size is None else memoryview(body)
+        step = -(-size // parts)
+        starts = list(range(0, size, step))
         with ThreadPoolExecutor(len(starts)) as pool:
-            parts = list(pool.map(lambda s: self.read_range(path, s, min(size, s + RANGE_BYTES)),
-                                  starts))
-        if sum(len(p) for p in parts) != size:  # shorter than said: what is there, whole
+            pieces = list(pool.map(lambda s: self.read_range(path, s, min(size, s + step)),
+                                   starts))
+        if sum(len(p) for p in pieces) != size:  # shorter than said: what is there, whole
             return self.read_versioned(path)[0]
-        return b"".join(parts)
+        return b"".join(pieces)
+
+    def _get(self, path: str) -> Any:
+        return self._call("GET", path, self._obstore.get, self._key(path))
+
+    def _body(self, result: Any, path: str) -> Any:
+        """The response's body (obstore's Bytes), read whole."""
+        try:
+            return result.bytes()
+        except Exception as e:  # noqa: BLE001 - the body failed half-way
+            raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e
 
     def read_versioned(self, path: str) -> tuple[bytes, tuple]:
         """The whole object and (ETag, size) from one GET."""
-        result = self._call("GET", path, self._obstore.get, self._key(path))
-        try:
-            data = result.bytes().to_bytes()
-        except Exception as e:  # noqa: BLE001 - the body failed half-way
-            raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e
+        result = self._get(path)
+        data = self._body(result, path).to_bytes()
         meta = result.meta
         return data, (str(meta["e_tag"]), int(meta["size"]))
 
