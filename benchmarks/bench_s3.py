@@ -8,7 +8,11 @@ On a loopback moto server; the peers when installed in the bench venv.
 
 Phases, each system's in fresh processes; the timed part of each (after the library's import and
 the data's set-up) is measured for wall time, the process's CPU (with its DataLoader workers)
-and the requests in the server's access log:
+and the requests in the server's access log. A fresh process is forked from a fork server per
+system that made the imports a run makes before its clock starts, once (benchmarks/
+forkserver.py; ``--fresh-interpreters`` starts a new interpreter per run instead): the
+libraries' import (2-7 s each for torch, LitData, Mosaic) is outside every timed span either
+way, and each S3 client still starts inside it. The start-up rows are new interpreters.
 
 - build: the first epoch, writing the snapshot to S3 (identity map over the workload's example
   maker; 64 MB shards); timed from the writer's (snapcache: the pipeline's) construction to its
@@ -252,18 +256,50 @@ def _cold_then_warm(loader, stage, meter, numpy: bool) -> dict:
     return {"cold": cold, "warm": {**meter.stop(), "rows": rows}}
 
 
-def run_child(server: Server, system: str, phase: str, workload: str, n: int, url: str,
-              cache: str, workers: int) -> dict:
+def child_env(server: Server) -> dict:
     env = {**os.environ, **server.env, "PYTHONPATH": ROOT,
            "BENCH_S3_SERVER_PID": str(server.server.process.pid)}
-    if system == "mosaic":
-        if TRANSFORMERS_LOADS not in os.environ:
-            os.environ[TRANSFORMERS_LOADS] = "1" if transformers_loads() else "0"
-        env[TRANSFORMERS_LOADS] = os.environ[TRANSFORMERS_LOADS]
+    if TRANSFORMERS_LOADS not in os.environ:
+        os.environ[TRANSFORMERS_LOADS] = "1" if transformers_loads() else "0"
+    env[TRANSFORMERS_LOADS] = os.environ[TRANSFORMERS_LOADS]
+    return env
+
+
+def preload(what: str) -> None:
+    """The imports a run of ``what`` makes before its clock starts, done once by its fork
+    server (benchmarks/forkserver.py) instead of in every run: nothing a timed span includes
+    (an S3 client, boto3 where a system imports it lazily) is imported here."""
+    import benchmarks.workloads  # noqa: F401
+    system, _, extra = what.partition("+")
+    if system == "snapcache":
+        import snapcache  # noqa: F401
+        if extra == "torch":
+            import torch  # noqa: F401
+    elif system == "litdata":
+        import litdata  # noqa: F401
+        from litdata.streaming import downloader  # noqa: F401
+    elif system == "mosaic":
+        _mosaic_imports()
+
+
+def run_child(server: Server, system: str, phase: str, workload: str, n: int, url: str,
+              cache: str, workers: int, forks: dict | None = None) -> dict:
+    """One phase in a fresh process: a fork of the system's fork server (its libraries
+    imported, nothing else), or a new interpreter for the start-up phase and without
+    ``forks``."""
+    argv = ["--child", system, phase, workload, str(n), url, cache, str(workers),
+            server.log_path]
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_s3", "--child", system,
-                          phase, workload, str(n), url, cache, str(workers), server.log_path],
-                         capture_output=True, text=True, cwd=ROOT, env=env)
+    if forks is None or phase == "start-up":
+        out = subprocess.run([sys.executable, "-m", "benchmarks.bench_s3", *argv],
+                             capture_output=True, text=True, cwd=ROOT, env=child_env(server))
+    else:
+        what = system + ("+torch" if system == "snapcache" and workers else "")
+        if what not in forks:
+            from benchmarks.forkserver import ForkServer
+            forks[what] = ForkServer("benchmarks.bench_s3", what, env=child_env(server),
+                                     cwd=ROOT)
+        out = forks[what].run(argv)
     if out.returncode:
         lines = (out.stderr or "failed").strip().splitlines()
         failed = {"error": lines[-1] if lines else "failed"}
@@ -363,25 +399,44 @@ def _mds_columns(workload):
     return {"tokens": "ndarray:int32:128", "length": "int"}
 
 
-def _mosaic(phase, workload, n, url, cache, workers, stage, make, meter):
-    os.environ["S3_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL_S3"]
-    note("Mosaic streaming: endpoint given by S3_ENDPOINT_URL (its only setting for it)")
+_MOSAIC_NOTES: list[str] | None = None
+
+
+def _mosaic_imports() -> list[str]:
+    """Import Mosaic streaming (stand-ins where its imports cannot load here, once per
+    process); the notes saying which."""
+    global _MOSAIC_NOTES
+    if _MOSAIC_NOTES is not None:
+        return _MOSAIC_NOTES
+    notes = []
     try:
         import torchvision  # noqa: F401
     except Exception:
         _stand_in_torchvision()
-        note("Mosaic streaming: `import streaming` imports torchvision, which cannot load "
-             "here (a CUDA build beside the CPU torch): stand-in modules for the two names "
-             "it imports (streaming.vision, unused here) are used")
+        notes.append("Mosaic streaming: `import streaming` imports torchvision, which cannot "
+                     "load here (a CUDA build beside the CPU torch): stand-in modules for the "
+                     "two names it imports (streaming.vision, unused here) are used")
     try:
         if os.environ.get(TRANSFORMERS_LOADS) == "0":  # tried once by the parent (~3 s)
             raise ImportError("transformers cannot be imported here (tried by the parent)")
         import transformers.tokenization_utils_base  # noqa: F401
     except Exception:
         _stand_in_transformers()
-        note("Mosaic streaming: `import streaming` imports transformers (for isinstance checks "
-             "in its own DataLoader, a tokenizer for its C4/Pile datasets: unused here), which cannot load beside the huggingface-hub "
-             "that HF datasets needs: stand-in classes are used")
+        notes.append("Mosaic streaming: `import streaming` imports transformers (for "
+                     "isinstance checks in its own DataLoader, a tokenizer for its C4/Pile "
+                     "datasets: unused here), which cannot load beside the huggingface-hub "
+                     "that HF datasets needs: stand-in classes are used")
+    import streaming  # noqa: F401
+    from streaming.base.util import clean_stale_shared_memory  # noqa: F401
+    _MOSAIC_NOTES = notes
+    return notes
+
+
+def _mosaic(phase, workload, n, url, cache, workers, stage, make, meter):
+    os.environ["S3_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL_S3"]
+    note("Mosaic streaming: endpoint given by S3_ENDPOINT_URL (its only setting for it)")
+    for text in _mosaic_imports():
+        note(text)
     from streaming import MDSWriter, StreamingDataset
     if phase == "build":
         meter.start()
@@ -454,6 +509,7 @@ def measure(args) -> list[dict]:
     workdir = tempfile.mkdtemp(prefix="snapcache-s3-")
     server = Server(workdir)
     unused = os.path.join(workdir, "unused")
+    forks: dict | None = None if args.fresh_interpreters else {}
     try:
         server.make_bucket("bench-start-up")
         for system in args.systems:
@@ -468,13 +524,14 @@ def measure(args) -> list[dict]:
                     bucket = f"bench-{system}-{workload}-{rep}"
                     server.make_bucket(bucket)
                     url = f"s3://{bucket}/snaps"
-                    r = run_child(server, system, "build", workload, n, url, unused, 0)
+                    r = run_child(server, system, "build", workload, n, url, unused, 0, forks)
                     runs[(system, "build", 0)].append(r)
                     print(f"  {workload} {system} build {json.dumps(r)}", file=sys.stderr,
                           flush=True)
                     for workers in args.workers:
                         cache = os.path.join(workdir, f"cache-{system}-{workload}-{workers}")
-                        r = run_child(server, system, "read", workload, n, url, cache, workers)
+                        r = run_child(server, system, "read", workload, n, url, cache, workers,
+                                      forks)
                         shutil.rmtree(cache, ignore_errors=True)
                         for phase in ("cold", "warm"):
                             runs[(system, phase, workers)].append(r[phase])
@@ -484,6 +541,8 @@ def measure(args) -> list[dict]:
             for (system, phase, workers), found in runs.items():
                 rows.append(_row(workload, system, phase, workers, payload, n, found))
     finally:
+        for fork_server in (forks or {}).values():
+            fork_server.close()
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     order = {"start-up": 0, "build": 1, "cold": 2, "warm": 3}
@@ -527,7 +586,10 @@ def render(args, rows, elapsed) -> str:
              + "; 64 MB shards; best setting of each system = the faster of workers "
              + " and ".join(map(str, args.workers))
              + f"; each phase run {repeats} times (fresh processes, every system alike; the "
-             "fastest counts, all runs in the last column). "
+             "fastest counts, all runs in the last column)"
+             + ("" if args.fresh_interpreters else
+                ", each forked from a per-system process that made the imports a run makes "
+                "before its clock starts (`benchmarks/forkserver.py`)") + ". "
              + f"Load average (1 min) {args.load[0]} at the start, {args.load[1]} at the end.\n")
     L.append("| workload | system | phase | workers | s | MB/s | CPU s/GB | server CPU s | "
              "requests | by kind | runs (s) |")
@@ -654,6 +716,9 @@ def main(argv=None):
     parser.add_argument("--repeat", default="image=2,token=1",
                         help="runs of each phase per workload (the fastest counts)")
     parser.add_argument("--rows-json", help="also write the measured rows to this file")
+    parser.add_argument("--fresh-interpreters", action="store_true",
+                        help="start every run as a new interpreter instead of forking it from "
+                             "a process that imported its system's libraries once (slower)")
     args = parser.parse_args(argv)
     args.systems = args.systems.split(",")
     args.workloads = args.workloads.split(",")
