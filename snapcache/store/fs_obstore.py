@@ -148,6 +148,14 @@ _RUNTIME_PID: int | None = None
 _PID_LOCK = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _PID_LOCK
+    _PID_LOCK = threading.Lock()  # the parent's may have been held by a thread not copied
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def usable() -> bool:
     """Whether this process may use obstore: it has, or nobody before a fork of it did."""
     global _RUNTIME_PID

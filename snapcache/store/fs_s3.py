@@ -19,6 +19,7 @@ what a snapshot's phases cost:
 
 from __future__ import annotations
 
+import os
 import posixpath
 import sys
 import threading
@@ -94,14 +95,14 @@ class S3Clients:
         self._obstore: fs_obstore.S3Client | None = None
         self._s3fs: S3fsClient | None = None
         self._fs: Any = None
-        self._lock = threading.Lock()
+        self._lock, self._pid = threading.Lock(), os.getpid()
         if self._config is None:
             self.fs  # noqa: B018 - s3fs serves: its ImportError (with the hint) now, as before
 
     @property
     def fs(self) -> Any:
         """The s3fs filesystem (imported and created on first use)."""
-        with self._lock:
+        with self._locked():
             if self._fs is None:
                 self._fs = self._make_fs(self.url, self.storage_options)[0]
             return self._fs
@@ -110,11 +111,18 @@ class S3Clients:
         """The client this process uses for this root's requests."""
         if self._config is not None and fs_obstore.usable():
             if self._obstore is None:
-                with self._lock:
+                with self._locked():
                     if self._obstore is None:
                         self._obstore = fs_obstore.S3Client(self.bucket, self._config)
             return self._obstore
         return self.s3fs()
+
+    def _locked(self) -> threading.Lock:
+        """This process's lock (a forked child gets a new one: its parent's may have been held
+        by a thread that the child does not have)."""
+        if self._pid != os.getpid():
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        return self._lock
 
     def s3fs(self) -> "S3fsClient":
         """The s3fs client (for what only it does: multipart upload listings)."""
