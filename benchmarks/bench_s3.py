@@ -24,7 +24,10 @@ way, and each S3 client still starts inside it. The start-up rows are new interp
   serve; Mosaic boto3; LitData boto3 at ``import litdata``, obstore lazily) is inside this span, as a user would feel it;
 - warm read: the next epoch of the same dataset object (a loader held across epochs), in the
   same process, the local cache filled by the cold read. With workers, DataLoaders keep them
-  (``persistent_workers``).
+  (``persistent_workers``). Worker counts run from the highest down; a warm epoch slower than
+  the same system's best warm epoch with another worker count so far is stopped there (it
+  cannot be the system's best setting; its row then shows a lower bound). Cold epochs always
+  run whole (the warm epoch after one needs the cache it fills).
 
 A phase of a workload in ``--repeat`` is measured that many times (each a fresh process, a
 fresh destination or cache) for every system alike, and the fastest run counts: the image-like
@@ -236,24 +239,34 @@ START_UP_NAMES = {"snapcache": "obstore", "mosaic": "boto3",
                   "litdata": "obstore"}
 
 
+WARM_CAP: float | None = None
+"""Seconds after which the warm epoch is stopped: the same system's best warm epoch with
+another worker count so far (this one can no longer be the best; see :func:`measure`)."""
+
+
 def _cold_then_warm(loader, stage, meter, numpy: bool) -> dict:
     """The cold epoch (the meter runs from before the dataset was constructed), then the warm
-    one of the same loader."""
+    one of the same loader (stopped once it takes longer than :data:`WARM_CAP`)."""
     from benchmarks.workloads import consume
 
-    def epoch() -> int:
+    def epoch(cap: float | None = None) -> int:
         rows = 0
         for b in loader:
             if numpy:
                 b = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()}
             rows += consume(stage, b)
+            if cap is not None and time.perf_counter() - meter.t > cap:
+                return -rows
         return rows
 
     rows = epoch()
     cold = {**meter.stop(), "rows": rows}
     meter.start()
-    rows = epoch()
-    return {"cold": cold, "warm": {**meter.stop(), "rows": rows}}
+    rows = epoch(WARM_CAP)
+    warm = {**meter.stop(), "rows": abs(rows)}
+    if rows < 0:
+        warm["stopped"] = True
+    return {"cold": cold, "warm": warm}
 
 
 def child_env(server: Server) -> dict:
@@ -283,12 +296,13 @@ def preload(what: str) -> None:
 
 
 def run_child(server: Server, system: str, phase: str, workload: str, n: int, url: str,
-              cache: str, workers: int, forks: dict | None = None) -> dict:
+              cache: str, workers: int, forks: dict | None = None,
+              warm_cap: float | None = None) -> dict:
     """One phase in a fresh process: a fork of the system's fork server (its libraries
     imported, nothing else), or a new interpreter for the start-up phase and without
     ``forks``."""
     argv = ["--child", system, phase, workload, str(n), url, cache, str(workers),
-            server.log_path]
+            server.log_path] + ([repr(warm_cap)] if warm_cap is not None else [])
     started = time.perf_counter()
     if forks is None or phase == "start-up":
         out = subprocess.run([sys.executable, "-m", "benchmarks.bench_s3", *argv],
@@ -528,10 +542,17 @@ def measure(args) -> list[dict]:
                     runs[(system, "build", 0)].append(r)
                     print(f"  {workload} {system} build {json.dumps(r)}", file=sys.stderr,
                           flush=True)
-                    for workers in args.workers:
+                    for workers in sorted(args.workers, reverse=True):
+                        # A warm epoch slower than this system's best warm epoch with another
+                        # worker count is stopped there: it cannot be the best (the slow
+                        # setting, usually workers 0 here, goes last). Cold epochs run whole:
+                        # the warm epoch after one needs the whole cache it fills.
+                        others = [x["seconds"] for (sy, ph, w), found in runs.items()
+                                  if (sy, ph) == (system, "warm") and w != workers
+                                  for x in found if "error" not in x and not x.get("stopped")]
                         cache = os.path.join(workdir, f"cache-{system}-{workload}-{workers}")
                         r = run_child(server, system, "read", workload, n, url, cache, workers,
-                                      forks)
+                                      forks, min(others) if others else None)
                         shutil.rmtree(cache, ignore_errors=True)
                         for phase in ("cold", "warm"):
                             runs[(system, phase, workers)].append(r[phase])
@@ -553,16 +574,19 @@ def measure(args) -> list[dict]:
 
 def _row(workload, system, phase, workers, payload, n, runs) -> dict:
     ok = [r for r in runs if "error" not in r]
-    best = min(ok, key=lambda r: r["seconds"]) if ok else runs[-1]
+    whole = [r for r in ok if not r.get("stopped")]
+    best = min(whole or ok, key=lambda r: r["seconds"]) if ok else runs[-1]
     return {"workload": workload, "system": system, "phase": phase, "workers": workers,
             "payload": payload, "n": n, **best,
-            "runs": [r["seconds"] if "error" not in r else None for r in runs]}
+            "runs": [None if "error" in r else -r["seconds"] if r.get("stopped")
+                     else r["seconds"] for r in runs]}
 
 
 def _runs(r) -> str:
     if len(r["runs"]) < 2:
         return ""
-    return ", ".join(f"{s:.2f}" if s is not None else "failed" for s in r["runs"])
+    return ", ".join("failed" if s is None else f"> {-s:.2f} (stopped)" if s < 0
+                     else f"{s:.2f}" for s in r["runs"])
 
 
 def render(args, rows, elapsed) -> str:
@@ -608,6 +632,12 @@ def render(args, rows, elapsed) -> str:
                      f"{r['requests'].get('total', 0)} | {kinds} | |")
             continue
         gb = r["payload"] / 1e9
+        if r.get("stopped"):  # every run of it stopped: a lower bound, no rates
+            L.append(f"| {r['workload']} | {r['system']} | {r['phase']} | {r['workers']} | "
+                     f"> {r['seconds']:.2f} (stopped: slower than its other setting) | - | - "
+                     f"| {r['server_cpu_s']:.2f} | {r['requests'].get('total', 0)} | {kinds} "
+                     f"| {_runs(r)} |")
+            continue
         L.append(f"| {r['workload']} | {r['system']} | {r['phase']} | {r['workers']} | "
                  f"{r['seconds']:.2f} | {r['payload'] / r['seconds'] / 1e6:,.0f} | "
                  f"{r['cpu_s'] / gb:.1f} | {r['server_cpu_s']:.2f} | "
@@ -626,7 +656,7 @@ def render(args, rows, elapsed) -> str:
 def _best(rows, workload, system, phase):
     """The fastest run of a phase (over the worker counts: each system in its best setting)."""
     ok = [r for r in rows if r["workload"] == workload and r["system"] == system
-          and r["phase"] == phase and "error" not in r]
+          and r["phase"] == phase and "error" not in r and not r.get("stopped")]
     return min(ok, key=lambda r: r["seconds"]) if ok else None
 
 
@@ -653,6 +683,10 @@ def targets(rows) -> list[tuple[str, str, bool | None]]:
         for r in rows:
             if (r["workload"], r["system"], r["phase"]) != (workload, "snapcache", "warm") \
                     or "error" in r:
+                continue
+            if r.get("stopped"):
+                out.append((f"{workload} warm epoch, workers {r['workers']}: <= 1 request",
+                            "not measured (the epoch was stopped)", None))
                 continue
             n = r["requests"].get("total", 0)
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["requests"].items())
@@ -706,6 +740,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         system, phase, workload, n, url, cache, workers, log_path = argv[1:9]
+        global WARM_CAP
+        WARM_CAP = float(argv[9]) if len(argv) > 9 else None
         print(json.dumps(child(system, phase, workload, int(n), url, cache, int(workers),
                                log_path)))
         return
