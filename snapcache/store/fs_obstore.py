@@ -19,8 +19,9 @@ botocore can find, ...), with the same requests and the same answers either way:
 have: a child that uses it hangs (and can break the parent's pooled connections). The
 runtime's process is recorded at its first use; :func:`usable` is False in any other process,
 where Storage falls back to s3fs (a DataLoader worker forked after its parent read the
-manifest pays s3fs's start-up, as it did before obstore). The runtime's threads are not Python
-threads: nothing waits for them at exit.
+manifest pays s3fs's start-up, as it did before obstore); so does a child of a process that had
+imported obstore (another library may have started the runtime). The runtime's threads are not
+Python threads: nothing waits for them at exit.
 
 Only :mod:`snapcache.store.fs` uses this module (the layering test checks that nothing else
 imports obstore).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -149,8 +151,10 @@ _PID_LOCK = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
-    global _PID_LOCK
+    global _PID_LOCK, _RUNTIME_PID
     _PID_LOCK = threading.Lock()  # the parent's may have been held by a thread not copied
+    if "obstore" in sys.modules and _RUNTIME_PID is None:
+        _RUNTIME_PID = -1  # another user of obstore in the parent may have started its runtime
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

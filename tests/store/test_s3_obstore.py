@@ -229,3 +229,19 @@ def test_refused_credentials_are_a_permission_error(strict_server, client):
         storage.read_bytes("manifest.json")
     with pytest.raises(PermissionError):
         storage.write_atomic("x", b"1")
+
+
+def test_a_child_of_a_process_that_imported_obstore_does_not_use_it():
+    """Another library of the parent may have started obstore's runtime (LitData uses it)."""
+    script = textwrap.dedent("""
+        import os, sys
+        import obstore  # as another library would
+        from snapcache.store import fs_obstore
+        pid = os.fork()
+        if pid == 0:
+            print(fs_obstore.usable(), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(fs_obstore.usable())
+    """)
+    assert run(script) == ["False", "True"]
