@@ -162,9 +162,6 @@ class S3fsClient:
     def exists(self, path: str) -> bool:
         return self.fs.exists(self._fresh(path))
 
-    def bucket_exists(self) -> bool:
-        raise NotImplementedError  # S3Clients asks exists(bucket)
-
     def list_names(self, path: str) -> list[str]:
         return list_names(self.fs, path)
 
