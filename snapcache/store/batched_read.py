@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import collections
 import mmap
+import os
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -24,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from snapcache import lifecycle
 from snapcache.errors import CorruptSnapshotError
 from snapcache.machine import available_cpus, memory_budget
 from snapcache.store.codec import Decoder, Schema
@@ -41,64 +44,206 @@ def read_budget(threads: int | None, budget: int | None) -> tuple[int, int]:
 
 
 class BatchedShard:
-    """A compressed local shard read record batch by record batch: each record batch's bytes (a
-    slice of the file's memory map) are checked against its checksum in the manifest, decoded
-    with the manifest's schema and validated (:meth:`SnapshotReader.batch_from_bytes
+    """A local shard read record batch by record batch: each record batch's bytes (a slice of
+    the file's memory map) are checked against its checksum in the manifest, decoded with the
+    manifest's schema and validated (:meth:`SnapshotReader.batch_from_bytes
     <snapcache.store.reader.SnapshotReader.batch_from_bytes>`) when it is asked for, so that
-    reading, verifying and decompressing the record batches of one shard run in parallel on
-    the read threads and overlap with the consumer, instead of the whole file being hashed
-    before its first batch is decoded. No byte of a record batch is used before its checksum
-    matched.
+    the consumer takes the first record batches of a shard while the rest of it is still being
+    read, and the record batches of a compressed shard are decompressed in parallel on the read
+    threads. No byte of a record batch is used before its checksum matched.
 
-    Opening maps the file (its size must be the manifest's) and reads nothing. The bytes
-    outside the record batches (the file's header and footer) are not used, so not read;
-    ``snapcache verify`` checks the whole file's checksum. ``low_memory``: once a record batch
-    is decoded, its pages and those before it are dropped from this process (decoded values
-    are fresh memory, never views of the map), so that resident memory stays within the
-    prefetch budget however large the shard. Same interface as
-    :class:`~snapcache.store.reader.ShardFile`."""
+    With ``verify``, a :class:`_Verifier` thread hashes the record batches front to back from
+    the moment the shard is opened, one shard at a time per reader (the kernel then sees one
+    sequential reader, whose read-ahead keeps the disk busy as a plain sequential read does),
+    independently of how far ahead decoding is; :meth:`get_batch` waits only for the digest
+    of its own record batch. Without ``verify``, decoding reads the bytes.
+
+    Opening maps the file (its size must be the manifest's). The bytes outside the record
+    batches (the file's header and footer) are not used, so not read; ``snapcache verify``
+    checks the whole file's checksum. ``low_memory``: pages are dropped from this process once
+    hashed and once their record batch is decoded (the page cache keeps them; decoded views of
+    an uncompressed shard fault them back in as they are used), so that resident memory stays
+    within the prefetch budget however large the shard. Same interface as
+    :class:`~snapcache.store.reader.ShardFile`, plus :meth:`close` (stops the verifier)."""
 
     def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False):
         self._reader, self._shard, self._low_memory = reader, shard, low_memory
-        self._in_order = threading.Lock()
         self.num_record_batches = len(shard.batch_rows or ())
         self.schema = reader._arrow_schema
         # mapped (a local shard), a missing or resized file a CorruptSnapshotError
         self._buffer, self._map = reader._load(shard, reader.where(shard))
+        self._verifier = _Verifier(reader, shard, self._buffer, self._map, low_memory) \
+            if reader.verify and self.num_record_batches else None
+        if self._verifier is not None:  # an abandoned read stops hashing ahead
+            weakref.finalize(self, self._verifier.abandon)
 
     def get_batch(self, index: int) -> pa.RecordBatch:
         start, end = self._shard.batch_offsets[index], self._shard.batch_offsets[index + 1]
         data = self._buffer.slice(start, end - start)
-        digest = None
-        if self._reader.verify:
-            # Hashing faults the file's pages in. One thread at a time, in the order the batches
-            # were asked for: the kernel's readahead then sees one sequential reader (threads
-            # faulting in different parts of one map at once cost much more CPU and time on a
-            # cold disk); decoding, the CPU-heavy part, runs in parallel.
-            with self._in_order:
-                digest = xxhash.xxh3_64(memoryview(data)).hexdigest()
+        digest = self._verifier.digest(index) if self._verifier is not None else None
         batch = self._reader.batch_from_bytes(self._shard, index, data, digest=digest)
         if self._low_memory and self._map is not None:
-            # this batch's pages and those of the batches before it (hashed on other threads)
+            # this batch's pages and those of the batches before it
             self._map.madvise(mmap.MADV_DONTNEED, 0, end)
         return batch
+
+    def close(self) -> None:
+        """Stop hashing ahead (record batches already returned stay valid)."""
+        if self._verifier is not None:
+            self._verifier.stop()
+
+
+class _Turns:
+    """Lets the verifiers of one reader's shards read one at a time, in the order they were
+    opened (a shard opened ahead is read after the one before it, not interleaved with it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._tickets = 0
+        self._serving = 0
+        self._finished: set[int] = set()
+
+    def ticket(self) -> int:
+        with self._cond:
+            self._tickets += 1
+            return self._tickets - 1
+
+    def wait(self, ticket: int, stopped: "threading.Event") -> bool:
+        """Wait until it is ``ticket``'s turn (True) or ``stopped`` is set (False)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._serving == ticket or stopped.is_set())
+            return self._serving == ticket
+
+    def finish(self, ticket: int) -> None:
+        with self._cond:
+            self._finished.add(ticket)
+            while self._serving in self._finished:
+                self._finished.remove(self._serving)
+                self._serving += 1
+            self._cond.notify_all()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
+_TURNS: "weakref.WeakKeyDictionary[Any, _Turns]" = weakref.WeakKeyDictionary()
+_TURNS_LOCK = threading.Lock()
+
+
+def _forked() -> None:  # a forked child has none of its parent's verifier threads
+    global _TURNS, _TURNS_LOCK
+    _TURNS, _TURNS_LOCK = weakref.WeakKeyDictionary(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _turns_of(reader: "SnapshotReader") -> _Turns:
+    with _TURNS_LOCK:
+        turns = _TURNS.get(reader)
+        if turns is None:
+            turns = _TURNS[reader] = _Turns()
+        return turns
+
+
+class _Verifier:
+    """Hashes the record batches of one mapped shard front to back on its own thread
+    (``snapcache-read_verify``), publishing each digest as it is taken. The thread ends when
+    the shard is hashed, when :meth:`stop` is called (the read was closed) or its
+    :class:`BatchedShard` is collected (the read was abandoned), or at interpreter exit. It
+    never waits for the consumer, so a verifier waiting for its turn behind another always
+    gets it. A record batch asked for that it will not hash (stopped, failed, or in a forked
+    child, where the thread does not exist) is hashed by the one asking."""
+
+    def __init__(self, reader: "SnapshotReader", shard: ShardInfo, buffer: pa.Buffer,
+                 mapped: "mmap.mmap | None", low_memory: bool):
+        self._offsets = list(shard.batch_offsets)
+        self._digests: list[str] = []
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._stopped = threading.Event()  # asked to stop, or done
+        self._pid = os.getpid()
+        self._turns = _turns_of(reader)
+        self._ticket = self._turns.ticket()
+        self._thread = threading.Thread(
+            target=self._run, args=(memoryview(buffer), mapped if low_memory else None),
+            name="snapcache-read_verify", daemon=True)
+        self._forget = lifecycle.at_exit(self.stop)
+        try:
+            self._thread.start()
+        except BaseException:  # e.g. at interpreter exit: let the shards after it go on
+            self._forget()
+            self._stopped.set()
+            self._turns.finish(self._ticket)
+            raise
+
+    def _run(self, view: memoryview, mapped: "mmap.mmap | None") -> None:
+        try:
+            if not self._turns.wait(self._ticket, self._stopped):
+                return
+            offsets = self._offsets
+            for index in range(len(offsets) - 1):
+                if self._stopped.is_set():
+                    return
+                start, end = offsets[index], offsets[index + 1]
+                digest = xxhash.xxh3_64(view[start:end]).hexdigest()
+                if mapped is not None:  # hashed: drop its pages from this process
+                    first = start - start % mmap.PAGESIZE
+                    mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
+                with self._cond:
+                    self._digests.append(digest)
+                    self._cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - raised by digest() in the reading thread
+            with self._cond:
+                self._error = e
+        finally:
+            self._turns.finish(self._ticket)
+            with self._cond:
+                self._stopped.set()
+                self._cond.notify_all()
+            self._forget()
+
+    def digest(self, index: int) -> str | None:
+        """The xxh3_64 hex digest of record batch ``index``'s bytes once hashed; None if this
+        verifier will not hash it (the caller hashes it)."""
+        if os.getpid() != self._pid:
+            return None
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._digests) > index or self._stopped.is_set())
+            if len(self._digests) > index:
+                return self._digests[index]
+            if self._error is not None:
+                raise self._error
+        return None
+
+    def abandon(self) -> None:
+        """Stop hashing ahead, without waiting."""
+        self._stopped.set()
+        self._turns.wake()
+        with self._cond:
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Stop hashing ahead and wait for the thread (it finishes the record batch it is on)."""
+        self.abandon()
+        if self._pid == os.getpid() and self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False
                     ) -> "BatchedShard | ShardFile":
     """``shard`` opened for reading its record batches in order: batch by batch
-    (:class:`BatchedShard`) when it is a compressed shard on local disk whose record batches
-    the manifest indexes, else whole (:meth:`SnapshotReader.open_shard
-    <snapcache.store.reader.SnapshotReader.open_shard>`).
+    (:class:`BatchedShard`) when it is a shard on local disk whose record batches the manifest
+    indexes, else whole (:meth:`SnapshotReader.open_shard
+    <snapcache.store.reader.SnapshotReader.open_shard>`): remote shards come whole through
+    the node-local cache, and shards written before the index existed have no batch checksums.
 
-    Why not always: remote shards come whole through the node-local cache; shards written
-    before the index existed have no batch checksums; and an uncompressed shard has nothing
-    to decode in parallel (its batches are views of the file), so what bounds its read is the
-    disk, which one sequential hash of the whole file drives best: read batch by batch it
-    measured up to ~40% slower on a cold disk (``benchmarks/bench_cold.py``, the image rows:
-    the whole-shard column), though its first batch comes ~10 ms sooner."""
+    Batch by batch, the consumer takes the first record batches while the rest of the shard is
+    read, and compressed record batches decode in parallel; a shard read whole is hashed in
+    full before its first batch is decoded (``benchmarks/bench_cold.py`` compares both)."""
     if reader.storage.local and shard.batch_index and shard.batch_offsets is not None \
-            and reader.schema is not None and shard.compression in ("lz4", "zstd"):
+            and reader.schema is not None:
         return BatchedShard(reader, shard, low_memory=low_memory)
     return reader.open_shard(shard, low_memory=low_memory)
 
@@ -189,6 +334,12 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
         for future, _, _ in decoding:
             future.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
+        # stop reading ahead in the shards opened (those still opening: when collected)
+        opened = [current[1]] if current is not None else []
+        opened += [f.result() for _, f in opening if f.done() and not f.cancelled()
+                   and f.exception() is None]
+        for file_reader in opened:
+            getattr(file_reader, "close", lambda: None)()
 
 
 def _decode(reader: "SnapshotReader", file_reader: Any, index: int, shard: ShardInfo
