@@ -52,11 +52,11 @@ class BatchedShard:
     read, and the record batches of a compressed shard are decompressed in parallel on the read
     threads. No byte of a record batch is used before its checksum matched.
 
-    With ``verify``, a :class:`_Verifier` thread hashes the record batches front to back from
-    the moment the shard is opened, one shard at a time per reader (the kernel then sees one
-    sequential reader, whose read-ahead keeps the disk busy as a plain sequential read does),
-    independently of how far ahead decoding is; :meth:`get_batch` waits only for the digest
-    of its own record batch. Without ``verify``, decoding reads the bytes.
+    With ``verify``, a :class:`_Verifier` thread hashes the record batches asked for and, while
+    they are asked for in order, those after them, front to back, ahead of decoding (the
+    kernel then sees one sequential reader, whose read-ahead keeps the disk busy as a plain
+    sequential read does); :meth:`get_batch` waits only for the digest of its own record
+    batch. Without ``verify``, decoding reads the bytes.
 
     Opening maps the file (its size must be the manifest's). The bytes outside the record
     batches (the file's header and footer) are not used, so not read; ``snapcache verify``
@@ -72,7 +72,7 @@ class BatchedShard:
         self.schema = reader._arrow_schema
         # mapped (a local shard), a missing or resized file a CorruptSnapshotError
         self._buffer, self._map = reader._load(shard, reader.where(shard))
-        self._verifier = _Verifier(reader, shard, self._buffer, self._map, low_memory) \
+        self._verifier = _Verifier(shard, self._buffer, self._map, low_memory) \
             if reader.verify and self.num_record_batches else None
         if self._verifier is not None:  # an abandoned read stops hashing ahead
             weakref.finalize(self, self._verifier.abandon)
@@ -93,139 +93,139 @@ class BatchedShard:
             self._verifier.stop()
 
 
-class _Turns:
-    """Lets the verifiers of one reader's shards read one at a time, in the order they were
-    opened (a shard opened ahead is read after the one before it, not interleaved with it)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._tickets = 0
-        self._serving = 0
-        self._finished: set[int] = set()
-
-    def ticket(self) -> int:
-        with self._cond:
-            self._tickets += 1
-            return self._tickets - 1
-
-    def wait(self, ticket: int, stopped: "threading.Event") -> bool:
-        """Wait until it is ``ticket``'s turn (True) or ``stopped`` is set (False)."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._serving == ticket or stopped.is_set())
-            return self._serving == ticket
-
-    def finish(self, ticket: int) -> None:
-        with self._cond:
-            self._finished.add(ticket)
-            while self._serving in self._finished:
-                self._finished.remove(self._serving)
-                self._serving += 1
-            self._cond.notify_all()
-
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
-
-_TURNS: "weakref.WeakKeyDictionary[Any, _Turns]" = weakref.WeakKeyDictionary()
-_TURNS_LOCK = threading.Lock()
-
-
-def _forked() -> None:  # a forked child has none of its parent's verifier threads
-    global _TURNS, _TURNS_LOCK
-    _TURNS, _TURNS_LOCK = weakref.WeakKeyDictionary(), threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forked)
-
-
-def _turns_of(reader: "SnapshotReader") -> _Turns:
-    with _TURNS_LOCK:
-        turns = _TURNS.get(reader)
-        if turns is None:
-            turns = _TURNS[reader] = _Turns()
-        return turns
+AHEAD_BYTES = 32 << 20
+"""How far past the furthest record batch asked for a shard's verifier hashes on its own."""
+SLACK = 8
+"""Record batches between the first and the furthest asked for that may not have been asked
+for (yet) while the read still counts as sequential: parallel decoding asks for the next few
+in any order."""
 
 
 class _Verifier:
-    """Hashes the record batches of one mapped shard front to back on its own thread
-    (``snapcache-read_verify``), publishing each digest as it is taken. The thread ends when
-    the shard is hashed, when :meth:`stop` is called (the read was closed) or its
-    :class:`BatchedShard` is collected (the read was abandoned), or at interpreter exit. It
-    never waits for the consumer, so a verifier waiting for its turn behind another always
-    gets it. A record batch asked for that it will not hash (stopped, failed, or in a forked
-    child, where the thread does not exist) is hashed by the one asking."""
+    """Hashes the record batches of one mapped shard on its own thread
+    (``snapcache-read_verify``), publishing each digest as it is taken: first the batches
+    asked for and not hashed yet (lowest first), then, while the batches asked for are
+    sequential, the rest from the first asked for on, front to back, up to
+    :data:`AHEAD_BYTES` past the furthest asked for, so that the disk streams ahead of decoding as for a plain sequential
+    read. A read that jumps (a shuffled epoch, one stream's share of several) stops the
+    hashing ahead for this shard: only what is asked for is read.
 
-    def __init__(self, reader: "SnapshotReader", shard: ShardInfo, buffer: pa.Buffer,
-                 mapped: "mmap.mmap | None", low_memory: bool):
+    The thread ends when every batch is hashed, when :meth:`stop` is called (the read was
+    closed) or its :class:`BatchedShard` is collected (the read was abandoned), or at
+    interpreter exit. A record batch asked for that it will not hash (stopped, failed, or in
+    a forked child, where the thread does not exist) is hashed by the one asking."""
+
+    def __init__(self, shard: ShardInfo, buffer: pa.Buffer, mapped: "mmap.mmap | None",
+                 low_memory: bool):
         self._offsets = list(shard.batch_offsets)
-        self._digests: list[str] = []
+        count = len(self._offsets) - 1
+        self._digests: list[str | None] = [None] * count
+        self._asked: set[int] = set()    # asked for, not hashed yet
+        self._wanted = [False] * count   # ever asked for
+        self._count = 0                  # how many were ever asked for
+        self._first = self._furthest = -1  # the first and the furthest asked for
+        self._sequential = True          # whether those asked for leave (almost) no gaps
+        self._next = 0                   # the next batch to hash ahead
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self._stopped = threading.Event()  # asked to stop, or done
         self._pid = os.getpid()
-        self._turns = _turns_of(reader)
-        self._ticket = self._turns.ticket()
         self._thread = threading.Thread(
             target=self._run, args=(memoryview(buffer), mapped if low_memory else None),
             name="snapcache-read_verify", daemon=True)
         self._forget = lifecycle.at_exit(self.stop)
         try:
             self._thread.start()
-        except BaseException:  # e.g. at interpreter exit: let the shards after it go on
+        except BaseException:  # e.g. at interpreter exit
             self._forget()
             self._stopped.set()
-            self._turns.finish(self._ticket)
             raise
 
+    def _choose(self) -> int | None:
+        """The batch to hash next, if any now (called holding the lock)."""
+        digests, offsets = self._digests, self._offsets
+        while self._asked:
+            index = min(self._asked)
+            self._asked.discard(index)
+            if digests[index] is None:  # not hashed ahead meanwhile
+                return index
+        self._next = max(self._next, self._first)  # never before the first asked for
+        while self._next < len(digests) and digests[self._next] is not None:
+            self._next += 1
+        if self._sequential and self._furthest >= 0 and self._next < len(digests) and \
+                offsets[self._next] < offsets[self._furthest + 1] + AHEAD_BYTES:
+            return self._next
+        return None
+
     def _run(self, view: memoryview, mapped: "mmap.mmap | None") -> None:
+        offsets, digests = self._offsets, self._digests
         try:
-            if not self._turns.wait(self._ticket, self._stopped):
-                return
-            offsets = self._offsets
-            for index in range(len(offsets) - 1):
-                if self._stopped.is_set():
-                    return
+            while True:
+                with self._cond:
+                    index = self._choose()
+                    while index is None:
+                        if self._stopped.is_set() or None not in digests:
+                            return  # stopped, or every batch hashed
+                        self._cond.wait()
+                        index = self._choose()
+                    if self._stopped.is_set():
+                        return
                 start, end = offsets[index], offsets[index + 1]
                 digest = xxhash.xxh3_64(view[start:end]).hexdigest()
                 if mapped is not None:  # hashed: drop its pages from this process
                     first = start - start % mmap.PAGESIZE
                     mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
                 with self._cond:
-                    self._digests.append(digest)
+                    digests[index] = digest
                     self._cond.notify_all()
         except BaseException as e:  # noqa: BLE001 - raised by digest() in the reading thread
             with self._cond:
                 self._error = e
         finally:
-            self._turns.finish(self._ticket)
             with self._cond:
                 self._stopped.set()
                 self._cond.notify_all()
             self._forget()
 
     def digest(self, index: int) -> str | None:
-        """The xxh3_64 hex digest of record batch ``index``'s bytes once hashed; None if this
+        """The xxh3_64 hex digest of record batch ``index``'s bytes, once hashed; None if this
         verifier will not hash it (the caller hashes it)."""
         if os.getpid() != self._pid:
             return None
         with self._cond:
-            self._cond.wait_for(lambda: len(self._digests) > index or self._stopped.is_set())
-            if len(self._digests) > index:
+            self._note(index)
+            if self._digests[index] is None and not self._stopped.is_set():
+                self._asked.add(index)
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._digests[index] is not None or
+                                    self._stopped.is_set())
+            if self._digests[index] is not None:
                 return self._digests[index]
             if self._error is not None:
                 raise self._error
         return None
 
+    def _note(self, index: int) -> None:
+        """Record that ``index`` was asked for; the read stops being sequential once more than
+        :data:`SLACK` batches between the first and the furthest asked for were never asked
+        for (called holding the lock)."""
+        if self._wanted[index]:
+            return
+        self._wanted[index] = True
+        self._count += 1
+        self._first = index if self._first < 0 else min(self._first, index)
+        self._furthest = max(self._furthest, index)
+        if self._furthest - self._first + 1 - self._count > SLACK:
+            self._sequential = False
+
     def abandon(self) -> None:
-        """Stop hashing ahead, without waiting."""
-        self._stopped.set()
-        self._turns.wake()
+        """Stop hashing, without waiting."""
         with self._cond:
+            self._stopped.set()
             self._cond.notify_all()
 
     def stop(self) -> None:
-        """Stop hashing ahead and wait for the thread (it finishes the record batch it is on)."""
+        """Stop hashing and wait for the thread (it finishes the record batch it is on)."""
         self.abandon()
         if self._pid == os.getpid() and self._thread is not threading.current_thread():
             self._thread.join()

@@ -242,28 +242,39 @@ def batch_bytes(reader, shard, k) -> bytes:
 
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
-def test_shards_are_hashed_one_after_the_other_in_the_order_they_were_opened(
+def test_a_sequential_read_is_hashed_ahead_front_to_back_and_a_jumping_one_only_as_asked(
         root, monkeypatch, compression):
-    """Two shards opened together (the second opened ahead): the second is hashed only after
-    the whole first, even when its record batches are asked for first, so the disk sees one
-    sequential reader; every batch is hashed once, by the verifier threads."""
-    ds = pipeline(root, 2000, compression, shard_size=24 << 10)
+    """Asked for in order, a shard's record batches are hashed ahead of decoding, front to
+    back, by its verifier thread (each once); asked for out of order (a shuffled epoch, one
+    stream's share), only the batches asked for are hashed, as they are asked."""
+    ds = pipeline(root, 4000, compression, shard_size=1 << 30)
     list(ds)
     reader = reader_of(root)
-    first, second = reader.manifest.shards[:2]
-    assert len(first.batch_rows) >= 2 and len(second.batch_rows) >= 2
+    (shard,) = reader.manifest.shards
+    count = len(shard.batch_rows)
+    assert count > batched_read.SLACK + 4
+    expected = [batch_bytes(reader, shard, k) for k in range(count)]
+
     spy = Blocking(monkeypatch)
-    a = batched_read.open_sequential(reader, first)
-    b = batched_read.open_sequential(reader, second)
-    assert isinstance(a, BatchedShard) and isinstance(b, BatchedShard)
-    got_b = [b.get_batch(k) for k in range(b.num_record_batches)]
-    got_a = [a.get_batch(k) for k in range(a.num_record_batches)]
-    expected = [batch_bytes(reader, first, k) for k in range(len(first.batch_rows))] + \
-        [batch_bytes(reader, second, k) for k in range(len(second.batch_rows))]
+    opened = batched_read.open_sequential(reader, shard)
+    assert opened.get_batch(0).num_rows == shard.batch_rows[0]
+    rows = [opened.get_batch(k).column("i").to_numpy() for k in range(count)]
+    opened.close()
+    assert np.concatenate(rows).tolist() == list(range(shard.rows))
     assert spy.hashed == [("snapcache-read_verify", data) for data in expected]
-    rows = np.concatenate([x.column("i").to_numpy() for x in got_a + got_b])
-    assert rows.tolist() == list(range(first.rows + second.rows))
-    a.close(), b.close()
+
+    spy.hashed.clear()
+    spy.gate.clear()  # hold the verifier at its first batch while the jumps are asked for
+    opened = batched_read.open_sequential(reader, shard)
+    wanted = [count - 1, 0] + list(range(2, count - 1, batched_read.SLACK + 2))
+    asking = threading.Thread(target=lambda: [opened.get_batch(k) for k in wanted])
+    asking.start()
+    assert spy.waiting.wait(60)
+    spy.gate.set()
+    asking.join(60)
+    assert not asking.is_alive()
+    opened.close()
+    assert spy.hashed == [("snapcache-read_verify", expected[k]) for k in wanted]
 
 
 def test_a_closed_shard_still_verifies_the_batches_it_is_asked_for(root, monkeypatch):
@@ -275,14 +286,18 @@ def test_a_closed_shard_still_verifies_the_batches_it_is_asked_for(root, monkeyp
     (shard,) = reader.manifest.shards
     flip_byte_in_batch(reader, 0, 4)
     spy = Blocking(monkeypatch)
-    spy.gate.clear()  # the verifier stops before hashing anything
+    spy.gate.clear()  # the verifier waits before hashing the first batch asked for
     opened = batched_read.open_sequential(reader, shard)
+    first = []
+    asking = threading.Thread(target=lambda: first.append(opened.get_batch(0)))
+    asking.start()
     assert spy.waiting.wait(60)
     closer = threading.Thread(target=opened.close)
     closer.start()
     spy.gate.set()
-    closer.join(60)
-    assert not closer.is_alive()
+    closer.join(60), asking.join(60)
+    assert not closer.is_alive() and not asking.is_alive()
+    assert first[0].num_rows == shard.batch_rows[0]
     assert opened.get_batch(3).num_rows == shard.batch_rows[3]
     with pytest.raises(sc.CorruptSnapshotError,
                        match=f"shard '{shard.path}' record batch 4 is corrupt: checksum"):
@@ -312,8 +327,10 @@ def hashing(data=b""):
 
 parent = os.getpid()
 batched_read.xxhash = type("X", (), {"xxh3_64": hashing})
-held = batched_read.open_sequential(reader, first)  # its verifier blocked mid-shard
-waiting.wait(60)
+held = batched_read.open_sequential(reader, first)
+asking = threading.Thread(target=held.get_batch, args=(0,))
+asking.start()
+assert waiting.wait(60)  # its verifier is hashing (held), a reader waits for it
 pid = os.fork()
 if pid == 0:  # the child: no verifier thread of the parent's exists here
     import signal
@@ -326,15 +343,16 @@ if pid == 0:  # the child: no verifier thread of the parent's exists here
     os._exit(0 if ok else 3)
 _, status = os.waitpid(pid, 0)
 gate.set()
+asking.join()
 held.close()
 print("child", os.waitstatus_to_exitcode(status))
 """
 
 
 def test_a_forked_child_reads_shards_whose_verifier_ran_in_its_parent(root):
-    """A process forked while a verifier thread was hashing (a DataLoader worker started by
-    fork): the child reads that shard (hashing its batches itself) and opens others (not
-    waiting for a turn held by the parent's thread)."""
+    """A process forked while a verifier thread was hashing and a reader waited for it (a
+    DataLoader worker started by fork): the child reads that shard, hashing its batches
+    itself (the thread does not exist there), and opens others."""
     ds = pipeline(root, 2000, "lz4", shard_size=24 << 10)
     list(ds)
     (fp,) = [d for d in os.listdir(root) if len(d) == 32]
