@@ -104,16 +104,17 @@ in any order."""
 class _Verifier:
     """Hashes the record batches of one mapped shard on its own thread
     (``snapcache-read_verify``), publishing each digest as it is taken: first the batches
-    asked for and not hashed yet (lowest first), then, while the batches asked for are
-    sequential, the rest from the first asked for on, front to back, up to
-    :data:`AHEAD_BYTES` past the furthest asked for, so that the disk streams ahead of decoding as for a plain sequential
-    read. A read that jumps (a shuffled epoch, one stream's share of several) stops the
-    hashing ahead for this shard: only what is asked for is read.
+    asked for and not hashed yet (lowest first), then, once two or more were asked for and
+    they are sequential, the rest from the first asked for on, front to back, up to
+    :data:`AHEAD_BYTES` past the furthest asked for, so that the disk streams ahead of
+    decoding as for a plain sequential read. A read that jumps (a shuffled epoch, one stream's
+    share of several) ends the thread once it has hashed what was asked for: the readers then
+    hash what they ask for themselves, and nothing is read that is not asked for.
 
-    The thread ends when every batch is hashed, when :meth:`stop` is called (the read was
+    The thread also ends when every batch is hashed, when :meth:`stop` is called (the read was
     closed) or its :class:`BatchedShard` is collected (the read was abandoned), or at
-    interpreter exit. A record batch asked for that it will not hash (stopped, failed, or in
-    a forked child, where the thread does not exist) is hashed by the one asking."""
+    interpreter exit. A record batch asked for that it will not hash (ended, failed, or in a
+    forked child, where the thread does not exist) is hashed by the one asking."""
 
     def __init__(self, shard: ShardInfo, buffer: pa.Buffer, mapped: "mmap.mmap | None",
                  low_memory: bool):
@@ -152,7 +153,7 @@ class _Verifier:
         self._next = max(self._next, self._first)  # never before the first asked for
         while self._next < len(digests) and digests[self._next] is not None:
             self._next += 1
-        if self._sequential and self._furthest >= 0 and self._next < len(digests) and \
+        if self._sequential and self._count >= 2 and self._next < len(digests) and \
                 offsets[self._next] < offsets[self._furthest + 1] + AHEAD_BYTES:
             return self._next
         return None
@@ -164,8 +165,9 @@ class _Verifier:
                 with self._cond:
                     index = self._choose()
                     while index is None:
-                        if self._stopped.is_set() or None not in digests:
-                            return  # stopped, or every batch hashed
+                        if self._stopped.is_set() or None not in digests or \
+                                not self._sequential:
+                            return  # stopped, every batch hashed, or the askers hash
                         self._cond.wait()
                         index = self._choose()
                     if self._stopped.is_set():

@@ -123,8 +123,10 @@ def test_a_damaged_record_batch_raises_naming_it_after_the_batches_before_it(
     assert SnapshotReader.open(reader.storage).verify_all()  # verify: the whole file
 
 
-def test_without_verify_batches_are_decoded_and_validated_but_not_hashed(root, monkeypatch):
-    ds = pipeline(root, 2000, "lz4", shard_size=1 << 30, verify=False)
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_without_verify_batches_are_decoded_and_validated_but_not_hashed(root, monkeypatch,
+                                                                        compression):
+    ds = pipeline(root, 2000, compression, shard_size=1 << 30, verify=False)
     list(ds)
     hashed = []
     real = SnapshotReader.batch_from_bytes
@@ -214,12 +216,22 @@ def test_stopping_early_leaves_no_read_thread(root, how, compression):
 
 
 class Blocking:
-    """xxh3_64 for batched_read that notes which bytes it hashed and, while ``gate`` is clear,
-    blocks the verifier thread before hashing (``waiting`` set)."""
+    """xxh3_64 for batched_read and the reader that notes which thread hashed what (the hex
+    digest, as in ``ShardInfo.batch_checksums``) and, while ``gate`` is clear, blocks the
+    verifier thread before hashing (``waiting`` set). Verifier threads of earlier reads are
+    let finish first, so that only this test's are seen."""
 
     def __init__(self, monkeypatch):
+        import gc
+
         import xxhash
 
+        from snapcache.store import reader
+
+        gc.collect()  # abandoned reads' verifiers stop
+        for thread in threading.enumerate():
+            if thread.name == "snapcache-read_verify":
+                thread.join(60)
         self.hashed, self.gate, self.waiting = [], threading.Event(), threading.Event()
         self.gate.set()
         real = xxhash.xxh3_64
@@ -229,16 +241,13 @@ class Blocking:
                     not self.gate.is_set():
                 self.waiting.set()
                 self.gate.wait()
-            self.hashed.append((threading.current_thread().name, bytes(data[:64])))
-            return real(data)
+            digest = real(data)
+            self.hashed.append((threading.current_thread().name, digest.hexdigest()))
+            return digest
 
-        monkeypatch.setattr(batched_read, "xxhash", type("X", (), {"xxh3_64": hashing}))
-
-
-def batch_bytes(reader, shard, k) -> bytes:
-    with open(os.path.join(reader.storage.url, shard.path), "rb") as f:
-        f.seek(shard.batch_offsets[k])
-        return f.read(64)
+        spy = type("X", (), {"xxh3_64": staticmethod(hashing)})
+        monkeypatch.setattr(batched_read, "xxhash", spy)
+        monkeypatch.setattr(reader, "xxhash", spy)
 
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
@@ -246,14 +255,15 @@ def test_a_sequential_read_is_hashed_ahead_front_to_back_and_a_jumping_one_only_
         root, monkeypatch, compression):
     """Asked for in order, a shard's record batches are hashed ahead of decoding, front to
     back, by its verifier thread (each once); asked for out of order (a shuffled epoch, one
-    stream's share), only the batches asked for are hashed, as they are asked."""
+    stream's share), only the batches asked for are hashed: the verifier hashes the first two
+    and ends, the asker hashes the rest."""
     ds = pipeline(root, 4000, compression, shard_size=1 << 30)
     list(ds)
     reader = reader_of(root)
     (shard,) = reader.manifest.shards
     count = len(shard.batch_rows)
     assert count > batched_read.SLACK + 4
-    expected = [batch_bytes(reader, shard, k) for k in range(count)]
+    expected = shard.batch_checksums
 
     spy = Blocking(monkeypatch)
     opened = batched_read.open_sequential(reader, shard)
@@ -267,14 +277,16 @@ def test_a_sequential_read_is_hashed_ahead_front_to_back_and_a_jumping_one_only_
     spy.gate.clear()  # hold the verifier at its first batch while the jumps are asked for
     opened = batched_read.open_sequential(reader, shard)
     wanted = [count - 1, 0] + list(range(2, count - 1, batched_read.SLACK + 2))
-    asking = threading.Thread(target=lambda: [opened.get_batch(k) for k in wanted])
+    asking = threading.Thread(target=lambda: [opened.get_batch(k) for k in wanted],
+                              name="asker")
     asking.start()
     assert spy.waiting.wait(60)
     spy.gate.set()
     asking.join(60)
     assert not asking.is_alive()
     opened.close()
-    assert spy.hashed == [("snapcache-read_verify", expected[k]) for k in wanted]
+    assert spy.hashed == [("snapcache-read_verify", expected[k]) for k in wanted[:2]] + \
+        [("asker", expected[k]) for k in wanted[2:]]
 
 
 def test_a_closed_shard_still_verifies_the_batches_it_is_asked_for(root, monkeypatch):
@@ -302,8 +314,13 @@ def test_a_closed_shard_still_verifies_the_batches_it_is_asked_for(root, monkeyp
     with pytest.raises(sc.CorruptSnapshotError,
                        match=f"shard '{shard.path}' record batch 4 is corrupt: checksum"):
         opened.get_batch(4)
-    # the verifier hashed only the batch it was on when stopped; 3 and 4 were hashed here
-    assert spy.hashed == [("snapcache-read_verify", batch_bytes(reader, shard, 0))]
+    # the verifier hashed only the batch it was on when stopped (the asker, woken by the
+    # stop, may have hashed it too); 3 and 4 were hashed here
+    by = lambda name: [data for who, data in spy.hashed if who == name]  # noqa: E731
+    assert by("snapcache-read_verify") == [shard.batch_checksums[0]]
+    here = by(threading.current_thread().name)
+    assert len(here) == 2 and here[0] == shard.batch_checksums[3]
+    assert here[1] != shard.batch_checksums[4]  # batch 4's damaged bytes
 
 
 FORK_CHILD = """
