@@ -2,8 +2,10 @@
 
     python -m benchmarks.throughput write SYSTEM WORKLOAD COMPRESSION N DIR
     python -m benchmarks.throughput read  SYSTEM WORKLOAD COMPRESSION N DIR [PREFETCH_BYTES]
+    python -m benchmarks.throughput reread SYSTEM WORKLOAD COMPRESSION N DIR
 
-Each prints one JSON line. Readers run in their own process so peak RSS (``ru_maxrss``) is the
+Each prints one JSON line. ``reread`` is ``read`` without the one-by-one pass (a repeated
+measurement of the first batch and the batched epochs). Readers run in their own process so peak RSS (``ru_maxrss``) is the
 reading alone. Every system's batches are copied into the same preallocated staging buffers.
 Systems: snapcache, raw (numpy ``readinto`` of the same bytes from page cache), pickle (one
 pickled list of examples a shard), tfdata (``tf.data.Dataset.save``/``load``: the snapshot file
@@ -271,8 +273,8 @@ def main(argv):
         best = min(epochs)
         payload = n * example_bytes(workload)
         out = {"first_batch_s": first, "batched_s": best, "batched_mb_s": payload / best / 1e6,
-               "batched_ex_s": n / best}
-        if single is not None:
+               "batched_ex_s": n / best, "epochs_s": epochs}
+        if single is not None and phase == "read":
             seconds, _ = timed(single, n)
             out["single_ex_s"] = n / seconds
         out["peak_rss_mb"] = peak_rss_mb()
