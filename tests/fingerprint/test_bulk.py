@@ -216,3 +216,15 @@ def test_many_examples_mostly_of_one_structure_hash_like_one_by_one(templates, c
     picks = np.where(rng.random(count) < 0.97, 0, rng.integers(0, len(templates), count))
     items = [templates[p] for p in picks.tolist()]
     assert bulk.hash_items(items) == one_by_one(items)
+
+
+@pytest.mark.parametrize("items", [[], (), iter([]), np.zeros((0, 3), np.int32),
+                                   [np.zeros(0, np.float32)] * 50, [{}] * 40, [()] * 40,
+                                   [{"e": np.zeros((2, 0), np.int8), "n": None}] * 60],
+                         ids=["list", "tuple", "iterator", "array", "empty arrays",
+                              "empty dicts", "empty tuples", "empty leaves"])
+def test_empty_sources_and_empty_examples_hash_like_one_by_one(items):
+    expected = one_by_one(list(items) if not isinstance(items, np.ndarray) else items)
+    if not isinstance(items, (list, tuple, np.ndarray)):
+        items = iter([])
+    assert bulk.hash_items(items) == expected
