@@ -5,11 +5,12 @@ An in-memory source (``Dataset.from_iterable``) is fingerprinted by streaming ev
 canonical encoding (:func:`snapcache.fingerprint.canonical.feed_value`) into one xxh3 hasher.
 Done example by example in Python that runs at ~50 MB/s for small examples. Here the examples
 are taken in chunks: the structure of the chunk's first example (dicts with str keys, tuples,
-lists, with numpy arrays, numpy scalars, ints, floats, bools or None as leaves) becomes a
-:class:`Layout`, every example of the chunk is checked against it column by column (C-level
-``map`` calls, no Python code per example; how, worked out once per layout by :class:`_Plan`),
-and the bytes are fed as a few large buffers: the large arrays' own buffers, and one row of a
-kept matrix per example for everything between them (small arrays' bytes copied in).
+lists, with numpy arrays, numpy scalars, ints, floats, bools, None, str or bytes as leaves)
+becomes a :class:`Layout`, every example of the chunk is checked against it column by column
+(C-level ``map`` calls, no Python code per example; how, worked out once by :class:`_Plan`),
+and the bytes are fed as a few large buffers: the large arrays' own buffers (and str and bytes
+values' bytes), and one row of a kept matrix per example for everything between them (small
+arrays' bytes copied in).
 
 The bytes fed are exactly the bytes :func:`feed_value` feeds, so digests do not change: the
 framing (dict and sequence headers, keys, their order) is not restated here but read off the
@@ -17,7 +18,7 @@ canonical encoder by encoding a skeleton of the first example whose leaves are u
 each leaf's constant prefix (type tag, dtype, shape) is read off the encoding of the first
 example's leaf and checked. Arrays that are not C-contiguous are hashed in their C order, as
 :func:`feed_value` does. A chunk that does not fit (another structure, dtype or shape, an int
-beyond 64 bits, a dict subclass, a str ...) is fed one example at a time.
+beyond 64 bits, a dict subclass, an object array ...) is fed one example at a time.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ SMALL_ARRAY = 4096
 """Arrays up to this size are copied into one matrix with the rest of their example; larger
 ones are fed as their own buffers."""
 
+_TEXT = {"str": lambda v: v.encode("utf-8", "surrogatepass"), "bytes": lambda v: v}
+"""The bytes a str or bytes leaf feeds after its tag and length (as :func:`feed_value`)."""
 _MAX_LEAVES = 64
 _MAX_DEPTH = 8
 _MARK = b"\xffsnapcache:bulk-marker\xfe"
@@ -73,13 +76,15 @@ def _encoding(value: Any) -> bytes:
 @dataclass
 class _Leaf:
     path: tuple
-    kind: str            # "array", "int", "float", "bool", "scalar", "none"
+    kind: str            # "array", "int", "float", "bool", "scalar", "none", "str", "bytes"
     type: type
     dtype: Any = None    # arrays and numpy scalars
     shape: tuple = ()
     prefix: bytes = b""  # the constant bytes before the payload
-    size: int = 0        # payload bytes (arrays: fed as their own buffer)
+    size: int = 0        # payload bytes (arrays: fed as their own buffer; str, bytes: the
+    #                      8-byte length, their bytes fed as their own buffer)
     table: tuple = ()    # bools: (encoding of False, encoding of True)
+    typical: int = 0     # str, bytes: the first example's bytes (sizes chunks)
 
 
 def _payload(leaf: _Leaf, value: Any) -> bytes:
@@ -91,6 +96,9 @@ def _payload(leaf: _Leaf, value: Any) -> bytes:
         return struct.pack("<d", math.nan if value != value else value)
     if leaf.kind == "scalar":
         return np.asarray(value).tobytes()
+    if leaf.kind in _TEXT:
+        data = _TEXT[leaf.kind](value)
+        return len(data).to_bytes(8, "little") + data
     return b""
 
 
@@ -114,6 +122,8 @@ def _leaf(path: tuple, value: Any) -> _Leaf | None:
         return _Leaf(path, "bool", t, size=len(table[0]), table=table)
     elif t is type(None):
         leaf = _Leaf(path, "none", t)
+    elif t is str or t is bytes:
+        leaf = _Leaf(path, t.__name__, t, size=8, typical=len(_TEXT[t.__name__](value)))
     elif isinstance(value, np.generic) and value.dtype.kind in _NUMERIC \
             and value.dtype.byteorder != ">":
         leaf = _Leaf(path, "scalar", t, value.dtype, size=value.dtype.itemsize)
@@ -160,8 +170,8 @@ class Layout:
         if at < len(stream):
             self.segments.append(stream[at:])
         self.key_order_counts = _encoding(self._reorder(skeleton)) != stream
-        self.record = sum(len(s) if isinstance(s, bytes) else len(s.prefix) + s.size
-                          for s in self.segments)
+        self.record = sum(len(s) if isinstance(s, bytes) else len(s.prefix) + s.size +
+                          s.typical for s in self.segments)
         self.ok = True
 
     def _skeleton(self, value: Any, path: tuple, seen: set) -> Any:
@@ -251,6 +261,11 @@ class _Plan:
             if segment.kind == "array" and segment.size > SMALL_ARRAY:
                 close()
                 self.slots.append(segment)
+            elif segment.kind in _TEXT:  # the length in the matrix, then the bytes alone
+                fields.append((at, segment))
+                at += segment.size
+                close()
+                self.slots.append(segment)
             elif segment.kind != "none":
                 fields.append((at, segment))
                 at += segment.size
@@ -290,17 +305,19 @@ class _Plan:
             if set(map(type, columns[leaf.path])) != {leaf.type}:
                 return None
         matrices = self._matrices(k)
-        large = {}
+        large = {id(leaf): _encoded(leaf, columns[leaf.path]) for leaf in self.leaves
+                 if leaf.kind in _TEXT}
         for m, fields in zip(matrices, self.fields):
             for at, leaf in fields:
                 if isinstance(leaf, bytes):
                     continue
-                payload = _payload_of(leaf, columns[leaf.path], k)
+                payload = _lengths(large[id(leaf)], k) if leaf.kind in _TEXT else \
+                    _payload_of(leaf, columns[leaf.path], k)
                 if payload is None:
                     return None
                 m[:, at:at + leaf.size] = payload
         for slot in self.slots:
-            if not isinstance(slot, int):
+            if not isinstance(slot, int) and slot.kind == "array":
                 col = columns[slot.path]
                 if set(map(_DTYPE, col)) != {slot.dtype} or not _same_shape(col, slot.shape):
                     return None
@@ -314,6 +331,18 @@ class _Plan:
         for i, r in enumerate(rows):
             out[i::len(rows)] = r
         return out
+
+
+def _encoded(leaf: _Leaf, col: list) -> list:
+    """The bytes each str (or bytes) value of ``col`` feeds after its tag and length."""
+    if leaf.kind == "bytes":
+        return col
+    return list(map(str.encode, col, itertools.repeat("utf-8"),
+                    itertools.repeat("surrogatepass")))
+
+
+def _lengths(encoded: list, k: int) -> np.ndarray:
+    return np.fromiter(map(len, encoded), np.dtype("<u8"), count=k).view(np.uint8).reshape(k, 8)
 
 
 def _payload_of(leaf: _Leaf, col: list, k: int) -> Any:

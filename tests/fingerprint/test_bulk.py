@@ -228,3 +228,19 @@ def test_empty_sources_and_empty_examples_hash_like_one_by_one(items):
     if not isinstance(items, (list, tuple, np.ndarray)):
         items = iter([])
     assert bulk.hash_items(items) == expected
+
+
+def test_str_and_bytes_fields_are_hashed_in_bulk(monkeypatch):
+    items = [{"text": f"doc {i} " * (i % 4) + "\u00e9\ud800", "label": i % 10,
+              "raw": bytes([i % 256]) * (i % 5), "tokens": np.arange(i % 3, i % 3 + 4)}
+             for i in range(400)]
+    calls = counting_feed_value(monkeypatch)
+    for some in (items, [f"bare {i}" for i in range(300)], [(b"", "")] * 300):
+        expected = one_by_one(some)
+        calls.clear()
+        assert bulk.hash_items(some) == expected
+        assert len(calls) < 20  # the layout's skeleton and leaves, not one call per example
+    expected = one_by_one(items)
+    changed = list(items)
+    changed[5] = {**items[5], "text": items[5]["text"] + "!"}
+    assert bulk.hash_items(changed)[0] != expected[0]
