@@ -27,6 +27,7 @@ import time
 import snapcache as sc
 from snapcache import machine
 from benchmarks import classic, cpu_work
+from benchmarks import throughput as throughput_module
 from benchmarks.report import (  # noqa: F401 (write_doc: imported from here by others)
     DOC, command_line, load_average, markers, publish, verdict, write_doc)
 
@@ -87,22 +88,23 @@ def round_order(configs, r):
 
 
 def combine_reads(reads):
-    """One row from a configuration's reading processes (one a round, the first with the
-    one-by-one pass): the fastest batched epoch and the fastest first batch of all of them
+    """One row from a configuration's reading processes (one a round; some with the
+    one-by-one pass): the fastest batched epoch, first batch and one-by-one pass of them
     (the runs least slowed by other jobs; every system is measured alike), with each round's
     values kept to show the spread. A failed round is kept as None; all failed: the error."""
     ok = [r for r in reads if "error" not in r and "batched_s" in r]
     if not ok:
         return next((r for r in reads if "error" in r), {"error": "no read"})
-    best = min(ok, key=lambda r: r["batched_s"])
-    out = {**reads[0], **{k: best[k] for k in ("batched_s", "batched_mb_s", "batched_ex_s")}}
+    out = dict(min(ok, key=lambda r: r["batched_s"]))
     out.pop("epochs_s", None)
+    out.pop("single_ex_s", None)
     out["first_batch_s"] = min(r["first_batch_s"] for r in ok)
     out["first_batch_runs"] = [r.get("first_batch_s") for r in reads]
     out["batched_runs"] = [r.get("batched_mb_s") for r in reads]
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
-    if "single_ex_s" in reads[0]:
-        out["single_ex_s"] = reads[0]["single_ex_s"]
+    singles = [r["single_ex_s"] for r in ok if "single_ex_s" in r]
+    if singles:
+        out["single_ex_s"] = max(singles)
     return out
 
 
@@ -127,7 +129,8 @@ def throughput(workdir, sizes, skip_baselines, rounds=READ_ROUNDS):
                 if "error" in writes[(system, c)]:
                     continue
                 root = os.path.join(workdir, f"{system}-{workload}-{c}")
-                read = sub("read" if r == 0 else "reread", system, workload, c, n, root)
+                single = r == 0 or system not in throughput_module.SINGLE_LIMIT
+                read = sub("read" if single else "reread", system, workload, c, n, root)
                 reads[(system, c)].append(read)
                 print(f"  {workload:6} {system:9} {c:5} read {r + 1} {json.dumps(read)}",
                       file=sys.stderr, flush=True)
@@ -243,8 +246,8 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed, i
              "process, batches of 256 copied into a preallocated staging buffer; checksums "
              "verified (snapcache); the fastest epoch of all rounds, each round's fastest in the "
              "last column (the spread). one-by-one: examples/s iterating single examples (each "
-             "copied into the staging buffer; first round only; tf.data and HF: the first 20,000 "
-             "examples). first batch: from building the "
+             "copied into the staging buffer), the fastest of the rounds (tf.data and HF: the "
+             "first round only, their first 20,000 examples). first batch: from building the "
              "pipeline object (imports excluded) to the first batch, in a fresh process, page "
              "cache warm (the files were just written or read); the fastest of the rounds, "
              "each round's in brackets. first epoch: the writing epoch (in brackets, for "

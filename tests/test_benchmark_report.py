@@ -77,10 +77,13 @@ def test_the_runtime_benchmark_reads_every_system_in_rounds_and_counts_the_faste
                 **extra}
 
     row = run_all.combine_reads([read(2.0, 0.04, single_ex_s=7.0), {"error": "boom"},
-                                 read(1.0, 0.05), read(1.5, 0.03)])
+                                 read(1.0, 0.05), read(1.5, 0.03, single_ex_s=9.0)])
     assert row["batched_s"] == 1.0 and row["batched_mb_s"] == 100.0
-    assert row["first_batch_s"] == 0.03 and row["single_ex_s"] == 7.0
+    assert row["first_batch_s"] == 0.03 and row["single_ex_s"] == 9.0
     assert row["batched_runs"] == [50.0, None, 100.0, 100 / 1.5]
     assert row["first_batch_runs"] == [0.04, None, 0.05, 0.03]
     assert "epochs_s" not in row and row["peak_rss_mb"] == 50.05
     assert run_all.combine_reads([{"error": "boom"}]) == {"error": "boom"}
+    row = run_all.combine_reads([{"error": "boom"}, read(1.0, 0.05)])
+    assert "error" not in row and row["batched_runs"] == [None, 100.0]
+    assert "single_ex_s" not in row
