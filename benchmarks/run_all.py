@@ -53,6 +53,23 @@ NOTES = """### Notes on the targets
   zstd-bound read costs (~1.9 GB/s a core to decode these rows, against ~5 GB/s for lz4).
   `benchmarks.bench_codecs` measures #14's read targets against HF datasets alone, in a few
   minutes.
+- **Time to the first batch** (a fresh process, page cache warm) is: fingerprinting the
+  pipeline (the map function's code; a few ms), reading the manifest, taking the read lease
+  (written atomically without `fsync`: the lease and last-use record's four `fsync`s took
+  3-90 ms on this busy disk), then the first piece of the epoch: its record batch is decoded
+  alone (the next ones start once the consumer comes back for the second piece; decoded
+  beside it they doubled the time on a busy machine). For a compressed shard that is one
+  whole record batch (16,384 token-like rows, ~8.5 MB decoded); an uncompressed shard is
+  hashed whole before its first batch (64 MB for the image-like shards: their row is the
+  slowest).
+- **Reading the same data, under load.** Both snapcache and HF datasets read the image-like
+  data from memory-mapped Arrow files and copy 403 MB an epoch into the staging buffer, so
+  both are bound by memory bandwidth; snapcache also hashes every shard each epoch (~20% of
+  its read here, `bench_verify`), overlapped with the copying only when a core is free. Their
+  ratio moves with the load on the machine more than any other row (HF read 2,087-3,385 MB/s
+  in runs of the same code). Rows that need both cores (2 processes against 1) or that add
+  CPU work to an epoch (the first epoch with a snapshot) read worse the busier the machine:
+  compare them with the load average above.
 """
 
 
