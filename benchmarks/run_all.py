@@ -27,6 +27,7 @@ import time
 import snapcache as sc
 from snapcache import machine
 from benchmarks import classic, cpu_work
+from benchmarks import throughput as throughput_module
 from benchmarks.report import (  # noqa: F401 (write_doc: imported from here by others)
     DOC, command_line, load_average, markers, publish, verdict, write_doc)
 
@@ -37,6 +38,8 @@ TF_CODECS = {"image": ("none", "lz4", "zstd"), "token": ("none",)}
 """tf.data's codecs run: its compressed token-like snapshots take 40-100 s each to write here
 (2 of the run's 15 minutes), and the targets compare with its uncompressed one."""
 MEMORY_BUDGET = 32 << 20
+READ_ROUNDS = 3
+"""Reading processes per system and codec (the first also reads example by example)."""
 # Written with the numbers of the run that produced docs/benchmarks.md; revisit after changes.
 NOTES = """### Notes on the targets
 
@@ -50,6 +53,23 @@ NOTES = """### Notes on the targets
   zstd-bound read costs (~1.9 GB/s a core to decode these rows, against ~5 GB/s for lz4).
   `benchmarks.bench_codecs` measures #14's read targets against HF datasets alone, in a few
   minutes.
+- **Time to the first batch** (a fresh process, page cache warm) is: fingerprinting the
+  pipeline (the map function's code; a few ms), reading the manifest, taking the read lease
+  (written atomically without `fsync`: the lease and last-use record's four `fsync`s took
+  3-90 ms on this busy disk), then the first piece of the epoch: its record batch is decoded
+  alone (the next ones start once the consumer comes back for the second piece; decoded
+  beside it they doubled the time on a busy machine). For a compressed shard that is one
+  whole record batch (16,384 token-like rows, ~8.5 MB decoded); an uncompressed shard is
+  hashed whole before its first batch (64 MB for the image-like shards: their row is the
+  slowest).
+- **Reading the same data, under load.** Both snapcache and HF datasets read the image-like
+  data from memory-mapped Arrow files and copy 403 MB an epoch into the staging buffer, so
+  both are bound by memory bandwidth; snapcache also hashes every shard each epoch (~20% of
+  its read here, `bench_verify`), overlapped with the copying only when a core is free. Their
+  ratio moves with the load on the machine more than any other row (HF read 2,087-3,385 MB/s
+  in runs of the same code). Rows that need both cores (2 processes against 1) or that add
+  CPU work to an epoch (the first epoch with a snapshot) read worse the busier the machine:
+  compare them with the load average above.
 """
 
 
@@ -69,25 +89,92 @@ def available(module):
         return False
 
 
-def throughput(workdir, sizes, skip_baselines):
+def configurations(workload, systems):
+    """(system, codec) pairs read for ``workload``, in the order of the first round."""
+    return [(system, c) for system in systems
+            for c in (COMPRESSIONS if system == "snapcache" else
+                      TF_CODECS[workload] if system == "tfdata" else ("none",))]
+
+
+def round_order(configs, r):
+    """Round ``r``'s order: reversed every other round and rotated, so that no system is
+    always read first, last, or right after the same other one."""
+    order = configs[::-1] if r % 2 else list(configs)
+    shift = (r // 2) % max(1, len(order))
+    return order[shift:] + order[:shift]
+
+
+def combine_reads(reads):
+    """One row from a configuration's reading processes (one a round; some with the
+    one-by-one pass): the fastest batched epoch, first batch and one-by-one pass of them
+    (the runs least slowed by other jobs; every system is measured alike), with each round's
+    values kept to show the spread. A failed round is kept as None; all failed: the error."""
+    ok = [r for r in reads if "error" not in r and "batched_s" in r]
+    if not ok:
+        return next((r for r in reads if "error" in r), {"error": "no read"})
+    out = dict(min(ok, key=lambda r: r["batched_s"]))
+    out.pop("epochs_s", None)
+    out.pop("single_ex_s", None)
+    out["first_batch_s"] = min(r["first_batch_s"] for r in ok)
+    out["first_batch_runs"] = [r.get("first_batch_s") for r in reads]
+    out["batched_runs"] = [r.get("batched_mb_s") for r in reads]
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in ok)
+    singles = [r["single_ex_s"] for r in ok if "single_ex_s" in r]
+    if singles:
+        out["single_ex_s"] = max(singles)
+    return out
+
+
+def throughput(workdir, sizes, skip_baselines, rounds=READ_ROUNDS):
+    """Per workload: every system writes, then reads in ``rounds`` rounds, each reader a
+    fresh process, systems alternated between rounds (other jobs' load then lands on all
+    alike; identical shards, as the image-like ones of every codec, measure alike)."""
     systems = ["snapcache", "raw", "pickle"]
     if not skip_baselines:
         systems += [s for s, m in (("tfdata", "tensorflow"), ("hf", "datasets")) if available(m)]
-    results = {}
+    results, identical = {}, {}
     for workload, n in sizes.items():
-        for system in systems:
-            codecs = COMPRESSIONS if system == "snapcache" else \
-                TF_CODECS[workload] if system == "tfdata" else ("none",)
-            for c in codecs:
+        configs = configurations(workload, systems)
+        writes, reads = {}, {cfg: [] for cfg in configs}
+        for system, c in configs:
+            root = os.path.join(workdir, f"{system}-{workload}-{c}")
+            writes[(system, c)] = sub("write", system, workload, c, n, root)
+            print(f"  {workload:6} {system:9} {c:5} write {json.dumps(writes[(system, c)])}",
+                  file=sys.stderr, flush=True)
+        for r in range(rounds):
+            for system, c in round_order(configs, r):
+                if "error" in writes[(system, c)]:
+                    continue
                 root = os.path.join(workdir, f"{system}-{workload}-{c}")
-                w = sub("write", system, workload, c, n, root)
-                r = sub("read", system, workload, c, n, root) if "error" not in w else {}
-                results[(workload, system, c)] = {**w, **r, "n": n}
-                print(f"  {workload:6} {system:9} {c:5} {json.dumps(results[(workload, system, c)])}",
+                single = r == 0 or system not in throughput_module.SINGLE_LIMIT
+                read = sub("read" if single else "reread", system, workload, c, n, root)
+                reads[(system, c)].append(read)
+                print(f"  {workload:6} {system:9} {c:5} read {r + 1} {json.dumps(read)}",
                       file=sys.stderr, flush=True)
-                if not (system == "snapcache" and workload == "image"):
-                    shutil.rmtree(root, ignore_errors=True)
-    return results, systems
+        identical[workload] = identical_shards(workdir, workload)
+        for system, c in configs:
+            w = writes[(system, c)]
+            results[(workload, system, c)] = {**w, **(combine_reads(reads[(system, c)])
+                                                      if "error" not in w else {}), "n": n}
+            if not (system == "snapcache" and workload == "image"):
+                shutil.rmtree(os.path.join(workdir, f"{system}-{workload}-{c}"),
+                              ignore_errors=True)
+    return results, systems, identical
+
+
+def identical_shards(workdir, workload):
+    """The snapcache codecs whose shards are byte for byte those of ``none`` (the same
+    checksums in their manifests): their rows differ only by noise."""
+    def checksums(c):
+        root = os.path.join(workdir, f"snapcache-{workload}-{c}")
+        found = []
+        for base, _, files in os.walk(root):
+            if "manifest.json" in files:
+                with open(os.path.join(base, "manifest.json")) as f:
+                    found += [s["checksum"] for s in json.load(f)["shards"]]
+        return found
+    none = checksums("none")
+    return [c for c in COMPRESSIONS if c != "none" and none and checksums(c) == none]
 
 
 def memory(workdir, n):
@@ -109,9 +196,11 @@ def first_epoch_overhead(workdir, n):
         for _ in ds:
             pass
         return time.perf_counter() - t
-    plain = min(epoch(False) for _ in range(2))
-    snap = min(epoch(True) for _ in range(2))
-    return plain, snap
+    plain, snap = [], []
+    for _ in range(3):  # alternated, so that other jobs' load lands on both alike
+        plain.append(epoch(False))
+        snap.append(epoch(True))
+    return min(plain), min(snap)
 
 
 def process_speedup(n):
@@ -123,15 +212,23 @@ def process_speedup(n):
             pass
         return time.perf_counter() - t
     serial = run(None, "thread")
-    return {"serial": serial, "thread x2": run(2, "thread"), "process x1": run(1, "process"),
-            "process x2": run(2, "process")}
+    one, two = [], []
+    for _ in range(3):  # alternated, the fastest of each: other jobs take cores at times
+        one.append(run(1, "process"))
+        two.append(run(2, "process"))
+    return {"serial": serial, "thread x2": run(2, "thread"), "process x1": min(one),
+            "process x2": min(two)}
 
 
 def ratio(a, b):
     return a / b if b else float("nan")
 
 
-def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
+def _runs(values, scale, fmt):
+    return " / ".join("failed" if v is None else format(v * scale, fmt) for v in values)
+
+
+def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed, identical=None):
     L = []
     L.append(START)
     L.append("## Runtime and snapshot reads\n")
@@ -141,8 +238,8 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
              f"{machine.available_cpus()} usable CPUs, "
              f"{machine.total_memory() / 2**30:.0f} GiB RAM, Python "
              f"{platform.python_version()}, {platform.platform()}; 1-minute load average "
-             f"{args.load} at the start (other jobs share the 2 cores). All numbers from this "
-             "one run.\n")
+             f"{args.load} at the start and {args.load_end} at the end (other jobs share the "
+             "2 cores). All numbers from this one run.\n")
     naive = classic_rows[0][1]
     L.append("### 1. Classic input-pipeline experiments\n")
     L.append(f"Source: open {classic.OPEN_S * 1e3:.0f} ms, {classic.READ_S * 1e3:.0f} ms an "
@@ -160,18 +257,26 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
     L.append(f"| {n2} | {t2:.3f} | | | {ratio(t1, t2):.1f}x |\n")
 
     L.append("### 2. Snapshot reads against the baselines\n")
-    L.append("Later epochs: best of 3 epochs, batches of 256 copied into a preallocated staging "
-             "buffer; checksums verified (snapcache). one-by-one: examples/s iterating single "
-             "examples (each copied into the staging buffer). first batch: from building the "
-             "pipeline object (imports excluded) to the first batch, in a fresh process. "
+    L.append(f"Each system and codec is read by {READ_ROUNDS} fresh processes, one a round, "
+             "the systems in another order each round (reversed and rotated), so that other "
+             "jobs' load lands on all alike. Later epochs: the fastest of 3 epochs in each "
+             "process, batches of 256 copied into a preallocated staging buffer; checksums "
+             "verified (snapcache); the fastest epoch of all rounds, each round's fastest in the "
+             "last column (the spread). one-by-one: examples/s iterating single examples (each "
+             "copied into the staging buffer), the fastest of the rounds (tf.data and HF: the "
+             "first round only, their first 20,000 examples). first batch: from building the "
+             "pipeline object (imports excluded) to the first batch, in a fresh process, page "
+             "cache warm (the files were just written or read); the fastest of the rounds, "
+             "each round's in brackets. first epoch: the writing epoch (in brackets, for "
+             "`none`, the same epoch without a snapshot just before it). "
              "tf.data is `Dataset.save`/`Dataset.load` (the snapshot file format and reader; "
              "codecs: none, SNAPPY for lz4, GZIP for zstd; token-like: none only, its compressed "
              "ones take 40-100 s each to write); HF datasets has no compression "
              "and is listed once; raw = numpy `readinto` of the same bytes from page cache.\n")
     L.append("| workload | system | codec | MB/s batched | examples/s batched | "
              "examples/s one-by-one | first batch ms | on disk MB | peak RSS MB | "
-             "first epoch s (no snapshot s) |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|")
+             "first epoch s (no snapshot s) | MB/s batched per round |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for (workload, system, c), r in tp.items():
         if "error" in r or "batched_mb_s" not in r:
             L.append(f"| {workload} | {system} | {c} | failed: {r.get('error', '?')} |||||||")
@@ -180,10 +285,18 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
         if "no_snapshot_s" in r:
             first += f" ({r['no_snapshot_s']:.2f})"
         single = f"{r['single_ex_s']:,.0f}" if "single_ex_s" in r else ""
+        firsts = f" ({_runs(r['first_batch_runs'], 1e3, '.0f')})" \
+            if len(r.get("first_batch_runs", ())) > 1 else ""
         L.append(f"| {workload} | {system} | {r.get('codec', c)} | {r['batched_mb_s']:,.0f} | "
-                 f"{r['batched_ex_s']:,.0f} | {single} | {r['first_batch_s'] * 1e3:.1f} | "
-                 f"{r['disk_bytes'] / 1e6:,.0f} | {r['peak_rss_mb']:,.0f} | {first} |")
+                 f"{r['batched_ex_s']:,.0f} | {single} | {r['first_batch_s'] * 1e3:.1f}{firsts} | "
+                 f"{r['disk_bytes'] / 1e6:,.0f} | {r['peak_rss_mb']:,.0f} | {first} | "
+                 f"{_runs(r.get('batched_runs', ()), 1, ',.0f')} |")
     L.append("")
+    for workload, codecs in (identical or {}).items():
+        if codecs:
+            L.append(f"{workload}: the shards of {', '.join(codecs)} are byte for byte those of "
+                     "`none` (the same checksums): any difference between their rows is "
+                     "noise.\n")
 
     L.append("### 3. Memory: a snapshot much larger than the prefetch budget\n")
     L.append("| codec | snapshot MB | prefetch budget MB | peak RSS MB | budget + 200 MB | |")
@@ -238,14 +351,15 @@ def render(args, classic_rows, vec, tp, systems, mem, overhead, proc, elapsed):
     firsts = [(w, c, get(w, "snapcache", c, "first_batch_s")) for w in ("image", "token")
               for c in COMPRESSIONS]
     worst = max((f for f in firsts if f[2] is not None), key=lambda f: f[2])
-    L.append(f"| time to first batch < 50 ms | worst {worst[2] * 1e3:.1f} ms ({worst[0]}, "
-             f"{worst[1]}) | {verdict(worst[2] < 0.05)} |")
+    L.append(f"| time to first batch < 50 ms (fastest of {READ_ROUNDS} fresh processes) | worst "
+             f"{worst[2] * 1e3:.1f} ms ({worst[0]}, {worst[1]}) | {verdict(worst[2] < 0.05)} |")
     worst_rss = max(r.get("peak_rss_mb", 1e9) for r in mem.values())
     L.append(f"| peak RSS < prefetch budget + 200 MB | {worst_rss:,.0f} MB vs "
              f"{MEMORY_BUDGET / 2**20 + 200:.0f} MB | "
              f"{verdict(worst_rss < MEMORY_BUDGET / 2**20 + 200)} |")
     sp = proc["process x1"] / proc["process x2"]
-    L.append(f"| pure-Python map: 2 processes >= 1.7x 1 process | {proc['process x1']:.2f} s vs "
+    L.append(f"| pure-Python map: 2 processes >= 1.7x 1 process (fastest of 3 each, alternated) | "
+             f"{proc['process x1']:.2f} s vs "
              f"{proc['process x2']:.2f} s = {sp:.2f}x (serial {proc['serial']:.2f} s, 2 threads "
              f"{proc['thread x2']:.2f} s) | {verdict(sp >= 1.7)} |")
     L.append("")
@@ -270,11 +384,12 @@ def main(argv=None):
         print("first epoch overhead ...", file=sys.stderr, flush=True)
         overhead = first_epoch_overhead(workdir, max(300, int(1500 * args.scale)))
         print("throughput ...", file=sys.stderr, flush=True)
-        tp, systems = throughput(workdir, sizes, args.skip_baselines)
+        tp, systems, identical = throughput(workdir, sizes, args.skip_baselines)
         print("memory ...", file=sys.stderr, flush=True)
         mem = memory(workdir, sizes["image"])
+    args.load_end = load_average()
     section = render(args, classic_rows, vec, tp, systems, mem, overhead, proc,
-                     time.perf_counter() - started)
+                     time.perf_counter() - started, identical)
     publish(section, START, END, write=args.write)
 
 

@@ -56,3 +56,34 @@ def test_the_s3_benchmark_counts_the_fastest_of_each_systems_runs():
     assert "vs mosaic 1.90 s (workers 2) = 1.90x" in measured and ok is False
     assert found["image warm epoch, workers 0: <= 1 request"][1] is False
     assert found["image build: no slower than the faster peer"][1] is None  # not measured
+
+
+def test_the_runtime_benchmark_reads_every_system_in_rounds_and_counts_the_fastest():
+    """run_all: each system and codec is read by several fresh processes in an order that
+    changes every round; a row counts the fastest epoch and first batch of its rounds and
+    keeps every round's value (the spread); a failed round is shown, not dropped."""
+    from benchmarks import run_all
+
+    configs = [("snapcache", "none"), ("snapcache", "auto"), ("hf", "none")]
+    orders = [run_all.round_order(configs, r) for r in range(4)]
+    assert orders[0] == configs and orders[1] == configs[::-1]
+    assert len({tuple(o) for o in orders}) == 4 and all(sorted(o) == sorted(configs)
+                                                        for o in orders)
+    assert len({o[0] for o in orders}) == 3                  # each one first in some round
+
+    def read(batched, first, **extra):
+        return {"first_batch_s": first, "batched_s": batched, "batched_mb_s": 100 / batched,
+                "batched_ex_s": 10 / batched, "peak_rss_mb": 50 + first, "epochs_s": [batched],
+                **extra}
+
+    row = run_all.combine_reads([read(2.0, 0.04, single_ex_s=7.0), {"error": "boom"},
+                                 read(1.0, 0.05), read(1.5, 0.03, single_ex_s=9.0)])
+    assert row["batched_s"] == 1.0 and row["batched_mb_s"] == 100.0
+    assert row["first_batch_s"] == 0.03 and row["single_ex_s"] == 9.0
+    assert row["batched_runs"] == [50.0, None, 100.0, 100 / 1.5]
+    assert row["first_batch_runs"] == [0.04, None, 0.05, 0.03]
+    assert "epochs_s" not in row and row["peak_rss_mb"] == 50.05
+    assert run_all.combine_reads([{"error": "boom"}]) == {"error": "boom"}
+    row = run_all.combine_reads([{"error": "boom"}, read(1.0, 0.05)])
+    assert "error" not in row and row["batched_runs"] == [None, 100.0]
+    assert "single_ex_s" not in row

@@ -5,17 +5,20 @@ An in-memory source (``Dataset.from_iterable``) is fingerprinted by streaming ev
 canonical encoding (:func:`snapcache.fingerprint.canonical.feed_value`) into one xxh3 hasher.
 Done example by example in Python that runs at ~50 MB/s for small examples. Here the examples
 are taken in chunks: the structure of the chunk's first example (dicts with str keys, tuples,
-lists, with numpy arrays, numpy scalars, ints, floats, bools or None as leaves) becomes a
-:class:`Layout`, every example of the chunk is checked against it column by column (C-level
-``map`` calls, no Python code per example), and the bytes are fed as a few large buffers: the
-arrays' own buffers, and one row of a small matrix per example for everything between them.
+lists, with numpy arrays, numpy scalars, ints, floats, bools, None, str or bytes as leaves)
+becomes a :class:`Layout`, every example of the chunk is checked against it column by column
+(C-level ``map`` calls, no Python code per example; how, worked out once by :class:`_Plan`),
+and the bytes are fed as a few large buffers: the large arrays' own buffers (and str and bytes
+values' bytes), and one row of a kept matrix per example for everything between them (small
+arrays' bytes copied in).
 
 The bytes fed are exactly the bytes :func:`feed_value` feeds, so digests do not change: the
 framing (dict and sequence headers, keys, their order) is not restated here but read off the
 canonical encoder by encoding a skeleton of the first example whose leaves are unique markers;
 each leaf's constant prefix (type tag, dtype, shape) is read off the encoding of the first
-example's leaf and checked. A chunk that does not fit (another structure, dtype or shape, a
-non-contiguous array, an int beyond 64 bits, a dict subclass ...) is fed one example at a time.
+example's leaf and checked. Arrays that are not C-contiguous are hashed in their C order, as
+:func:`feed_value` does. A chunk that does not fit (another structure, dtype or shape, an int
+beyond 64 bits, a dict subclass, an object array ...) is fed one example at a time.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ SMALL_ARRAY = 4096
 """Arrays up to this size are copied into one matrix with the rest of their example; larger
 ones are fed as their own buffers."""
 
+_TEXT = {"str": lambda v: v.encode("utf-8", "surrogatepass"), "bytes": lambda v: v}
+"""The bytes a str or bytes leaf feeds after its tag and length (as :func:`feed_value`)."""
 _MAX_LEAVES = 64
 _MAX_DEPTH = 8
 _MARK = b"\xffsnapcache:bulk-marker\xfe"
@@ -71,13 +76,15 @@ def _encoding(value: Any) -> bytes:
 @dataclass
 class _Leaf:
     path: tuple
-    kind: str            # "array", "int", "float", "bool", "scalar", "none"
+    kind: str            # "array", "int", "float", "bool", "scalar", "none", "str", "bytes"
     type: type
     dtype: Any = None    # arrays and numpy scalars
     shape: tuple = ()
     prefix: bytes = b""  # the constant bytes before the payload
-    size: int = 0        # payload bytes (arrays: fed as their own buffer)
+    size: int = 0        # payload bytes (arrays: fed as their own buffer; str, bytes: the
+    #                      8-byte length, their bytes fed as their own buffer)
     table: tuple = ()    # bools: (encoding of False, encoding of True)
+    typical: int = 0     # str, bytes: the first example's bytes (sizes chunks)
 
 
 def _payload(leaf: _Leaf, value: Any) -> bytes:
@@ -89,6 +96,9 @@ def _payload(leaf: _Leaf, value: Any) -> bytes:
         return struct.pack("<d", math.nan if value != value else value)
     if leaf.kind == "scalar":
         return np.asarray(value).tobytes()
+    if leaf.kind in _TEXT:
+        data = _TEXT[leaf.kind](value)
+        return len(data).to_bytes(8, "little") + data
     return b""
 
 
@@ -112,6 +122,8 @@ def _leaf(path: tuple, value: Any) -> _Leaf | None:
         return _Leaf(path, "bool", t, size=len(table[0]), table=table)
     elif t is type(None):
         leaf = _Leaf(path, "none", t)
+    elif t is str or t is bytes:
+        leaf = _Leaf(path, t.__name__, t, size=8, typical=len(_TEXT[t.__name__](value)))
     elif isinstance(value, np.generic) and value.dtype.kind in _NUMERIC \
             and value.dtype.byteorder != ">":
         leaf = _Leaf(path, "scalar", t, value.dtype, size=value.dtype.itemsize)
@@ -136,6 +148,7 @@ class Layout:
         self.leaves: list[_Leaf] = []
         self.containers: dict[tuple, tuple[type, int, tuple | None]] = {}
         self.key_order_counts = False
+        self._plan: _Plan | None = None
         skeleton = self._skeleton(example, (), set())
         if skeleton is None or not self.leaves:
             return
@@ -157,8 +170,8 @@ class Layout:
         if at < len(stream):
             self.segments.append(stream[at:])
         self.key_order_counts = _encoding(self._reorder(skeleton)) != stream
-        self.record = sum(len(s) if isinstance(s, bytes) else len(s.prefix) + s.size
-                          for s in self.segments)
+        self.record = sum(len(s) if isinstance(s, bytes) else len(s.prefix) + s.size +
+                          s.typical for s in self.segments)
         self.ok = True
 
     def _skeleton(self, value: Any, path: tuple, seen: set) -> Any:
@@ -200,110 +213,173 @@ class Layout:
     # -- one chunk ------------------------------------------------------------------------
     def parts(self, chunk: list) -> list | None:
         """The buffers to feed for ``chunk`` (in order), or None if an example does not fit."""
+        if self._plan is None:
+            self._plan = _Plan(self)
+        return self._plan.parts(chunk)
+
+
+class _Plan:
+    """How a :class:`Layout`'s chunks are checked and laid out, worked out once.
+
+    An example's stream is a row of one or more *matrices* (constant bytes filled in once,
+    payloads column by column) with the large arrays between them, fed as their own buffers.
+    The matrices are kept and refilled chunk after chunk (fresh memory each chunk costs a
+    page fault per 4 KiB). Per chunk: one C-level pass per check and per column, no Python
+    code per example (a few checks are cheaper than their obvious form: a 2-key dict's order
+    is its first key, a 1-d array's shape its ``ndim`` and ``len``)."""
+
+    def __init__(self, layout: Layout):
+        self.containers = []  # (path, type, length, keys, order): parents before children
+        for path in sorted(layout.containers, key=len):
+            t, n, keys = layout.containers[path]
+            order = None
+            if keys is not None and layout.key_order_counts and n > 1:
+                order = "first" if n == 2 else "all"
+            self.containers.append((path, t, n, keys, order))
+        self.slots: list[Any] = []   # per piece of an example: a matrix index or a large leaf
+        self.fields: list[list] = []  # per matrix: (offset, leaf or constant bytes)
+        self.widths: list[int] = []
+        fields: list = []
+        at = 0
+
+        def close() -> None:
+            nonlocal fields, at
+            if fields:
+                self.slots.append(len(self.fields))
+                self.fields.append(fields)
+                self.widths.append(at)
+            fields, at = [], 0
+
+        for segment in layout.segments:
+            if isinstance(segment, bytes):
+                fields.append((at, segment))
+                at += len(segment)
+                continue
+            if segment.prefix:
+                fields.append((at, segment.prefix))
+                at += len(segment.prefix)
+            if segment.kind == "array" and segment.size > SMALL_ARRAY:
+                close()
+                self.slots.append(segment)
+            elif segment.kind in _TEXT:  # the length in the matrix, then the bytes alone
+                fields.append((at, segment))
+                at += segment.size
+                close()
+                self.slots.append(segment)
+            elif segment.kind != "none":
+                fields.append((at, segment))
+                at += segment.size
+        close()
+        self.leaves = layout.leaves
+        self.matrices: list[np.ndarray] = []
+
+    def _matrices(self, k: int) -> list[np.ndarray]:
+        if not self.matrices or len(self.matrices[0]) < k:
+            self.matrices = []
+            for fields, width in zip(self.fields, self.widths):
+                m = np.empty((k, width), np.uint8)
+                for at, f in fields:
+                    if isinstance(f, bytes):
+                        m[:, at:at + len(f)] = np.frombuffer(f, np.uint8)
+                self.matrices.append(m)
+        return [m[:k] for m in self.matrices]
+
+    def parts(self, chunk: list) -> list | None:
         k = len(chunk)
         columns: dict[tuple, list] = {(): chunk}
-        for path in sorted(self.containers, key=len):
-            t, n, keys = self.containers[path]
+        for path, t, n, keys, order in self.containers:
             col = columns[path]
             if set(map(type, col)) != {t} or set(map(len, col)) != {n}:
-                return None
-            if keys is not None and self.key_order_counts and set(map(tuple, col)) != {keys}:
                 return None
             try:
                 for key in (keys if keys is not None else range(n)):
                     columns[path + (key,)] = list(map(operator.itemgetter(key), col))
             except (KeyError, IndexError, TypeError):
                 return None
-        pieces: list[Any] = []  # per position in an example's stream: one list of k buffers
-        gap: list[Any] = []     # constant bytes and (k, n) uint8 payload matrices, pending
-
-        def flush() -> None:
-            if not gap:
-                return
-            if all(isinstance(g, bytes) for g in gap):
-                pieces.append([b"".join(gap)] * k)
-            else:
-                matrix = np.empty((k, sum(_width(g) for g in gap)), np.uint8)
-                at = 0
-                for g in gap:
-                    matrix[:, at:at + _width(g)] = np.frombuffer(g, np.uint8) \
-                        if isinstance(g, bytes) else g
-                    at += _width(g)
-                pieces.append(matrix)
-            gap.clear()
-
-        for segment in self.segments:
-            if isinstance(segment, bytes):
-                gap.append(segment)
-                continue
-            col = columns[segment.path]
-            if set(map(type, col)) != {segment.type}:
+            # every key is there and there are n: the order is the first key's for n == 2
+            if order == "first" and set(map(next, map(iter, col))) != {keys[0]}:
                 return None
-            if segment.prefix:
-                gap.append(segment.prefix)
-            payload = self._payload(segment, col, k)
-            if payload is None:
+            if order == "all" and set(map(tuple, col)) != {keys}:
                 return None
-            if payload is _LARGE:  # fed as the arrays' own buffers, not copied
-                flush()
-                pieces.append(col)
-            elif payload is not _NONE:
-                gap.append(payload)
-        flush()
-        if len(pieces) == 1 and isinstance(pieces[0], np.ndarray):
-            return [pieces[0]]  # every example is one row of one matrix: one buffer
-        rows = [p.view(f"V{p.shape[1]}").ravel().tolist() if isinstance(p, np.ndarray) else p
-                for p in pieces]
+        for leaf in self.leaves:
+            if set(map(type, columns[leaf.path])) != {leaf.type}:
+                return None
+        matrices = self._matrices(k)
+        large = {id(leaf): _encoded(leaf, columns[leaf.path]) for leaf in self.leaves
+                 if leaf.kind in _TEXT}
+        for m, fields in zip(matrices, self.fields):
+            for at, leaf in fields:
+                if isinstance(leaf, bytes):
+                    continue
+                payload = _lengths(large[id(leaf)], k) if leaf.kind in _TEXT else \
+                    _payload_of(leaf, columns[leaf.path], k)
+                if payload is None:
+                    return None
+                m[:, at:at + leaf.size] = payload
+        for slot in self.slots:
+            if not isinstance(slot, int) and slot.kind == "array":
+                col = columns[slot.path]
+                if set(map(_DTYPE, col)) != {slot.dtype} or not _same_shape(col, slot.shape):
+                    return None
+                large[id(slot)] = list(map(np.ascontiguousarray, col))
+        if len(self.slots) == 1:
+            return [matrices[0]]  # every example is one row of one matrix: one buffer
+        rows = [large[id(slot)] if not isinstance(slot, int) else
+                matrices[slot].view(f"V{self.widths[slot]}").ravel().tolist()
+                for slot in self.slots]
         out: list[Any] = [None] * (k * len(rows))
         for i, r in enumerate(rows):
             out[i::len(rows)] = r
         return out
 
-    @staticmethod
-    def _payload(leaf: _Leaf, col: list, k: int) -> Any:
-        """Checks ``col`` and returns its payload: a (k, size) uint8 matrix, ``_LARGE`` for
-        arrays fed as their own buffers, ``_NONE`` when there is none."""
-        if leaf.kind == "array":
-            if set(map(_DTYPE, col)) != {leaf.dtype} or not _same_shape(col, leaf.shape):
-                return None
-            if leaf.size > SMALL_ARRAY:
-                return _LARGE
-            try:  # C-contiguous buffers only: anything else raises
-                joined = b"".join(col)
-            except (ValueError, BufferError, TypeError):
-                return None
-            return np.frombuffer(joined, np.uint8).reshape(k, leaf.size)
-        if leaf.kind == "none":
-            return _NONE
-        if leaf.kind == "bool":
-            flags = np.fromiter(col, np.bool_, count=k)
-            f, t = (np.frombuffer(e, np.uint8) for e in leaf.table)
-            return np.where(flags[:, None], t, f)
-        if leaf.kind == "int":
-            try:
-                values = np.fromiter(col, np.dtype("<i8"), count=k)
-            except OverflowError:
-                return None
-        elif leaf.kind == "float":
-            values = np.fromiter(col, np.dtype("<f8"), count=k)
-            values[np.isnan(values)] = math.nan
-        else:
-            values = np.array(col)
-            if values.dtype != leaf.dtype:
-                return None
-            values = values.astype(values.dtype.newbyteorder("<"), copy=False)
-        return values.reshape(k, 1).view(np.uint8).reshape(k, -1)
+
+def _encoded(leaf: _Leaf, col: list) -> list:
+    """The bytes each str (or bytes) value of ``col`` feeds after its tag and length."""
+    if leaf.kind == "bytes":
+        return col
+    return list(map(str.encode, col, itertools.repeat("utf-8"),
+                    itertools.repeat("surrogatepass")))
 
 
-_LARGE, _NONE = object(), object()
+def _lengths(encoded: list, k: int) -> np.ndarray:
+    return np.fromiter(map(len, encoded), np.dtype("<u8"), count=k).view(np.uint8).reshape(k, 8)
+
+
+def _payload_of(leaf: _Leaf, col: list, k: int) -> Any:
+    """The (k, size) payload matrix (or something broadcasting to it) of a leaf whose column
+    ``col`` holds values of the leaf's type; None if one does not fit."""
+    if leaf.kind == "array":
+        if set(map(_DTYPE, col)) != {leaf.dtype} or not _same_shape(col, leaf.shape):
+            return None
+        try:  # C-contiguous buffers (nearly always): joined without a copy of each
+            joined = b"".join(col)
+        except (ValueError, BufferError, TypeError):
+            joined = b"".join(map(np.ascontiguousarray, col))
+        return np.frombuffer(joined, np.uint8).reshape(k, leaf.size)
+    if leaf.kind == "bool":
+        flags = np.fromiter(col, np.bool_, count=k)
+        f, t = (np.frombuffer(e, np.uint8) for e in leaf.table)
+        return np.where(flags[:, None], t, f)
+    if leaf.kind == "int":
+        try:
+            values = np.fromiter(col, np.dtype("<i8"), count=k)
+        except OverflowError:
+            return None
+    elif leaf.kind == "float":
+        values = np.fromiter(col, np.dtype("<f8"), count=k)
+        values[np.isnan(values)] = math.nan
+    else:
+        values = np.array(col)
+        if values.dtype != leaf.dtype:
+            return None
+        values = values.astype(values.dtype.newbyteorder("<"), copy=False)
+    return values.reshape(k, 1).view(np.uint8).reshape(k, -1)
+
+
 _DTYPE = operator.attrgetter("dtype")
 _NDIM = operator.attrgetter("ndim")
 _SIZE = operator.attrgetter("size")
 _SHAPE = operator.attrgetter("shape")
-
-
-def _width(g: Any) -> int:
-    return len(g) if isinstance(g, bytes) else g.shape[1]
 
 
 def _same_shape(col: list, shape: tuple) -> bool:
@@ -325,8 +401,9 @@ class _Chunks:
 
     def __iter__(self) -> Iterator[list]:
         while True:
-            if self.it is None:
-                chunk = list(self.items[self.at:self.at + self.size])
+            if self.it is None:  # a slice of a list is a new list; of a tuple, made one
+                chunk = self.items[self.at:self.at + self.size]
+                chunk = chunk if type(chunk) is list else list(chunk)
             else:
                 chunk = list(itertools.islice(self.it, self.size))
             if not chunk:
@@ -369,13 +446,9 @@ def hash_items(items: Iterable[Any]) -> tuple[bytes, int]:
             if layout is None or not layout.ok or (parts := layout.parts(chunk)) is None:
                 layout = Layout(chunk[0])
                 parts = layout.parts(chunk) if layout.ok else None
-        if parts is not None:
-            saved = h.copy()
-            try:
-                collections.deque(map(h.update, parts), maxlen=0)
-            except (ValueError, BufferError, TypeError):  # e.g. a non-contiguous array
-                h, parts = saved, None
-        if parts is None:
+        if parts is not None:  # buffers of ours or contiguous arrays: updates cannot fail
+            collections.deque(map(h.update, parts), maxlen=0)
+        else:
             for i, item in enumerate(chunk):
                 try:
                     feed_value(h, item, walk)

@@ -329,9 +329,11 @@ class Storage:
             return False
         return True
 
-    def write_atomic(self, rel: str, data: bytes, *, make_folders: bool = True) -> None:
+    def write_atomic(self, rel: str, data: bytes, *, make_folders: bool = True,
+                     durable: bool = True) -> None:
         """Write ``data`` so that readers see either nothing or all of it: on local disk a
-        temporary file beside the target, fsynced, renamed over it; on object stores one PUT.
+        temporary file beside the target, fsynced (unless not ``durable``: records void once
+        their process is gone), renamed over it; on object stores one PUT.
         ``make_folders=False``: FileNotFoundError on local disk if the folder is gone (a lease's
         heartbeat never brings back a folder that purge removed)."""
         if self._s3:
@@ -347,13 +349,15 @@ class Storage:
         try:
             with (_create(tmp) if make_folders else open(tmp, "wb")) as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
             os.replace(tmp, target)
         except BaseException:
             _silent_remove(tmp)
             raise
-        _fsync_dir(os.path.dirname(target))
+        if durable:
+            _fsync_dir(os.path.dirname(target))
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Create ``rel`` holding ``data`` only if it does not exist; True if this call created it.

@@ -155,3 +155,92 @@ def test_examples_of_one_structure_are_not_encoded_one_by_one(monkeypatch):
     expected = one_by_one(items)
     assert bulk.hash_items(items) == expected
     assert len(calls) < 20  # the layout's skeleton and leaves, not one call per example
+
+
+def counting_feed_value(monkeypatch):
+    calls = []
+    real = bulk.feed_value
+    monkeypatch.setattr(bulk, "feed_value", lambda *a: (calls.append(1), real(*a))[1])
+    return calls
+
+
+def test_arrays_that_are_not_contiguous_are_hashed_in_bulk_in_their_c_order(monkeypatch):
+    base = np.arange(400 * 256, dtype=np.int32).reshape(400, 256)
+    items = [{"small": base[i, ::4],                                       # strided, 1-d
+              "big": np.asfortranarray(base[i].reshape(16, 16).astype(np.float64)),  # > 4 KiB
+              "tail": base[i][::-2][:5], "i": i} for i in range(400)]
+    items[7]["small"] = np.ascontiguousarray(items[7]["small"])          # a mix of layouts
+    expected = one_by_one(items)
+    calls = counting_feed_value(monkeypatch)
+    assert bulk.hash_items(items) == expected
+    assert len(calls) < 20  # the layout's skeleton and leaves, not one call per example
+
+
+@pytest.mark.parametrize("keys", [("a",), ("a", "b"), ("a", "b", "c"), ("a", "b", "c", "d")])
+def test_a_dict_whose_keys_come_in_another_order_hashes_like_one_by_one(keys):
+    rng = np.random.default_rng(len(keys))
+    items = [{k: np.int16(i + j) for j, k in enumerate(keys)} for i in range(500)]
+    for i in rng.choice(500, 40, replace=False).tolist():
+        order = list(keys)
+        rng.shuffle(order)
+        items[i] = {k: items[i][k] for k in order}
+    items[250] = {**items[250], "z": 1}                       # a key more
+    items[251] = {k: v for k, v in items[251].items() if k != keys[-1]}  # a key fewer
+    assert bulk.hash_items(items) == one_by_one(items)
+
+
+def test_examples_with_strings_or_objects_hash_like_one_by_one():
+    items = [{"text": f"document {i} \u00e9", "tokens": np.arange(i % 7, dtype=np.int64),
+              "meta": np.array([i, "x", None], dtype=object), "bytes": bytes([i % 256]) * 3}
+             for i in range(300)]
+    assert bulk.hash_items(items) == one_by_one(items)
+    items = [("label", i, np.float32(i) / 3) for i in range(300)]  # a str in a fixed layout
+    assert bulk.hash_items(items) == one_by_one(items)
+
+
+def test_runs_of_different_structures_hash_like_one_by_one():
+    tokens = [token(i) for i in range(150)]
+    images = [(np.full((4, 4, 3), i, np.uint8), np.int64(i)) for i in range(90)]
+    bigger = [token(i) | {"extra": np.ones(2000, np.float32) * i} for i in range(60)]
+    items = tokens[:70] + images + tokens[70:] + bigger + images[:5] + tokens[:3]
+    assert bulk.hash_items(items) == one_by_one(items)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(structures, min_size=1, max_size=4), st.integers(0, 3000),
+       st.integers(0, 2**32 - 1))
+def test_many_examples_mostly_of_one_structure_hash_like_one_by_one(templates, count, seed):
+    """Thousands of examples: chunks of every size, layouts and kept matrices reused across
+    them; the first template's examples make ~97% of them, the others come anywhere."""
+    rng = np.random.default_rng(seed)
+    picks = np.where(rng.random(count) < 0.97, 0, rng.integers(0, len(templates), count))
+    items = [templates[p] for p in picks.tolist()]
+    assert bulk.hash_items(items) == one_by_one(items)
+
+
+@pytest.mark.parametrize("items", [[], (), iter([]), np.zeros((0, 3), np.int32),
+                                   [np.zeros(0, np.float32)] * 50, [{}] * 40, [()] * 40,
+                                   [{"e": np.zeros((2, 0), np.int8), "n": None}] * 60],
+                         ids=["list", "tuple", "iterator", "array", "empty arrays",
+                              "empty dicts", "empty tuples", "empty leaves"])
+def test_empty_sources_and_empty_examples_hash_like_one_by_one(items):
+    expected = one_by_one(list(items) if not isinstance(items, np.ndarray) else items)
+    if not isinstance(items, (list, tuple, np.ndarray)):
+        items = iter([])
+    assert bulk.hash_items(items) == expected
+
+
+def test_str_and_bytes_fields_are_hashed_in_bulk(monkeypatch):
+    items = [{"text": f"doc {i} " * (i % 4) + "\u00e9\ud800", "label": i % 10,
+              "raw": bytes([i % 256]) * (i % 5), "tokens": np.arange(i % 3, i % 3 + 4)}
+             for i in range(400)]
+    calls = counting_feed_value(monkeypatch)
+    for some in (items, [f"bare {i}" for i in range(300)], [(b"", "")] * 300):
+        expected = one_by_one(some)
+        calls.clear()
+        assert bulk.hash_items(some) == expected
+        assert len(calls) < 20  # the layout's skeleton and leaves, not one call per example
+    expected = one_by_one(items)
+    changed = list(items)
+    changed[5] = {**items[5], "text": items[5]["text"] + "!"}
+    assert bulk.hash_items(changed)[0] != expected[0]

@@ -69,6 +69,28 @@ def test_blocks_of_a_piece_are_its_distinct_blocks_ascending():
         assert blocks_of(blocks) == np.unique(blocks).tolist()
 
 
+@pytest.mark.parametrize("seed,window", [(None, 1), (4, 300)])
+def test_the_first_piece_is_decoded_before_any_other_block_is_asked_for(root, monkeypatch,
+                                                                        seed, window):
+    """The first piece's blocks decode alone (the next ones would compete with them for the
+    CPU and delay the first batch); once the consumer comes back, the reading runs ahead."""
+    reader, _ = build(root, example, n=2000, compression="zstd", shard_size=8000)
+    order = EpochOrder(layout_of(reader.manifest), seed, 0, window)
+    asked = []
+    real = ordered_read.BlockDecoder.decode
+    monkeypatch.setattr(ordered_read.BlockDecoder, "decode",
+                        lambda self, block: (asked.append(block), real(self, block))[1])
+    pieces = ordered_pieces(reader, order, [(0, len(order))], mode="columns", piece=100,
+                            threads=2, budget=1 << 30)
+    a, b, first = next(pieces)
+    assert first["i"].tolist() == order.rows(a, b).tolist()
+    located = order.run(a, b)
+    needed = {located[0]} if located is not None else set(blocks_of(order.locate(a, b)[0]))
+    assert sorted(asked) == sorted(needed)       # nothing else before the first piece
+    rest = list(pieces)
+    assert len(set(asked)) > len(needed) + 2 and rest[-1][1] == len(order)
+
+
 @pytest.mark.parametrize("compression", ["none", "lz4"])
 def test_each_shard_is_opened_once_and_a_damaged_one_raises_after_the_rows_before_it(
         root, monkeypatch, compression):

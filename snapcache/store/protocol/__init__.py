@@ -77,8 +77,10 @@ def stream_status(storage: Storage, streams: int) -> StreamStatus:
 
 
 def record_last_use(storage: Storage) -> None:
-    """Record that the snapshot was opened for reading now (``snapcache ls`` shows it)."""
-    storage.write_atomic(layout.LAST_USED, json.dumps({"at": now_iso()}).encode())
+    """Record that the snapshot was opened for reading now (``snapcache ls`` shows it). Not
+    fsynced: a torn record reads as absent (the commit time is shown instead)."""
+    storage.write_atomic(layout.LAST_USED, json.dumps({"at": now_iso()}).encode(),
+                         durable=False)
 
 
 def withdraw_manifest(storage: Storage, in_use) -> str:

@@ -220,7 +220,8 @@ def _heartbeat(storage: Storage, info: LeaseInfo) -> LeaseInfo:
     """Rewrite a lease file with a fresh heartbeat; return what was written. Never recreates
     the snapshot folder: if purge removed it, the next check finds the lease gone."""
     info = replace(info, heartbeat_at=time.time(), beat=info.beat + 1)
-    storage.write_atomic(info.name, info.dumps(), make_folders=False)
+    storage.write_atomic(info.name, info.dumps(), make_folders=False,
+                         durable=info.kind != "read")
     return info
 
 
@@ -384,7 +385,10 @@ class ReadLease:
         self.storage = storage
         self.info = LeaseInfo("read", run_id, HOST, os.getpid(), time.time(), ttl,
                               name=f"reader-{run_id}.json", pidns=PIDNS, boot=BOOT)
-        storage.write_atomic(self.info.name, self.info.dumps())
+        # Not fsynced: a read lease means nothing once its process is gone, and a file torn
+        # by a power loss is a corrupt lease that ages out; an fsync (2-40 ms on a busy disk)
+        # would delay every fresh process's first batch.
+        storage.write_atomic(self.info.name, self.info.dumps(), durable=False)
         self.gone = False  # removed under us (purge --force): never written again
         self._heartbeat = _Heartbeat(self.renew, max(0.05, ttl / 4), "snapcache-read-lease")
 
