@@ -99,6 +99,11 @@ class S3Clients:
         if self._config is None:
             self.fs  # noqa: B018 - s3fs serves: its ImportError (with the hint) now, as before
 
+    def __reduce__(self) -> tuple:
+        """Pickled as what made it (a Ray task's Storage): the process that unpickles it
+        picks its own client, as a new Storage there would."""
+        return (S3Clients, (self.url, self.storage_options, self._make_fs))
+
     @property
     def fs(self) -> Any:
         """The s3fs filesystem (imported and created on first use)."""

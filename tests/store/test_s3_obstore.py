@@ -245,3 +245,12 @@ def test_a_child_of_a_process_that_imported_obstore_does_not_use_it():
         print(fs_obstore.usable())
     """)
     assert run(script) == ["False", "True"]
+
+
+def test_a_storage_pickles_and_picks_its_client_where_it_is_unpickled(s3_root):
+    import pickle
+
+    storage = Storage(s3_root)
+    storage.write_atomic("x", b"1")
+    again = pickle.loads(pickle.dumps(storage.child("")))
+    assert again.read_bytes("x") == b"1" and again.url == storage.url
