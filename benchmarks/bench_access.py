@@ -344,10 +344,11 @@ WHY = """What decides each column:
   peers' open. With 64 KiB record batches the pages are 4 KiB.
 - **cold, S3 (met)**: snapcache's first `snap[i]` is one ranged GET of the record batch (the
   manifest came at open); Mosaic downloads the whole shard (4 MiB), LitData makes a range GET
-  of the example but through its own slower path. Open on S3 is mostly creating the S3 client
-  (s3fs/aiobotocore for snapcache, boto3 for the peers; 0.15-1 s each here, varying run to
-  run), then a LIST of the root and the manifest GET for snapcache, the index GET for the
-  peers; open + cold is within noise of Mosaic.
+  of the example but through its own slower path. Open on S3: snapcache's S3 client is
+  obstore here (the storage options say keys and an endpoint; s3fs serves what obstore
+  cannot express, see docs/cli.md), which starts in milliseconds, then a LIST of the root
+  and the manifest GET; the peers create boto3 clients (0.15-1 s each here, varying run to
+  run) before their index GET.
 - **warm**: the first row of a record batch decodes that row alone; its second row reads and
   verifies the whole record batch and decodes it once into zero-copy views, which stay within
   half the read budget (`ReadOptions.prefetch_bytes`, by default a share of RAM up to 256 MiB,
