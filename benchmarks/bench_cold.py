@@ -2,19 +2,26 @@
 (``posix_fadvise(POSIX_FADV_DONTNEED)``) before every run, against a raw sequential read of the
 same files dropped the same way.
 
-    python -m benchmarks.bench_cold [--scale 1.0] [--write-doc]
+    python -m benchmarks.bench_cold [--scale 1.0] [--runs 7] [--write-doc]
 
 snapcache: a fresh pipeline object over the committed snapshot, batches of 256 copied into a
-staging buffer, checksums verified: each record batch of a compressed shard against its
-checksum in the manifest as it is decoded (``store/batched_read.BatchedShard``; uncompressed shards are hashed
-whole, see ``open_sequential``), and, in the same run for comparison, every shard through the
-whole-shard path (the whole file hashed before its first batch is decoded; what every
-sequential read did before; for uncompressed shards the same path twice, which shows the
-run's noise). raw: each file read front to
-back in 16 MiB ``readinto`` calls into one buffer. Best of 3 runs each, alternated. MB/s are of
-the files' bytes; CPU ms is the process's CPU time (all threads) of the best run. The snapshot
-is written under ``--dir`` (default: a folder in the current directory, which must be on a real
-disk: on tmpfs nothing can be dropped).
+staging buffer allocated once an epoch (what a training loop does with each batch), checksums
+verified: each record batch against its checksum in the manifest, hashed front to back by one
+verifier thread a shard as soon as the shard is opened while the record batches before it are
+decoded and consumed (``store/batched_read.BatchedShard``); and, in the same run for
+comparison, every shard through the whole-shard path (the whole file hashed before its first
+batch is decoded, as for snapshots without the record batch index). raw: each file read front
+to back in 16 MiB ``readinto`` calls into one buffer.
+
+The "cold" raw read of this machine's virtual disk varies by a factor of 2-4 from one run to
+the next (its host caches), so one best-of-N per system would let a lucky raw run decide the
+ratio. Instead every snapcache run is paired with the raw runs just before and after it (each
+after its own drop; raw, snapcache, raw, whole-shard, raw, ...; the order of snapcache and
+whole-shard alternates), its ratio is the mean of those two raw times over its time, and the
+table gives the median ratio of ``--runs`` pairs and their range. MB/s are of the files' bytes,
+medians; CPU ms is the process's CPU time (all threads), median. The snapshot is written under
+``--dir`` (default: a folder in the current directory, which must be on a real disk: on tmpfs
+nothing can be dropped).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -85,6 +93,8 @@ def whole_shards():
 def snapcache_read(workload: str, n: int, root: str, compression: str) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one epoch through a fresh pipeline object."""
     stage = staging(workload, BATCH)
+    for buffer in stage.values():  # allocated before the loop, as the raw read's buffer is
+        buffer.fill(0)
     t, c = time.perf_counter(), time.process_time()
     ds = sc.Dataset.range(n).map(MAKERS[workload]).snapshot(
         root, compression=compression, progress=False).batch(BATCH)
@@ -105,7 +115,7 @@ def first_batch(workload: str, n: int, root: str, compression: str) -> float:
     return elapsed
 
 
-def measure(workdir: str, workload: str, n: int, compression: str, runs: int = 3) -> dict:
+def measure(workdir: str, workload: str, n: int, compression: str, runs: int) -> dict:
     root = os.path.join(workdir, f"{workload}-{compression}")
     ds = sc.Dataset.range(n).map(MAKERS[workload]).snapshot(root, compression=compression,
                                                             progress=False)
@@ -114,65 +124,79 @@ def measure(workdir: str, workload: str, n: int, compression: str, runs: int = 3
     shards = [p for p in files_of(root) if p.endswith(".arrow")]
     size = sum(os.path.getsize(p) for p in shards)
     everything = [p for p in files_of(root) if p.endswith((".arrow", ".json"))]
-    ours, whole, raw, firsts, whole_firsts = [], [], [], [], []
-    for _ in range(runs):
+
+    def cold(read, *args):
         drop(everything)
-        raw.append(raw_read(shards))
-        drop(everything)
-        ours.append(snapcache_read(workload, n, root, compression))
-        drop(everything)
-        with whole_shards():
-            whole.append(snapcache_read(workload, n, root, compression))
-        drop(everything)
-        firsts.append(first_batch(workload, n, root, compression))
-        drop(everything)
-        with whole_shards():
-            whole_firsts.append(first_batch(workload, n, root, compression))
+        return read(*args)
+
+    raws = [cold(raw_read, shards)]
+    paired: dict[str, list[tuple[float, float, float]]] = {"ours": [], "whole": []}
+    firsts: dict[str, list[float]] = {"ours": [], "whole": []}
+    for run in range(runs):
+        for kind in ("ours", "whole") if run % 2 == 0 else ("whole", "ours"):
+            with whole_shards() if kind == "whole" else contextlib.nullcontext():
+                seconds, cpu = cold(snapcache_read, workload, n, root, compression)
+            raws.append(cold(raw_read, shards))
+            raw_seconds = (raws[-2][0] + raws[-1][0]) / 2
+            paired[kind].append((raw_seconds / seconds, seconds, cpu))
+        for kind in ("ours", "whole"):
+            with whole_shards() if kind == "whole" else contextlib.nullcontext():
+                firsts[kind].append(cold(first_batch, workload, n, root, compression))
     drop(everything)
     warm_raw = min(raw_read(shards)[0], raw_read(shards)[0])
     shutil.rmtree(root, ignore_errors=True)
-    (raw_s, raw_cpu), (ours_s, ours_cpu), (whole_s, whole_cpu) = min(raw), min(ours), min(whole)
-    return {"bytes": size, "raw_s": raw_s, "ours_s": ours_s, "whole_s": whole_s,
-            "raw_cpu": raw_cpu, "ours_cpu": ours_cpu, "whole_cpu": whole_cpu,
-            "warm_raw_s": warm_raw, "shards": len(shards), "examples": n,
-            "first_s": min(firsts), "whole_first_s": min(whole_firsts)}
+    median = statistics.median
+    out = {"bytes": size, "shards": len(shards), "examples": n, "runs": runs,
+           "raw_s": median(r[0] for r in raws), "raw_fastest_s": min(r[0] for r in raws),
+           "raw_slowest_s": max(r[0] for r in raws), "raw_cpu": median(r[1] for r in raws),
+           "warm_raw_s": warm_raw}
+    for kind, pairs in paired.items():
+        ratios = [p[0] for p in pairs]
+        out[kind] = {"ratio": median(ratios), "low": min(ratios), "high": max(ratios),
+                     "s": median(p[1] for p in pairs), "cpu": median(p[2] for p in pairs),
+                     "first_s": median(firsts[kind])}
+    return out
 
 
 def render(args, results, elapsed, load) -> str:
     L = [START, "## Cold local disk\n"]
-    L.append(f"`python -m benchmarks.bench_cold --scale {args.scale} --write-doc` (took "
-             f"{elapsed:.0f} s; ext4 on a virtual disk; 2-core machine shared with other jobs, "
-             f"1-minute load average {load} at the start, so only the ratios of this run mean "
-             "anything). Before every run each file of "
-             "the snapshot is dropped from the page cache with `posix_fadvise(DONTNEED)`. "
-             "raw: the same shard files read sequentially in 16 MiB `readinto` calls. "
-             "snapcache: a fresh pipeline object, batches of 256 copied into a staging buffer, "
-             "every record batch of a compressed shard checked against its checksum in the "
-             "manifest as it is decoded (several in parallel), uncompressed shards hashed whole "
-             "before their first batch. whole-shard: the same read with every shard hashed "
-             "whole before its first batch is decoded (snapshots without the record batch "
-             "index, and every sequential read before), measured in the same run (for "
-             "uncompressed shards the same path as snapcache's: the difference is the run's "
-             "noise). Best of 3 each, "
-             "alternated; CPU ms: the process's CPU time of that run, all threads; first batch: "
-             "from building a fresh pipeline object to its first batch, cold, best of 3. The "
-             "page-cache column is the same raw read with the files cached, to show the drop "
-             "took effect.\n")
-    L.append("| workload | codec asked | shards | file MB | raw cold MB/s | snapcache cold MB/s "
-             "| ratio | >= 0.8x | whole-shard ratio | snapcache ms (examples/s) "
-             "| CPU ms raw / snapcache / whole-shard | first batch ms snapcache / whole-shard "
-             "| raw page cache MB/s |")
+    L.append(f"`python -m benchmarks.bench_cold --scale {args.scale} --runs {args.runs} "
+             f"--write-doc` (took {elapsed:.0f} s; ext4 on a virtual disk; 2-core machine "
+             f"shared with other jobs, 1-minute load average {load[0]} at the start and "
+             f"{load[1]} at the end). Before every run each file of the snapshot is dropped "
+             "from the page cache with `posix_fadvise(DONTNEED)`. raw: the same shard files "
+             "read sequentially in 16 MiB `readinto` calls. snapcache: a fresh pipeline object, "
+             "batches of 256 copied into a staging buffer, every record batch checked against "
+             "its checksum in the manifest (hashed front to back by a verifier thread per "
+             "shard while the batches before it are decoded, in parallel, and consumed). "
+             "whole-shard: the same read with every shard hashed whole before its first batch "
+             "is decoded (snapshots without the record batch index, and every uncompressed "
+             "shard until this run's code). The cold raw read varies between runs (the virtual "
+             "disk's host caches it: the raw range column), so each snapcache run is paired with "
+             "the raw runs just before and after it: ratio = their mean time / snapcache's "
+             f"time, the median of {args.runs} pairs and, in brackets, the lowest and highest. "
+             "MB/s, ms and CPU ms (the process's CPU time, all threads) are medians; first "
+             "batch: from building a fresh pipeline object to its first batch, cold, median. "
+             "The page-cache column is the same raw read with the files cached, to show the "
+             "drop took effect.\n")
+    L.append("| workload | codec asked | shards | file MB | raw cold MB/s (range) "
+             "| snapcache cold MB/s | ratio (range) | >= 0.8x | whole-shard ratio (range) "
+             "| snapcache ms (examples/s) | CPU ms raw / snapcache / whole-shard "
+             "| first batch ms snapcache / whole-shard | raw page cache MB/s |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (workload, compression), r in results.items():
         mb = r["bytes"] / 1e6
-        ratio = r["raw_s"] / r["ours_s"]
+        ours, whole = r["ours"], r["whole"]
         L.append(f"| {workload} | {compression} | {r['shards']} | {mb:,.0f} | "
-                 f"{mb / r['raw_s']:,.0f} | {mb / r['ours_s']:,.0f} | {ratio:.2f}x | "
-                 f"{verdict(ratio >= 0.8)} | {r['raw_s'] / r['whole_s']:.2f}x | "
-                 f"{r['ours_s'] * 1e3:,.0f} ({r['examples'] / r['ours_s']:,.0f}) | "
-                 f"{r['raw_cpu'] * 1e3:,.0f} / {r['ours_cpu'] * 1e3:,.0f} / "
-                 f"{r['whole_cpu'] * 1e3:,.0f} | {r['first_s'] * 1e3:,.0f} / "
-                 f"{r['whole_first_s'] * 1e3:,.0f} | {mb / r['warm_raw_s']:,.0f} |")
+                 f"{mb / r['raw_s']:,.0f} ({mb / r['raw_slowest_s']:,.0f}-"
+                 f"{mb / r['raw_fastest_s']:,.0f}) | {mb / ours['s']:,.0f} | "
+                 f"{ours['ratio']:.2f}x ({ours['low']:.2f}-{ours['high']:.2f}) | "
+                 f"{verdict(ours['ratio'] >= 0.8)} | {whole['ratio']:.2f}x "
+                 f"({whole['low']:.2f}-{whole['high']:.2f}) | "
+                 f"{ours['s'] * 1e3:,.0f} ({r['examples'] / ours['s']:,.0f}) | "
+                 f"{r['raw_cpu'] * 1e3:,.0f} / {ours['cpu'] * 1e3:,.0f} / "
+                 f"{whole['cpu'] * 1e3:,.0f} | {ours['first_s'] * 1e3:,.0f} / "
+                 f"{whole['first_s'] * 1e3:,.0f} | {mb / r['warm_raw_s']:,.0f} |")
     L.append(END)
     return "\n".join(L)
 
@@ -180,8 +204,10 @@ def render(args, results, elapsed, load) -> str:
 def main(argv=None):
     parser = command_line(__doc__, scale=1.0)
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--runs", type=int, default=7,
+                        help="snapcache runs (each paired with raw runs) per row (default 7)")
     args = parser.parse_args(argv)
-    load = load_average()
+    start_load = load_average()
     started = time.perf_counter()
     sizes = {"image": max(200, int(4000 * args.scale)),
              "token": max(10_000, int(200_000 * args.scale))}
@@ -191,12 +217,14 @@ def main(argv=None):
     try:
         for workload, n in sizes.items():
             for compression in CODECS:
-                results[(workload, compression)] = measure(workdir, workload, n, compression)
+                results[(workload, compression)] = measure(workdir, workload, n, compression,
+                                                           args.runs)
                 print(f"  {workload} {compression} {results[(workload, compression)]}",
                       file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    section = render(args, results, time.perf_counter() - started, load)
+    section = render(args, results, time.perf_counter() - started,
+                     (start_load, load_average()))
     publish(section, START, END, write=args.write)
 
 

@@ -8,7 +8,11 @@ On a loopback moto server; the peers when installed in the bench venv.
 
 Phases, each system's in fresh processes; the timed part of each (after the library's import and
 the data's set-up) is measured for wall time, the process's CPU (with its DataLoader workers)
-and the requests in the server's access log:
+and the requests in the server's access log. A fresh process is forked from a fork server per
+system that made the imports a run makes before its clock starts, once (benchmarks/
+forkserver.py; ``--fresh-interpreters`` starts a new interpreter per run instead): the
+libraries' import (2-7 s each for torch, LitData, Mosaic) is outside every timed span either
+way, and each S3 client still starts inside it. The start-up rows are new interpreters.
 
 - build: the first epoch, writing the snapshot to S3 (identity map over the workload's example
   maker; 64 MB shards); timed from the writer's (snapcache: the pipeline's) construction to its
@@ -16,11 +20,14 @@ and the requests in the server's access log:
 - cold read: timed from the dataset's construction (snapcache: the pipeline's, with the
   DataLoader when workers are asked) to its last batch, with an empty local cache: batches of
   256 copied into a staging buffer, checksums verified. Whatever a system's S3 client costs to
-  start after its ``import`` (snapcache imports s3fs lazily; Mosaic boto3; LitData boto3 at
-  ``import litdata``, obstore lazily) is inside this span, as a user would feel it;
+  start after its ``import`` (snapcache imports obstore lazily, s3fs only where obstore cannot
+  serve; Mosaic boto3; LitData boto3 at ``import litdata``, obstore lazily) is inside this span, as a user would feel it;
 - warm read: the next epoch of the same dataset object (a loader held across epochs), in the
   same process, the local cache filled by the cold read. With workers, DataLoaders keep them
-  (``persistent_workers``).
+  (``persistent_workers``). Worker counts run from the highest down; a warm epoch slower than
+  the same system's best warm epoch with another worker count so far is stopped there (it
+  cannot be the system's best setting; its row then shows a lower bound). Cold epochs always
+  run whole (the warm epoch after one needs the cache it fills).
 
 A phase of a workload in ``--repeat`` is measured that many times (each a fresh process, a
 fresh destination or cache) for every system alike, and the fastest run counts: the image-like
@@ -188,12 +195,16 @@ def child(system: str, phase: str, workload: str, n: int, url: str, cache: str,
 
 
 def _start_up_snapcache(url: str, meter: "Meter") -> dict:
-    """snapcache's S3 client: importing s3fs/aiobotocore, a session and a client, one LIST."""
+    """snapcache's S3 client as a fresh process gets it (obstore where the options allow, as
+    here; else s3fs/aiobotocore, a session and a client), and one LIST."""
     import snapcache  # noqa: F401 (the library's own import is not the client's start-up)
     meter.start()
     from snapcache.store.fs import Storage
     Storage(url).listdir()
-    return {**meter.stop(), "rows": 0}
+    result = meter.stop()
+    from snapcache.store import fs_obstore
+    return {**result, "rows": 0, "client": "obstore" if fs_obstore.used_here() and
+            "s3fs" not in sys.modules else "s3fs + aiobotocore"}
 
 
 def _start_up_boto3(url: str, meter: "Meter") -> dict:
@@ -224,42 +235,85 @@ def _start_up_obstore(url: str, meter: "Meter") -> dict:
 
 START_UPS = {"snapcache": _start_up_snapcache, "mosaic": _start_up_boto3,
              "litdata": _start_up_obstore}
-START_UP_NAMES = {"snapcache": "s3fs + aiobotocore", "mosaic": "boto3",
+START_UP_NAMES = {"snapcache": "obstore", "mosaic": "boto3",
                   "litdata": "obstore"}
+
+
+WARM_CAP: float | None = None
+"""Seconds after which the warm epoch is stopped: the same system's best warm epoch with
+another worker count so far (this one can no longer be the best; see :func:`measure`)."""
 
 
 def _cold_then_warm(loader, stage, meter, numpy: bool) -> dict:
     """The cold epoch (the meter runs from before the dataset was constructed), then the warm
-    one of the same loader."""
+    one of the same loader (stopped once it takes longer than :data:`WARM_CAP`)."""
     from benchmarks.workloads import consume
 
-    def epoch() -> int:
+    def epoch(cap: float | None = None) -> int:
         rows = 0
         for b in loader:
             if numpy:
                 b = {k: v.numpy() if hasattr(v, "numpy") else v for k, v in b.items()}
             rows += consume(stage, b)
+            if cap is not None and time.perf_counter() - meter.t > cap:
+                return -rows
         return rows
 
     rows = epoch()
     cold = {**meter.stop(), "rows": rows}
     meter.start()
-    rows = epoch()
-    return {"cold": cold, "warm": {**meter.stop(), "rows": rows}}
+    rows = epoch(WARM_CAP)
+    warm = {**meter.stop(), "rows": abs(rows)}
+    if rows < 0:
+        warm["stopped"] = True
+    return {"cold": cold, "warm": warm}
+
+
+def child_env(server: Server) -> dict:
+    env = {**os.environ, **server.env, "PYTHONPATH": ROOT,
+           "BENCH_S3_SERVER_PID": str(server.server.process.pid)}
+    if TRANSFORMERS_LOADS not in os.environ:
+        os.environ[TRANSFORMERS_LOADS] = "1" if transformers_loads() else "0"
+    env[TRANSFORMERS_LOADS] = os.environ[TRANSFORMERS_LOADS]
+    return env
+
+
+def preload(what: str) -> None:
+    """The imports a run of ``what`` makes before its clock starts, done once by its fork
+    server (benchmarks/forkserver.py) instead of in every run: nothing a timed span includes
+    (an S3 client, boto3 where a system imports it lazily) is imported here."""
+    import benchmarks.workloads  # noqa: F401
+    system, _, extra = what.partition("+")
+    if system == "snapcache":
+        import snapcache  # noqa: F401
+        if extra == "torch":
+            import torch  # noqa: F401
+    elif system == "litdata":
+        import litdata  # noqa: F401
+        from litdata.streaming import downloader  # noqa: F401
+    elif system == "mosaic":
+        _mosaic_imports()
 
 
 def run_child(server: Server, system: str, phase: str, workload: str, n: int, url: str,
-              cache: str, workers: int) -> dict:
-    env = {**os.environ, **server.env, "PYTHONPATH": ROOT,
-           "BENCH_S3_SERVER_PID": str(server.server.process.pid)}
-    if system == "mosaic":
-        if TRANSFORMERS_LOADS not in os.environ:
-            os.environ[TRANSFORMERS_LOADS] = "1" if transformers_loads() else "0"
-        env[TRANSFORMERS_LOADS] = os.environ[TRANSFORMERS_LOADS]
+              cache: str, workers: int, forks: dict | None = None,
+              warm_cap: float | None = None) -> dict:
+    """One phase in a fresh process: a fork of the system's fork server (its libraries
+    imported, nothing else), or a new interpreter for the start-up phase and without
+    ``forks``."""
+    argv = ["--child", system, phase, workload, str(n), url, cache, str(workers),
+            server.log_path] + ([repr(warm_cap)] if warm_cap is not None else [])
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_s3", "--child", system,
-                          phase, workload, str(n), url, cache, str(workers), server.log_path],
-                         capture_output=True, text=True, cwd=ROOT, env=env)
+    if forks is None or phase == "start-up":
+        out = subprocess.run([sys.executable, "-m", "benchmarks.bench_s3", *argv],
+                             capture_output=True, text=True, cwd=ROOT, env=child_env(server))
+    else:
+        what = system + ("+torch" if system == "snapcache" and workers else "")
+        if what not in forks:
+            from benchmarks.forkserver import ForkServer
+            forks[what] = ForkServer("benchmarks.bench_s3", what, env=child_env(server),
+                                     cwd=ROOT)
+        out = forks[what].run(argv)
     if out.returncode:
         lines = (out.stderr or "failed").strip().splitlines()
         failed = {"error": lines[-1] if lines else "failed"}
@@ -359,25 +413,44 @@ def _mds_columns(workload):
     return {"tokens": "ndarray:int32:128", "length": "int"}
 
 
-def _mosaic(phase, workload, n, url, cache, workers, stage, make, meter):
-    os.environ["S3_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL_S3"]
-    note("Mosaic streaming: endpoint given by S3_ENDPOINT_URL (its only setting for it)")
+_MOSAIC_NOTES: list[str] | None = None
+
+
+def _mosaic_imports() -> list[str]:
+    """Import Mosaic streaming (stand-ins where its imports cannot load here, once per
+    process); the notes saying which."""
+    global _MOSAIC_NOTES
+    if _MOSAIC_NOTES is not None:
+        return _MOSAIC_NOTES
+    notes = []
     try:
         import torchvision  # noqa: F401
     except Exception:
         _stand_in_torchvision()
-        note("Mosaic streaming: `import streaming` imports torchvision, which cannot load "
-             "here (a CUDA build beside the CPU torch): stand-in modules for the two names "
-             "it imports (streaming.vision, unused here) are used")
+        notes.append("Mosaic streaming: `import streaming` imports torchvision, which cannot "
+                     "load here (a CUDA build beside the CPU torch): stand-in modules for the "
+                     "two names it imports (streaming.vision, unused here) are used")
     try:
         if os.environ.get(TRANSFORMERS_LOADS) == "0":  # tried once by the parent (~3 s)
             raise ImportError("transformers cannot be imported here (tried by the parent)")
         import transformers.tokenization_utils_base  # noqa: F401
     except Exception:
         _stand_in_transformers()
-        note("Mosaic streaming: `import streaming` imports transformers (for isinstance checks "
-             "in its own DataLoader, a tokenizer for its C4/Pile datasets: unused here), which cannot load beside the huggingface-hub "
-             "that HF datasets needs: stand-in classes are used")
+        notes.append("Mosaic streaming: `import streaming` imports transformers (for "
+                     "isinstance checks in its own DataLoader, a tokenizer for its C4/Pile "
+                     "datasets: unused here), which cannot load beside the huggingface-hub "
+                     "that HF datasets needs: stand-in classes are used")
+    import streaming  # noqa: F401
+    from streaming.base.util import clean_stale_shared_memory  # noqa: F401
+    _MOSAIC_NOTES = notes
+    return notes
+
+
+def _mosaic(phase, workload, n, url, cache, workers, stage, make, meter):
+    os.environ["S3_ENDPOINT_URL"] = os.environ["AWS_ENDPOINT_URL_S3"]
+    note("Mosaic streaming: endpoint given by S3_ENDPOINT_URL (its only setting for it)")
+    for text in _mosaic_imports():
+        note(text)
     from streaming import MDSWriter, StreamingDataset
     if phase == "build":
         meter.start()
@@ -408,24 +481,26 @@ NOTES = """
   warm epoch is one request with workers too, persistent or not.
 - **A build's requests.** Per shard: one PUT of the whole shard (written in memory, uploaded
   from a background pool while the next shard is encoded; parallel parts above 128 MB) and at
-  most one PUT of the stream's progress record; no listing per shard. The other ~25 are the
-  write protocol's fixed cost (lease, fence, stream marker, manifest, clean-up), the same for
-  1 shard or 100.
-- **What bounds the image build and cold read.** Both run in a fresh process, and its first
-  S3 request pays the client's start-up (the "S3 client start-up" rows, each measured alone in
-  a fresh process): snapcache imports s3fs and aiobotocore (with aiohttp; ~0.45 s of CPU, of
-  which its own choice is only to skip the TLS backend botocore imports for nothing) and
-  creates a session and client (~0.13 s: botocore loads and parses the S3 service model and
-  its endpoint rules, as boto3 does). Mosaic pays boto3's start-up inside its phases too,
-  but on its upload or download thread, overlapped with its work; LitData imports boto3 with
-  `import litdata` (outside the timed span) and transfers through obstore, whose start-up is
-  a few milliseconds. A cold image read then waits for its first 64 MB shard whole (~0.45 s
-  over loopback, bound by the server: its CPU column), verifies it (xxh3, ~10 ms) and starts
-  the next while the consumer is on the first; the local copy is written in the background.
-  A build pays the start-up and the write protocol's ~25 sequential requests (~0.3 s) before
-  and after the examples are computed, where Mosaic's ~6 requests and client start-up overlap
-  its writing: with the computing the same for both (~1.7 s for the image-like examples), the
-  ratio sits near 1 and moves with the load on the machine.
+  most one PUT of the stream's progress record; no listing per shard. The rest is the write
+  protocol's fixed cost, the same for 1 shard or 100: 21 requests for one shard (lease,
+  fence, stream marker, manifest, clean-up; 4 of them listings, each serving every look-up
+  of the step that made it: `tests/store/test_s3_requests.py` pins them, through both S3
+  clients).
+- **The S3 client.** snapcache sends its S3 requests through obstore (the Rust object_store
+  crate's bindings, as LitData's transfers do) whenever the storage options can be said in
+  its terms (keys or the `AWS_*` variables, endpoint, region: as here), and through s3fs
+  otherwise (profiles, botocore config, credentials only botocore finds) and in processes
+  forked after obstore started (its runtime does not survive a fork: DataLoader workers then
+  pay s3fs's start-up, as in the workers-2 rows); `SNAPCACHE_S3_CLIENT=s3fs` forces s3fs.
+  s3fs's start-up in a fresh process is ~0.5 CPU s (aiobotocore, aiohttp, a botocore session
+  parsing the S3 service model), obstore's a few milliseconds (the start-up rows). Mosaic
+  pays boto3's start-up inside its phases, on its upload or download thread; LitData imports
+  boto3 with `import litdata` (outside the timed span) and transfers through obstore.
+- **What bounds the image build and cold read.** A cold image read waits for its first
+  64 MB shard whole (over loopback, bound by the server: its CPU column), verifies it (xxh3,
+  ~10 ms) and starts the next while the consumer is on the first; the local copy is written
+  in the background. A build computes the examples (the same for every system), uploads each
+  shard while the next is encoded, and pays the protocol's fixed requests before and after.
 - **Checksums.** snapcache verifies each shard (xxh3) before use, Mosaic its shards (xxh64,
   `validate_hash`); LitData has no verification.
 - **Noise.** Other jobs share the 2 cores: wall times swing by up to 2x between runs of the
@@ -448,6 +523,7 @@ def measure(args) -> list[dict]:
     workdir = tempfile.mkdtemp(prefix="snapcache-s3-")
     server = Server(workdir)
     unused = os.path.join(workdir, "unused")
+    forks: dict | None = None if args.fresh_interpreters else {}
     try:
         server.make_bucket("bench-start-up")
         for system in args.systems:
@@ -462,13 +538,21 @@ def measure(args) -> list[dict]:
                     bucket = f"bench-{system}-{workload}-{rep}"
                     server.make_bucket(bucket)
                     url = f"s3://{bucket}/snaps"
-                    r = run_child(server, system, "build", workload, n, url, unused, 0)
+                    r = run_child(server, system, "build", workload, n, url, unused, 0, forks)
                     runs[(system, "build", 0)].append(r)
                     print(f"  {workload} {system} build {json.dumps(r)}", file=sys.stderr,
                           flush=True)
-                    for workers in args.workers:
+                    for workers in sorted(args.workers, reverse=True):
+                        # A warm epoch slower than this system's best warm epoch with another
+                        # worker count is stopped there: it cannot be the best (the slow
+                        # setting, usually workers 0 here, goes last). Cold epochs run whole:
+                        # the warm epoch after one needs the whole cache it fills.
+                        others = [x["seconds"] for (sy, ph, w), found in runs.items()
+                                  if (sy, ph) == (system, "warm") and w != workers
+                                  for x in found if "error" not in x and not x.get("stopped")]
                         cache = os.path.join(workdir, f"cache-{system}-{workload}-{workers}")
-                        r = run_child(server, system, "read", workload, n, url, cache, workers)
+                        r = run_child(server, system, "read", workload, n, url, cache, workers,
+                                      forks, min(others) if others else None)
                         shutil.rmtree(cache, ignore_errors=True)
                         for phase in ("cold", "warm"):
                             runs[(system, phase, workers)].append(r[phase])
@@ -478,6 +562,8 @@ def measure(args) -> list[dict]:
             for (system, phase, workers), found in runs.items():
                 rows.append(_row(workload, system, phase, workers, payload, n, found))
     finally:
+        for fork_server in (forks or {}).values():
+            fork_server.close()
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     order = {"start-up": 0, "build": 1, "cold": 2, "warm": 3}
@@ -488,16 +574,19 @@ def measure(args) -> list[dict]:
 
 def _row(workload, system, phase, workers, payload, n, runs) -> dict:
     ok = [r for r in runs if "error" not in r]
-    best = min(ok, key=lambda r: r["seconds"]) if ok else runs[-1]
+    whole = [r for r in ok if not r.get("stopped")]
+    best = min(whole or ok, key=lambda r: r["seconds"]) if ok else runs[-1]
     return {"workload": workload, "system": system, "phase": phase, "workers": workers,
             "payload": payload, "n": n, **best,
-            "runs": [r["seconds"] if "error" not in r else None for r in runs]}
+            "runs": [None if "error" in r else -r["seconds"] if r.get("stopped")
+                     else r["seconds"] for r in runs]}
 
 
 def _runs(r) -> str:
     if len(r["runs"]) < 2:
         return ""
-    return ", ".join(f"{s:.2f}" if s is not None else "failed" for s in r["runs"])
+    return ", ".join("failed" if s is None else f"> {-s:.2f} (stopped)" if s < 0
+                     else f"{s:.2f}" for s in r["runs"])
 
 
 def render(args, rows, elapsed) -> str:
@@ -521,7 +610,10 @@ def render(args, rows, elapsed) -> str:
              + "; 64 MB shards; best setting of each system = the faster of workers "
              + " and ".join(map(str, args.workers))
              + f"; each phase run {repeats} times (fresh processes, every system alike; the "
-             "fastest counts, all runs in the last column). "
+             "fastest counts, all runs in the last column)"
+             + ("" if args.fresh_interpreters else
+                ", each forked from a per-system process that made the imports a run makes "
+                "before its clock starts (`benchmarks/forkserver.py`)") + ". "
              + f"Load average (1 min) {args.load[0]} at the start, {args.load[1]} at the end.\n")
     L.append("| workload | system | phase | workers | s | MB/s | CPU s/GB | server CPU s | "
              "requests | by kind | runs (s) |")
@@ -534,11 +626,18 @@ def render(args, rows, elapsed) -> str:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["requests"].items()) if k != "total")
         if r["phase"] == "start-up":
             L.append(f"| - | {r['system']} | S3 client start-up "
-                     f"({START_UP_NAMES[r['system']]}) | 0 | {r['seconds']:.2f} | - | "
+                     f"({r.get('client') or START_UP_NAMES[r['system']]}) | 0 | "
+                     f"{r['seconds']:.2f} | - | "
                      f"{r['cpu_s']:.2f} CPU s | {r['server_cpu_s']:.2f} | "
                      f"{r['requests'].get('total', 0)} | {kinds} | |")
             continue
         gb = r["payload"] / 1e9
+        if r.get("stopped"):  # every run of it stopped: a lower bound, no rates
+            L.append(f"| {r['workload']} | {r['system']} | {r['phase']} | {r['workers']} | "
+                     f"> {r['seconds']:.2f} (stopped: slower than its other setting) | - | - "
+                     f"| {r['server_cpu_s']:.2f} | {r['requests'].get('total', 0)} | {kinds} "
+                     f"| {_runs(r)} |")
+            continue
         L.append(f"| {r['workload']} | {r['system']} | {r['phase']} | {r['workers']} | "
                  f"{r['seconds']:.2f} | {r['payload'] / r['seconds'] / 1e6:,.0f} | "
                  f"{r['cpu_s'] / gb:.1f} | {r['server_cpu_s']:.2f} | "
@@ -557,7 +656,7 @@ def render(args, rows, elapsed) -> str:
 def _best(rows, workload, system, phase):
     """The fastest run of a phase (over the worker counts: each system in its best setting)."""
     ok = [r for r in rows if r["workload"] == workload and r["system"] == system
-          and r["phase"] == phase and "error" not in r]
+          and r["phase"] == phase and "error" not in r and not r.get("stopped")]
     return min(ok, key=lambda r: r["seconds"]) if ok else None
 
 
@@ -584,6 +683,10 @@ def targets(rows) -> list[tuple[str, str, bool | None]]:
         for r in rows:
             if (r["workload"], r["system"], r["phase"]) != (workload, "snapcache", "warm") \
                     or "error" in r:
+                continue
+            if r.get("stopped"):
+                out.append((f"{workload} warm epoch, workers {r['workers']}: <= 1 request",
+                            "not measured (the epoch was stopped)", None))
                 continue
             n = r["requests"].get("total", 0)
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["requests"].items())
@@ -637,6 +740,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         system, phase, workload, n, url, cache, workers, log_path = argv[1:9]
+        global WARM_CAP
+        WARM_CAP = float(argv[9]) if len(argv) > 9 else None
         print(json.dumps(child(system, phase, workload, int(n), url, cache, int(workers),
                                log_path)))
         return
@@ -647,6 +752,9 @@ def main(argv=None):
     parser.add_argument("--repeat", default="image=2,token=1",
                         help="runs of each phase per workload (the fastest counts)")
     parser.add_argument("--rows-json", help="also write the measured rows to this file")
+    parser.add_argument("--fresh-interpreters", action="store_true",
+                        help="start every run as a new interpreter instead of forking it from "
+                             "a process that imported its system's libraries once (slower)")
     args = parser.parse_args(argv)
     args.systems = args.systems.split(",")
     args.workloads = args.workloads.split(",")

@@ -3,7 +3,8 @@ and inside functions), so a forbidden dependency fails here instead of in review
 
 - ``store/`` never imports ``pipeline``, ``runtime``, ``adapters`` or ``cli``;
 - ``fingerprint/`` never imports ``store``;
-- only ``store/fs.py`` and ``store/fs_s3.py`` (its S3-specific part) import fsspec or s3fs;
+- only ``store/fs.py``, ``store/fs_s3.py`` and ``store/fs_obstore.py`` (its S3-specific
+  parts) import fsspec, s3fs or obstore;
 - only ``adapters/`` import torch, tensorflow or ray at module level;
 - nobody outside ``pipeline/`` reads ``Dataset._op``;
 - only ``store/protocol/`` writes the protocol's files (leases, progress records, stream
@@ -24,7 +25,7 @@ import snapcache
 
 PACKAGE = pathlib.Path(snapcache.__file__).parent
 FRAMEWORKS = ("torch", "tensorflow", "ray")
-FS_MODULES = ("snapcache.store.fs", "snapcache.store.fs_s3")
+FS_MODULES = ("snapcache.store.fs", "snapcache.store.fs_s3", "snapcache.store.fs_obstore")
 
 
 @dataclass(frozen=True)
@@ -121,9 +122,10 @@ def violations(name: str, source: str, is_package: bool = False) -> list[str]:
         if _within(name, "snapcache.fingerprint") and _within(imp.module, "snapcache.store"):
             problems.append(f"{name}:{imp.line} imports {imp.module}: fingerprinting is pure "
                             "(it receives file identities), it never imports the store")
-        if name not in FS_MODULES and any(_within(imp.module, lib) for lib in ("fsspec", "s3fs")):
+        if name not in FS_MODULES and any(_within(imp.module, lib)
+                                          for lib in ("fsspec", "s3fs", "obstore")):
             problems.append(f"{name}:{imp.line} imports {imp.module}: only snapcache.store.fs "
-                            "talks to fsspec")
+                            "(with fs_s3, fs_obstore) talks to fsspec and S3 clients")
         if imp.module_level and not _within(name, "snapcache.adapters") and any(
                 _within(imp.module, lib) for lib in FRAMEWORKS):
             problems.append(f"{name}:{imp.line} imports {imp.module} at module level: only "
@@ -168,6 +170,7 @@ def test_the_checker_sees_all_modules():
      "fingerprinting is pure"),
     ("snapcache.store.cache", "import fsspec\n", "only snapcache.store.fs"),
     ("snapcache.store.fs_cache", "import s3fs\n", "only snapcache.store.fs"),
+    ("snapcache.store.cache", "def f():\n    import obstore\n", "only snapcache.store.fs"),
     ("snapcache.pipeline.dataset", "def f():\n    from s3fs import S3FileSystem\n",
      "only snapcache.store.fs"),
     ("snapcache.pipeline.dataset", "import torch\n", "at module level"),
@@ -191,6 +194,7 @@ def test_the_checker_catches_each_rule(name, source, rule):
 @pytest.mark.parametrize("name, source", [
     ("snapcache.store.fs", "import fsspec\nimport s3fs\n"),
     ("snapcache.store.fs_s3", "import fsspec.asyn\n"),
+    ("snapcache.store.fs_obstore", "def f():\n    from obstore.store import S3Store\n"),
     ("snapcache.adapters.ray_read", "import ray\n"),
     ("snapcache.pipeline.dataset", "def to_torch(self):\n    import torch\n"),
     ("snapcache.pipeline.ops.sources", "def f():\n    from snapcache.adapters.torch import x\n"),

@@ -7,9 +7,16 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from snapcache.admin.inventory import SnapshotInfo, delta_versions, find_all, open_root, scan
+import xxhash
+
 from snapcache.errors import CorruptSnapshotError
+from snapcache.store import layout
+from snapcache.store.fs import Storage
+from snapcache.store.indexed_file import page_table, store_page_table
+from snapcache.store.manifest import ShardInfo
 from snapcache.store.protocol import versions
 from snapcache.store.reader import SnapshotReader
+from snapcache.store.row_read import load_pages
 
 
 @dataclass(frozen=True)
@@ -24,12 +31,19 @@ class VerifyProgress:
 
 @dataclass(frozen=True)
 class SnapshotCheck:
-    """The outcome for one snapshot: ``problems`` is empty when every byte checked out."""
+    """The outcome for one snapshot: ``problems`` is empty when every byte checked out.
+
+    ``index_problems``: page checksum files (``<shard>.pages``, docs/format.md "Page
+    checksums") missing or damaged beside sound shards. They are an index, not data: the
+    snapshot reads back right, but rows read alone go through their whole record batch.
+    ``repaired``: those rewritten from their verified shard (``verify(repair_index=True)``)."""
 
     snapshot: SnapshotInfo
     shards_checked: int
     bytes_checked: int
     problems: tuple[str, ...]
+    index_problems: tuple[str, ...] = ()
+    repaired: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -52,9 +66,12 @@ class VerifyReport:
 
 def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
            progress: Callable[[VerifyProgress], None] | None = None,
-           storage_options: dict | None = None) -> VerifyReport:
+           storage_options: dict | None = None, repair_index: bool = False) -> VerifyReport:
     """Check the size, xxh3 checksum, row count and schema of every shard of the snapshots
-    ``ids`` (unique id prefixes or names; default: every committed or corrupt snapshot).
+    ``ids`` (unique id prefixes or names; default: every committed or corrupt snapshot), and
+    each sound shard's page checksum file against the shard and the manifest (an index:
+    ``SnapshotCheck.index_problems``; ``repair_index=True`` rewrites a missing or damaged one
+    from the verified shard, its content pinned by the manifest's ``pages_checksum``).
 
     Example::
 
@@ -88,19 +105,55 @@ def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
                  if not (shard.path in seen or seen.add(shard.path))]
         readers = {id(m): SnapshotReader(storage.child(snap.id), m, verify=True)
                    for m in manifests}
-        problems, checked = [], 0
+        problems, index_problems, repaired, checked = [], [], [], 0
         for manifest, shard in pairs:
             reader = readers[id(manifest)]
             try:
                 reader.check_shard(shard)
+                problem = _check_pages(reader.storage, shard, repair_index)
             except CorruptSnapshotError as e:
                 problems.append(str(e))
             except OSError as e:  # unreadable (permissions, network): not proven sound
                 problems.append(f"snapshot {snap.short_id} shard {shard.path!r} cannot be "
                                 f"read: {e}")
+            else:
+                if problem is not None:
+                    (repaired if repair_index else index_problems).append(
+                        f"shard {shard.path!r}: {problem}")
             checked += shard.bytes
             done += shard.bytes
             if progress is not None:
                 progress(VerifyProgress(snap, shard.path, done, total))
-        checks.append(SnapshotCheck(snap, len(pairs), checked, tuple(problems)))
+        checks.append(SnapshotCheck(snap, len(pairs), checked, tuple(problems),
+                                    tuple(index_problems), tuple(repaired)))
     return VerifyReport(storage.url, tuple(checks))
+
+
+def _check_pages(storage: Storage, shard: ShardInfo, repair: bool) -> str | None:
+    """What is wrong with the page checksum file of ``shard`` (just verified sound), or None;
+    with ``repair``, a missing or damaged one is rewritten from the shard first."""
+    if shard.pages_checksum is None or not storage.local:
+        return None
+    path = storage.full(shard.path)
+    if load_pages(path, shard) is not None:
+        return None
+    data, mapped = storage.map_file(shard.path, shard.bytes)
+    try:
+        table = page_table(data, shard.page_size)
+    finally:
+        del data
+        if mapped is not None:
+            mapped.close()
+    if xxhash.xxh3_64(table).hexdigest() != shard.pages_checksum:
+        # The shard matched its checksum, so the manifest's page entry is what disagrees.
+        raise CorruptSnapshotError(
+            f"shard {shard.path!r}: its pages do not match the manifest's pages_checksum "
+            f"{shard.pages_checksum} although the shard matches its checksum: the manifest "
+            "is inconsistent; purge the snapshot and the next run rebuilds it")
+    missing = not os.path.exists(layout.pages_name(path))
+    what = "page checksum file missing" if missing else "page checksum file damaged"
+    if repair:
+        store_page_table(storage, shard.path, table)
+        return f"{what}: rewritten from the verified shard"
+    return (f"{what} (the data is sound; rows read alone read their whole record batch): "
+            "`snapcache verify --repair-index` rewrites it from the verified shard")

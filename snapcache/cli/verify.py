@@ -19,8 +19,13 @@ def add_parser(commands) -> None:
     parser = commands.add_parser(
         "verify", help="re-read every shard and check sizes, checksums, rows and schema",
         description="Check every byte of the given snapshots (default: all committed ones) "
-                    "against their manifests. Exit status: 0 if all match, 1 on any mismatch.")
+                    "against their manifests. Exit status: 0 if all match, 1 on any mismatch. "
+                    "A missing or damaged page checksum file beside a sound shard (an index "
+                    "for reading rows alone, not data) is reported without failing; "
+                    "--repair-index rewrites it from the verified shard.")
     common.add_root_option(parser, ids="many")
+    parser.add_argument("--repair-index", action="store_true",
+                        help="rewrite missing or damaged page checksum files of sound shards")
     common.add_json_option(parser)
     parser.set_defaults(handler=run)
 
@@ -37,16 +42,19 @@ def run(args: argparse.Namespace) -> int:
                            description=p.snapshot.short_id)
 
             report = verify(args.root, args.ids, progress=show,
-                            storage_options=args.storage_options)
+                            storage_options=args.storage_options,
+                            repair_index=args.repair_index)
     else:
         report = verify(args.root, args.ids, progress=_PlainProgress(),
-                        storage_options=args.storage_options)
+                        storage_options=args.storage_options, repair_index=args.repair_index)
     if args.json:
         common.print_json({
             "root": report.root, "ok": report.ok,
             "snapshots": [{"id": c.snapshot.id, "name": c.snapshot.name, "ok": c.ok,
                            "shards_checked": c.shards_checked,
-                           "bytes_checked": c.bytes_checked, "problems": list(c.problems)}
+                           "bytes_checked": c.bytes_checked, "problems": list(c.problems),
+                           "index_problems": list(c.index_problems),
+                           "repaired": list(c.repaired)}
                           for c in report.checks]})
     else:
         print_report(report)
@@ -82,11 +90,20 @@ def print_report(report: VerifyReport) -> None:
                   f"{format_size(check.bytes_checked)}")
         for problem in check.problems:
             out.print(f"         - {problem}", markup=False)
+        for problem in check.index_problems:
+            out.print(f"         [yellow]index[/] {escape(problem)}")
+        for repair in check.repaired:
+            out.print(f"         [green]repaired[/] {escape(repair)}")
     total = sum(c.bytes_checked for c in report.checks)
     if report.ok:
         n = len(report.checks)
         what = "the snapshot matches its" if n == 1 else f"all {n:,} snapshots match their"
         out.print(f"{what} checksums ({format_size(total)} read)")
+        damaged = sum(len(c.index_problems) for c in report.checks)
+        if damaged:
+            out.print(f"[yellow]{common.plural(damaged, 'page checksum file')} missing or "
+                      "damaged[/]: the data is sound; `snapcache verify --repair-index` "
+                      "rewrites them from the verified shards")
     else:
         n = len(report.checks)
         what = "the snapshot failed" if n == 1 else f"{len(report.failed)} of {n:,} snapshots failed"

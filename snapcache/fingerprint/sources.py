@@ -79,7 +79,7 @@ def hash_files_source(identities: Sequence[Mapping[str, Any]], *, strict: bool =
                       ) -> FingerprintNode:
     """Files by identity, in order: each a mapping with the path as given, size and mtime
     (ETag on object stores), and with ``strict=True`` a hash of the content, as
-    :func:`snapcache.store.fs.file_identity` returns them. Pure: the caller does the I/O."""
+    :func:`snapcache.store.source_files.file_identity` returns them. Pure: the caller does the I/O."""
     files = [file_node(str(identity["path"]), identity) for identity in identities]
     noun = "file" if len(files) == 1 else "files"
     return node("source", "source:files", b"strict" if strict else b"", files,

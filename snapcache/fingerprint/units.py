@@ -8,7 +8,7 @@ identity): a rewritten file whose row group holds the same content keeps that un
 unit key: units live in a lineage folder that the code fingerprint names, so a change of code
 is a different lineage and recomputes everything.
 
-Pure: identities come from the caller (see ``store/fs.file_identities``).
+Pure: identities come from the caller (see ``store/source_files.file_identities``).
 
 >>> a = {"path": "a.jpg", "size": 3, "mtime_ns": 1}
 >>> unit_key(a) == unit_key(dict(a))

@@ -23,7 +23,8 @@ from snapcache.pipeline.streams import StreamSpec
 from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
 from snapcache.pipeline.explain import explain as explain_tree
-from snapcache.store.fs import Storage, expand_files
+from snapcache.store.fs import Storage
+from snapcache.store.source_files import expand_files
 from snapcache.pipeline.handle import Snapshot
 
 

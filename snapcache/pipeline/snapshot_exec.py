@@ -324,7 +324,8 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
             close()
         if lease is not None:
             lease.release()
-        writer.storage.remove_if_empty()  # a failed epoch that wrote nothing leaves nothing
+        if writer.storage.local:  # (object stores have no empty folders: no LIST for it)
+            writer.storage.remove_if_empty()  # a failed epoch that wrote nothing leaves nothing
         terminate.__exit__(None, None, None)
 
 

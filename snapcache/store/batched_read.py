@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import collections
 import mmap
+import os
 import threading
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -24,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
+from snapcache import lifecycle
 from snapcache.errors import CorruptSnapshotError
 from snapcache.machine import available_cpus, memory_budget
 from snapcache.store.codec import Decoder, Schema
@@ -41,64 +44,208 @@ def read_budget(threads: int | None, budget: int | None) -> tuple[int, int]:
 
 
 class BatchedShard:
-    """A compressed local shard read record batch by record batch: each record batch's bytes (a
-    slice of the file's memory map) are checked against its checksum in the manifest, decoded
-    with the manifest's schema and validated (:meth:`SnapshotReader.batch_from_bytes
+    """A local shard read record batch by record batch: each record batch's bytes (a slice of
+    the file's memory map) are checked against its checksum in the manifest, decoded with the
+    manifest's schema and validated (:meth:`SnapshotReader.batch_from_bytes
     <snapcache.store.reader.SnapshotReader.batch_from_bytes>`) when it is asked for, so that
-    reading, verifying and decompressing the record batches of one shard run in parallel on
-    the read threads and overlap with the consumer, instead of the whole file being hashed
-    before its first batch is decoded. No byte of a record batch is used before its checksum
-    matched.
+    the consumer takes the first record batches of a shard while the rest of it is still being
+    read, and the record batches of a compressed shard are decompressed in parallel on the read
+    threads. No byte of a record batch is used before its checksum matched.
 
-    Opening maps the file (its size must be the manifest's) and reads nothing. The bytes
-    outside the record batches (the file's header and footer) are not used, so not read;
-    ``snapcache verify`` checks the whole file's checksum. ``low_memory``: once a record batch
-    is decoded, its pages and those before it are dropped from this process (decoded values
-    are fresh memory, never views of the map), so that resident memory stays within the
-    prefetch budget however large the shard. Same interface as
-    :class:`~snapcache.store.reader.ShardFile`."""
+    With ``verify``, a :class:`_Verifier` thread hashes the record batches asked for and, while
+    they are asked for in order, those after them, front to back, ahead of decoding (the
+    kernel then sees one sequential reader, whose read-ahead keeps the disk busy as a plain
+    sequential read does); :meth:`get_batch` waits only for the digest of its own record
+    batch. Without ``verify``, decoding reads the bytes.
+
+    Opening maps the file (its size must be the manifest's). The bytes outside the record
+    batches (the file's header and footer) are not used, so not read; ``snapcache verify``
+    checks the whole file's checksum. ``low_memory``: pages are dropped from this process once
+    hashed and once their record batch is decoded (the page cache keeps them; decoded views of
+    an uncompressed shard fault them back in as they are used), so that resident memory stays
+    within the prefetch budget however large the shard. Same interface as
+    :class:`~snapcache.store.reader.ShardFile`, plus :meth:`close` (stops the verifier)."""
 
     def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False):
         self._reader, self._shard, self._low_memory = reader, shard, low_memory
-        self._in_order = threading.Lock()
         self.num_record_batches = len(shard.batch_rows or ())
         self.schema = reader._arrow_schema
         # mapped (a local shard), a missing or resized file a CorruptSnapshotError
         self._buffer, self._map = reader._load(shard, reader.where(shard))
+        self._verifier = _Verifier(shard, self._buffer, self._map, low_memory) \
+            if reader.verify and self.num_record_batches else None
+        if self._verifier is not None:  # an abandoned read stops hashing ahead
+            weakref.finalize(self, self._verifier.abandon)
 
     def get_batch(self, index: int) -> pa.RecordBatch:
         start, end = self._shard.batch_offsets[index], self._shard.batch_offsets[index + 1]
         data = self._buffer.slice(start, end - start)
-        digest = None
-        if self._reader.verify:
-            # Hashing faults the file's pages in. One thread at a time, in the order the batches
-            # were asked for: the kernel's readahead then sees one sequential reader (threads
-            # faulting in different parts of one map at once cost much more CPU and time on a
-            # cold disk); decoding, the CPU-heavy part, runs in parallel.
-            with self._in_order:
-                digest = xxhash.xxh3_64(memoryview(data)).hexdigest()
+        digest = self._verifier.digest(index) if self._verifier is not None else None
         batch = self._reader.batch_from_bytes(self._shard, index, data, digest=digest)
         if self._low_memory and self._map is not None:
-            # this batch's pages and those of the batches before it (hashed on other threads)
+            # this batch's pages and those of the batches before it
             self._map.madvise(mmap.MADV_DONTNEED, 0, end)
         return batch
+
+    def close(self) -> None:
+        """Stop hashing ahead (record batches already returned stay valid)."""
+        if self._verifier is not None:
+            self._verifier.stop()
+
+
+AHEAD_BYTES = 32 << 20
+"""How far past the furthest record batch asked for a shard's verifier hashes on its own."""
+SLACK = 8
+"""Record batches between the first and the furthest asked for that may not have been asked
+for (yet) while the read still counts as sequential: parallel decoding asks for the next few
+in any order."""
+
+
+class _Verifier:
+    """Hashes the record batches of one mapped shard on its own thread
+    (``snapcache-read_verify``), publishing each digest as it is taken: first the batches
+    asked for and not hashed yet (lowest first), then, once two or more were asked for and
+    they are sequential, the rest from the first asked for on, front to back, up to
+    :data:`AHEAD_BYTES` past the furthest asked for, so that the disk streams ahead of
+    decoding as for a plain sequential read. A read that jumps (a shuffled epoch, one stream's
+    share of several) ends the thread once it has hashed what was asked for: the readers then
+    hash what they ask for themselves, and nothing is read that is not asked for.
+
+    The thread also ends when every batch is hashed, when :meth:`stop` is called (the read was
+    closed) or its :class:`BatchedShard` is collected (the read was abandoned), or at
+    interpreter exit. A record batch asked for that it will not hash (ended, failed, or in a
+    forked child, where the thread does not exist) is hashed by the one asking."""
+
+    def __init__(self, shard: ShardInfo, buffer: pa.Buffer, mapped: "mmap.mmap | None",
+                 low_memory: bool):
+        self._offsets = list(shard.batch_offsets)
+        count = len(self._offsets) - 1
+        self._digests: list[str | None] = [None] * count
+        self._asked: set[int] = set()    # asked for, not hashed yet
+        self._wanted = [False] * count   # ever asked for
+        self._count = 0                  # how many were ever asked for
+        self._first = self._furthest = -1  # the first and the furthest asked for
+        self._sequential = True          # whether those asked for leave (almost) no gaps
+        self._next = 0                   # the next batch to hash ahead
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._stopped = threading.Event()  # asked to stop, or done
+        self._pid = os.getpid()
+        self._thread = threading.Thread(
+            target=self._run, args=(memoryview(buffer), mapped if low_memory else None),
+            name="snapcache-read_verify", daemon=True)
+        self._forget = lifecycle.at_exit(self.stop)
+        try:
+            self._thread.start()
+        except BaseException:  # e.g. at interpreter exit
+            self._forget()
+            self._stopped.set()
+            raise
+
+    def _choose(self) -> int | None:
+        """The batch to hash next, if any now (called holding the lock)."""
+        digests, offsets = self._digests, self._offsets
+        while self._asked:
+            index = min(self._asked)
+            self._asked.discard(index)
+            if digests[index] is None:  # not hashed ahead meanwhile
+                return index
+        self._next = max(self._next, self._first)  # never before the first asked for
+        while self._next < len(digests) and digests[self._next] is not None:
+            self._next += 1
+        if self._sequential and self._count >= 2 and self._next < len(digests) and \
+                offsets[self._next] < offsets[self._furthest + 1] + AHEAD_BYTES:
+            return self._next
+        return None
+
+    def _run(self, view: memoryview, mapped: "mmap.mmap | None") -> None:
+        offsets, digests = self._offsets, self._digests
+        try:
+            while True:
+                with self._cond:
+                    index = self._choose()
+                    while index is None:
+                        if self._stopped.is_set() or None not in digests or \
+                                not self._sequential:
+                            return  # stopped, every batch hashed, or the askers hash
+                        self._cond.wait()
+                        index = self._choose()
+                    if self._stopped.is_set():
+                        return
+                start, end = offsets[index], offsets[index + 1]
+                digest = xxhash.xxh3_64(view[start:end]).hexdigest()
+                if mapped is not None:  # hashed: drop its pages from this process
+                    first = start - start % mmap.PAGESIZE
+                    mapped.madvise(mmap.MADV_DONTNEED, first, end - first)
+                with self._cond:
+                    digests[index] = digest
+                    self._cond.notify_all()
+        except BaseException as e:  # noqa: BLE001 - raised by digest() in the reading thread
+            with self._cond:
+                self._error = e
+        finally:
+            with self._cond:
+                self._stopped.set()
+                self._cond.notify_all()
+            self._forget()
+
+    def digest(self, index: int) -> str | None:
+        """The xxh3_64 hex digest of record batch ``index``'s bytes, once hashed; None if this
+        verifier will not hash it (the caller hashes it)."""
+        if os.getpid() != self._pid:
+            return None
+        with self._cond:
+            self._note(index)
+            if self._digests[index] is None and not self._stopped.is_set():
+                self._asked.add(index)
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._digests[index] is not None or
+                                    self._stopped.is_set())
+            if self._digests[index] is not None:
+                return self._digests[index]
+            if self._error is not None:
+                raise self._error
+        return None
+
+    def _note(self, index: int) -> None:
+        """Record that ``index`` was asked for; the read stops being sequential once more than
+        :data:`SLACK` batches between the first and the furthest asked for were never asked
+        for (called holding the lock)."""
+        if self._wanted[index]:
+            return
+        self._wanted[index] = True
+        self._count += 1
+        self._first = index if self._first < 0 else min(self._first, index)
+        self._furthest = max(self._furthest, index)
+        if self._furthest - self._first + 1 - self._count > SLACK:
+            self._sequential = False
+
+    def abandon(self) -> None:
+        """Stop hashing, without waiting."""
+        with self._cond:
+            self._stopped.set()
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Stop hashing and wait for the thread (it finishes the record batch it is on)."""
+        self.abandon()
+        if self._pid == os.getpid() and self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False
                     ) -> "BatchedShard | ShardFile":
     """``shard`` opened for reading its record batches in order: batch by batch
-    (:class:`BatchedShard`) when it is a compressed shard on local disk whose record batches
-    the manifest indexes, else whole (:meth:`SnapshotReader.open_shard
-    <snapcache.store.reader.SnapshotReader.open_shard>`).
+    (:class:`BatchedShard`) when it is a shard on local disk whose record batches the manifest
+    indexes, else whole (:meth:`SnapshotReader.open_shard
+    <snapcache.store.reader.SnapshotReader.open_shard>`): remote shards come whole through
+    the node-local cache, and shards written before the index existed have no batch checksums.
 
-    Why not always: remote shards come whole through the node-local cache; shards written
-    before the index existed have no batch checksums; and an uncompressed shard has nothing
-    to decode in parallel (its batches are views of the file), so what bounds its read is the
-    disk, which one sequential hash of the whole file drives best: read batch by batch it
-    measured up to ~40% slower on a cold disk (``benchmarks/bench_cold.py``, the image rows:
-    the whole-shard column), though its first batch comes ~10 ms sooner."""
+    Batch by batch, the consumer takes the first record batches while the rest of the shard is
+    read, and compressed record batches decode in parallel; a shard read whole is hashed in
+    full before its first batch is decoded (``benchmarks/bench_cold.py`` compares both)."""
     if reader.storage.local and shard.batch_index and shard.batch_offsets is not None \
-            and reader.schema is not None and shard.compression in ("lz4", "zstd"):
+            and reader.schema is not None:
         return BatchedShard(reader, shard, low_memory=low_memory)
     return reader.open_shard(shard, low_memory=low_memory)
 
@@ -189,6 +336,12 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
         for future, _, _ in decoding:
             future.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
+        # stop reading ahead in the shards opened (those still opening: when collected)
+        opened = [current[1]] if current is not None else []
+        opened += [f.result() for _, f in opening if f.done() and not f.cancelled()
+                   and f.exception() is None]
+        for file_reader in opened:
+            getattr(file_reader, "close", lambda: None)()
 
 
 def _decode(reader: "SnapshotReader", file_reader: Any, index: int, shard: ShardInfo

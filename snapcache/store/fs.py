@@ -1,27 +1,26 @@
-"""The module that talks to fsspec (with :mod:`snapcache.store.fs_s3`, its S3-specific part).
+"""The module that talks to storage (with :mod:`snapcache.store.fs_s3`, its S3-specific part).
 
 Everything else in snapcache addresses storage through :class:`Storage`, a thin wrapper around an
-fsspec filesystem rooted at a URL (a local path, ``memory://...``, ``s3://bucket/prefix``, ...).
-Paths handed to its methods are relative to that root and always use ``/``.
+fsspec filesystem rooted at a URL (a local path, ``memory://...``, ...), or on ``s3://`` around
+an S3 client (:class:`snapcache.store.fs_s3.S3Clients`: obstore where it can serve, else
+s3fs). Paths handed to its methods are relative to that root and always use ``/``.
 """
 
 from __future__ import annotations
 
 import collections
-import fnmatch
-import glob
 import hashlib
 import os
 import posixpath
 import threading
-from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple
 
 import fsspec
 import xxhash
 from fsspec.core import url_to_fs
 
 from snapcache.store import checks, fs_s3, layout
-from snapcache.store.fs_s3 import Upload
+from snapcache.store.fs_s3 import S3Clients, Upload
 
 if TYPE_CHECKING:
     import mmap
@@ -81,10 +80,21 @@ class Storage:
             url = os.path.abspath(os.path.expanduser(url))
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.fs, root = _filesystem(self.url, self.storage_options)
+        self._s3: S3Clients | None = None
+        if fs_s3.is_s3_url(self.url):  # requests through obstore or s3fs (created lazily)
+            self._s3 = S3Clients(self.url, self.storage_options, _filesystem)
+            self._fs: fsspec.AbstractFileSystem | None = None
+            root, self.local, self.protocol = self._s3.root, False, "s3"
+        else:
+            self._fs, root = _filesystem(self.url, self.storage_options)
+            self.local = is_local(self._fs)
+            self.protocol = _protocol(self._fs)
         self.root = root.rstrip("/") or "/"
-        self.local = is_local(self.fs)
-        self.protocol = _protocol(self.fs)
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem (on S3: s3fs, imported on first use)."""
+        return self._fs if self._s3 is None else self._s3.fs
 
     def __repr__(self) -> str:
         return f"Storage({self.url!r})"
@@ -100,20 +110,32 @@ class Storage:
         """A Storage rooted at a sub-folder, sharing this one's filesystem instance."""
         sub = Storage.__new__(Storage)
         sub.url, sub.storage_options = self.url_of(rel), self.storage_options
-        sub.fs, sub.root, sub.local = self.fs, self.full(rel), self.local
+        sub._fs, sub._s3, sub.root, sub.local = self._fs, self._s3, self.full(rel), self.local
         sub.protocol = self.protocol
         return sub
 
     # -- queries -------------------------------------------------------------------------------
     def _fresh(self, path: str) -> str:
         """Drop what the filesystem cached about ``path``: another process may have changed it
-        (s3fs keeps directory listings, and answers ``info``/``exists`` from them)."""
+        (fsspec filesystems keep directory listings, and answer ``info``/``exists`` from
+        them)."""
         if not self.local:
             self.fs.invalidate_cache(path)
         return path
 
     def exists(self, rel: str = "") -> bool:
+        if self._s3:
+            return self._s3.client().exists(self.full(rel))
         return self.fs.exists(self._fresh(self.full(rel)))
+
+    def is_file(self, rel: str) -> bool:
+        """Whether the file ``rel`` exists (on S3 one HEAD; ``exists`` also asks whether a
+        folder of that name has files, a LIST more)."""
+        if self.local:
+            return os.path.isfile(self.full(rel))
+        if self._s3:
+            return self._s3.client().head(self.full(rel)) is not None
+        return self.fs.isfile(self._fresh(self.full(rel)))
 
     def bucket_exists(self) -> bool:
         """Whether the bucket holding this root exists (an object store's first path
@@ -122,9 +144,16 @@ class Storage:
         if self.local:
             return self.exists()
         bucket = self.root.strip("/").split("/")[0]
+        if self._s3:
+            return self._s3.client().exists(bucket)
         return not bucket or self.fs.exists(self._fresh(bucket))
 
     def size(self, rel: str) -> int:
+        if self._s3:
+            head = self._s3.client().head(self.full(rel))
+            if head is None:
+                raise FileNotFoundError(self.url_of(rel))
+            return int(head["size"])
         return int(self.fs.size(self._fresh(self.full(rel))))
 
     def listdir(self, rel: str = "") -> list[str]:
@@ -133,7 +162,7 @@ class Storage:
         path = self.full(rel)
         try:
             if self._s3:
-                entries = fs_s3.list_names(self.fs, path)
+                entries = self._s3.client().list_names(path)
             else:
                 entries = self.fs.ls(path, detail=False, refresh=True)
         except FileNotFoundError:
@@ -147,23 +176,20 @@ class Storage:
                 names.append(name)
         return sorted(set(names))
 
-    @property
-    def _s3(self) -> bool:
-        return fs_s3.is_s3(self.fs, self.protocol)
-
     # -- reads ---------------------------------------------------------------------------------
     def read_bytes(self, rel: str, size: int | None = None) -> bytes:
         """The whole file, in one request on object stores (s3fs would first ask for its size:
         a HEAD, and a LIST when it is missing): a file rewritten meanwhile (a lease's heartbeat)
         reads as either version, never as a failed partial read. With its ``size`` known (a
-        shard, from the manifest), a large file is fetched as concurrent ranged GETs."""
+        shard, from the manifest), a large file is fetched as concurrent ranged GETs, and the
+        result may be a read-only buffer of the bytes (obstore's, not copied) instead."""
         if self.local:
             with open(self.full(rel), "rb") as f:
                 return f.read()
         path = self.full(rel)
         if not self._s3:
             return self.fs.cat_file(path)
-        return fs_s3.read_whole(self.fs, path, size)
+        return self._s3.client().read(path, size)
 
     def read_range(self, rel: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the file ``rel`` (one ranged GET on object stores);
@@ -174,6 +200,8 @@ class Storage:
                 return os.pread(fd, end - start, start)
             finally:
                 os.close(fd)
+        if self._s3:
+            return self._s3.client().read_range(self.full(rel), start, end)
         return self.fs.cat_file(self.full(rel), start=start, end=end)
 
     def version(self, rel: str) -> tuple | None:
@@ -186,6 +214,10 @@ class Storage:
             except FileNotFoundError:
                 return None
             return (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._s3:
+            head = self._s3.client().head(path)
+            return None if head is None or head["e_tag"] is None else \
+                (str(head["e_tag"]), int(head["size"]))
         try:
             info = self.fs.info(self._fresh(path))
         except FileNotFoundError:
@@ -227,7 +259,7 @@ class Storage:
             if known[0] == version:
                 return _parsed(key, known, version, known[2], parse), version, known[2]
         if self._s3:
-            data, version = fs_s3.read_versioned(self.fs, self.full(rel))
+            data, version = self._s3.client().read_versioned(self.full(rel))
             version = self._content_version(rel, data, version)
         else:
             data = self.read_bytes(rel)
@@ -278,7 +310,7 @@ class Storage:
         parts for a large file (:func:`snapcache.store.fs_s3.upload`)."""
         path = self.full(rel)
         if self._s3:
-            fs_s3.upload(self.fs, path, data)
+            fs_s3.upload(self._s3.client(), path, data)
         elif isinstance(data, str):
             self.fs.put_file(data, path)
         else:
@@ -304,6 +336,9 @@ class Storage:
         their process is gone), renamed over it; on object stores one PUT.
         ``make_folders=False``: FileNotFoundError on local disk if the folder is gone (a lease's
         heartbeat never brings back a folder that purge removed)."""
+        if self._s3:
+            self._s3.client().put(self.full(rel), data)
+            return
         if not self.local:
             self.fs.pipe_file(self.full(rel), data)
             return
@@ -349,8 +384,8 @@ class Storage:
                 return False
             finally:
                 _silent_remove(tmp)
-        if self.protocol in ("s3", "s3a"):
-            return fs_s3.create(self.fs, target, data)
+        if self._s3:
+            return self._s3.client().create(target, data)
         with _MEMORY_LOCK:
             if self.fs.exists(target):
                 return False
@@ -359,6 +394,9 @@ class Storage:
 
     def modified(self, rel: str) -> float | None:
         """Last modification time (seconds since the epoch) of ``rel``, or None if absent."""
+        if self._s3:
+            head = self._s3.client().head(self.full(rel))
+            return None if head is None else _mtime({"mtime": head["last_modified"]})
         try:
             return _mtime(self.fs.info(self._fresh(self.full(rel))))
         except FileNotFoundError:
@@ -369,7 +407,11 @@ class Storage:
         listing (one LIST request per 1000 objects on S3); empty if ``rel`` does not exist."""
         base = self.full(rel).rstrip("/")
         try:
-            found = self.fs.find(base, detail=True, withdirs=False)
+            if self._s3:
+                found = {o["path"]: {"size": o["size"], "mtime": o["last_modified"]}
+                         for o in self._s3.client().find(base)}
+            else:
+                found = self.fs.find(base, detail=True, withdirs=False)
         except FileNotFoundError:
             return []
         stats = []
@@ -392,12 +434,12 @@ class Storage:
         """Multipart uploads started below this folder and never completed nor aborted (S3; an
         empty list elsewhere). A writer killed while uploading a large shard leaves one: its
         parts are billed but no listing shows them."""
-        if self.protocol not in ("s3", "s3a"):
+        if not self._s3:
             return []
-        return fs_s3.incomplete_uploads(self.fs, self.root)
+        return fs_s3.incomplete_uploads(self._s3.fs, self.root)
 
     def abort_upload(self, upload: Upload) -> None:
-        fs_s3.abort_upload(self.fs, self.root, upload)
+        fs_s3.abort_upload(self._s3.fs if self._s3 else self.fs, self.root, upload)
 
     def link_target(self, rel: str = "") -> str | None:
         """Where ``rel`` points if it is a symbolic link (local disk), else None."""
@@ -414,6 +456,9 @@ class Storage:
         os.unlink(path)
 
     def remove(self, rel: str, recursive: bool = False) -> None:
+        if self._s3:
+            self._s3.client().remove(self.full(rel), recursive)
+            return
         try:
             self.fs.rm(self.full(rel), recursive=recursive)
         except FileNotFoundError:
@@ -479,130 +524,3 @@ def _fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-# -- sources -----------------------------------------------------------------------------------
-def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike],
-                 storage_options: dict | None = None) -> list[str]:
-    """Expand a glob or a list of paths/URLs into a sorted-per-pattern list of file URLs.
-
-    A list keeps the user's order (each glob within it expands sorted); a pattern that matches
-    nothing raises ``FileNotFoundError``.
-    """
-    if isinstance(patterns, (str, os.PathLike)):
-        patterns = [patterns]
-    urls: list[str] = []
-    for pattern in patterns:
-        pattern = os.fspath(pattern)
-        fs, path = _filesystem(pattern, storage_options)
-        fs.invalidate_cache()  # list what is there now, not what an earlier listing saw
-        protocol = _protocol(fs)
-        if any(ch in path for ch in "*?["):
-            if is_local(fs):  # the standard library: no fsspec stat a file (10k files: ~20x)
-                matches = _local_glob(path)
-            else:
-                found = fs.glob(path, detail=True)  # types from the listing, no request a match
-                matches = sorted(m for m, info in found.items()
-                                 if info.get("type") != "directory")
-        else:
-            matches = [path] if fs.exists(path) else []
-        if not matches:
-            raise FileNotFoundError(f"no file matches {pattern!r}")
-        for m in matches:
-            urls.append(m if protocol in ("file", "local") else fs.unstrip_protocol(m))
-    return urls
-
-
-def _local_glob(path: str) -> list[str]:
-    """Files matching a local glob, sorted. A pattern whose wildcards are all in its last part
-    (``data/*.jpg``) is one ``scandir`` of the folder, directories told apart by the entries'
-    types (no ``stat`` a file); others go through :func:`glob.glob`."""
-    folder, name = os.path.split(path)
-    if any(ch in folder for ch in "*?[") or name == "**":
-        return sorted(m for m in glob.glob(path, recursive=True) if not os.path.isdir(m))
-    hidden = name.startswith(".")  # as glob: a wildcard does not match a leading dot
-    try:
-        with os.scandir(folder or ".") as entries:
-            found = [os.path.join(folder, e.name) for e in entries
-                     if (hidden or not e.name.startswith(".")) and
-                     fnmatch.fnmatchcase(e.name, name) and not e.is_dir()]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(found)
-
-
-def file_identity(url: str, strict: bool = False, storage_options: dict | None = None) -> dict:
-    """What identifies a source file's content cheaply: path, size and mtime or ETag.
-
-    ``strict=True`` adds an xxh3-128 hash of the file's bytes.
-    """
-    fs, path = _filesystem(url, storage_options)
-    if is_local(fs):
-        st = os.stat(path)
-        identity: dict[str, Any] = {"path": url, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        info: dict[str, Any] = {}
-    else:
-        fs.invalidate_cache(path)
-        info = fs.info(path)
-        identity = {"path": url, "size": int(info.get("size") or 0)}
-    etag = info.get("ETag") or info.get("etag")
-    if "mtime_ns" in identity:
-        pass
-    elif etag:
-        identity["etag"] = str(etag).strip('"')
-    else:
-        mtime = (info.get("mtime") or info.get("LastModified") or info.get("last_modified")
-                 or info.get("created"))
-        if hasattr(mtime, "timestamp"):
-            mtime = mtime.timestamp()
-        if mtime is not None:
-            identity["mtime_ns"] = int(round(float(mtime) * 1e9)) if not isinstance(mtime, int) \
-                else mtime
-    if strict:
-        h = xxhash.xxh3_128()
-        with fs.open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        identity["xxh3_128"] = h.hexdigest()
-    return identity
-
-
-def file_identities(urls: Sequence[str], strict: bool = False,
-                    storage_options: dict | None = None) -> list[dict]:
-    """:func:`file_identity` of many files at once, in order. Local paths: one ``stat`` each,
-    no fsspec call. Object stores: the identities come from one paginated listing of each
-    folder the files are in (on S3 one request per 1,000 keys, not one per file); a file the
-    listing does not show is asked for alone."""
-    urls = [str(u) for u in urls]
-    if strict:
-        return [file_identity(url, True, storage_options) for url in urls]
-    identities: list[dict | None] = [None] * len(urls)
-    remote: dict[str, list[int]] = {}
-    for i, url in enumerate(urls):
-        if "://" not in url or url.startswith("file://"):
-            path = url[len("file://"):] if url.startswith("file://") else url
-            st = os.stat(path)
-            identities[i] = {"path": url, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-        else:
-            remote.setdefault(posixpath.dirname(url), []).append(i)
-    for folder, indices in remote.items():
-        if len(indices) == 1:
-            identities[indices[0]] = file_identity(urls[indices[0]], False, storage_options)
-            continue
-        listed = fs_s3.listed_identities(*_filesystem(folder, storage_options))
-        for i in indices:
-            found = listed.get(posixpath.basename(urls[i]))
-            identities[i] = {"path": urls[i], **found} if found else \
-                file_identity(urls[i], False, storage_options)
-    return identities  # type: ignore[return-value]
-
-
-def is_dir(url: str, storage_options: dict | None = None) -> bool:
-    fs, path = _filesystem(url, storage_options)
-    return bool(fs.isdir(path))
-
-
-def open_input(url: str, storage_options: dict | None = None) -> IO[bytes]:
-    """A seekable binary file object reading ``url`` (local path or any fsspec URL)."""
-    fs, path = _filesystem(url, storage_options)
-    return fs.open(path, "rb")

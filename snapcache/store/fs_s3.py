@@ -1,8 +1,13 @@
-"""What snapcache asks of S3 beyond fsspec's common interface, through s3fs.
+"""What snapcache asks of S3, and which client asks it: obstore where it can, else s3fs.
 
-Only :mod:`snapcache.store.fs` calls these (its :class:`~snapcache.store.fs.Storage` decides when a
-filesystem is S3); together the two are the only modules that talk to fsspec. Each function says
-how many requests it makes, because on S3 requests are what a snapshot's phases cost:
+:class:`S3Clients` is what a :class:`~snapcache.store.fs.Storage` rooted on ``s3://`` holds: it
+picks, per process, :class:`snapcache.store.fs_obstore.S3Client` (starts in milliseconds) when
+the storage options can be said in obstore's terms, else :class:`S3fsClient` (s3fs, with what
+fsspec offers beyond requests: file objects, renames); s3fs is imported only when it serves.
+Both clients have the same methods, requests and errors. Only :mod:`snapcache.store.fs` calls
+this module; with :mod:`~snapcache.store.fs_obstore` the three are the only modules that talk to
+fsspec or obstore. Each function says how many requests it makes, because on S3 requests are
+what a snapshot's phases cost:
 
 - :func:`list_names`: one LIST of a folder (s3fs's ``ls`` lists the parent too when it is empty);
 - :func:`read_whole`: one GET, or concurrent ranged GETs for a large file of known size;
@@ -14,13 +19,16 @@ how many requests it makes, because on S3 requests are what a snapshot's phases 
 
 from __future__ import annotations
 
+import os
 import posixpath
 import sys
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import fsspec
 import fsspec.asyn
+
+from snapcache.store import fs_obstore
 
 RANGE_BYTES = 32 << 20
 """A file larger than this whose size is known is fetched in ranges of this size, concurrently."""
@@ -69,9 +77,131 @@ def import_s3fs(url: str) -> None:
                 del sys.modules[_UNUSED_TLS_BACKEND]
 
 
-def is_s3(fs: fsspec.AbstractFileSystem, protocol: str) -> bool:
-    """Whether ``fs`` is s3fs (the functions of this module apply to it)."""
-    return protocol in ("s3", "s3a") and hasattr(fs, "_lsdir")
+def is_s3_url(url: str) -> bool:
+    return url.startswith(("s3://", "s3a://"))
+
+
+class S3Clients:
+    """The S3 clients of one root (shared by its :meth:`Storage.child` folders): the obstore
+    client if :func:`snapcache.store.fs_obstore.store_config` can express the options and
+    this process may use it, else the s3fs one, created on first use."""
+
+    def __init__(self, url: str, storage_options: dict,
+                 make_fs: Callable[[str, dict], tuple[Any, str]]):
+        self.url, self.storage_options, self._make_fs = url, storage_options, make_fs
+        self.root = url.split("://", 1)[1].rstrip("/")
+        self.bucket = self.root.split("/")[0]
+        self._config = fs_obstore.store_config(storage_options) if _has_obstore() else None
+        self._obstore: fs_obstore.S3Client | None = None
+        self._s3fs: S3fsClient | None = None
+        self._fs: Any = None
+        self._lock, self._pid = threading.Lock(), os.getpid()
+        if self._config is None:
+            self.fs  # noqa: B018 - s3fs serves: its ImportError (with the hint) now, as before
+
+    def __reduce__(self) -> tuple:
+        """Pickled as what made it (a Ray task's Storage): the process that unpickles it
+        picks its own client, as a new Storage there would."""
+        return (S3Clients, (self.url, self.storage_options, self._make_fs))
+
+    @property
+    def fs(self) -> Any:
+        """The s3fs filesystem (imported and created on first use)."""
+        with self._locked():
+            if self._fs is None:
+                self._fs = self._make_fs(self.url, self.storage_options)[0]
+            return self._fs
+
+    def client(self) -> "fs_obstore.S3Client | S3fsClient":
+        """The client this process uses for this root's requests."""
+        if self._config is not None and fs_obstore.usable():
+            if self._obstore is None:
+                with self._locked():
+                    if self._obstore is None:
+                        self._obstore = fs_obstore.S3Client(self.bucket, self._config)
+            return self._obstore
+        return self.s3fs()
+
+    def _locked(self) -> threading.Lock:
+        """This process's lock (a forked child gets a new one: its parent's may have been held
+        by a thread that the child does not have)."""
+        if self._pid != os.getpid():
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        return self._lock
+
+    def s3fs(self) -> "S3fsClient":
+        """The s3fs client (for what only it does: multipart upload listings)."""
+        if self._s3fs is None:
+            self._s3fs = S3fsClient(self.fs)
+        return self._s3fs
+
+
+def _has_obstore() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("obstore") is not None
+
+
+class S3fsClient:
+    """:class:`snapcache.store.fs_obstore.S3Client`'s requests through s3fs (whose caches are
+    dropped before each query: another process may have changed the object)."""
+
+    def __init__(self, fs: Any):
+        self.fs = fs
+
+    def _fresh(self, path: str) -> str:
+        self.fs.invalidate_cache(path)
+        return path
+
+    def head(self, path: str) -> dict | None:
+        """One HEAD (s3fs's ``info`` would LIST too, for a folder, when the object is
+        missing)."""
+        bucket, key, _ = self.fs.split_path(path)
+        try:
+            out = self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return None
+        return {"size": int(out["ContentLength"]), "last_modified": out.get("LastModified"),
+                "e_tag": out.get("ETag")}
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(self._fresh(path))
+
+    def list_names(self, path: str) -> list[str]:
+        return list_names(self.fs, path)
+
+    def find(self, path: str) -> list[dict]:
+        found = self.fs.find(path.rstrip("/"), detail=True, withdirs=False)
+        return [{"path": name.rstrip("/"), "size": int(info.get("size") or 0),
+                 "last_modified": info.get("LastModified") or info.get("mtime")}
+                for name, info in found.items() if info.get("type") != "directory"]
+
+    def read(self, path: str, size: int | None = None) -> bytes:
+        return read_whole(self.fs, path, size)
+
+    def read_versioned(self, path: str) -> tuple[bytes, tuple]:
+        return read_versioned(self.fs, path)
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        return self.fs.cat_file(path, start=start, end=end)
+
+    def put(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data)
+
+    def create(self, path: str, data: bytes) -> bool:
+        return create(self.fs, path, data)
+
+    def upload(self, path: str, data: bytes | str, part_bytes: int, concurrency: int) -> None:
+        if isinstance(data, str):
+            self.fs.put_file(data, path, chunksize=part_bytes, max_concurrency=concurrency)
+        else:
+            self.fs.pipe_file(path, data, chunksize=part_bytes, max_concurrency=concurrency)
+
+    def remove(self, path: str, recursive: bool) -> None:
+        try:
+            self.fs.rm(path, recursive=recursive)
+        except FileNotFoundError:
+            pass
 
 
 def list_names(fs: Any, path: str) -> list[str]:
@@ -128,14 +258,12 @@ def create(fs: Any, path: str, data: bytes) -> bool:
         raise
 
 
-def upload(fs: Any, path: str, data: bytes | str) -> None:
-    """Store ``data`` (bytes, or the name of a local file holding them) at ``path``: one PUT
-    below ``2 * PART_BYTES``, else a multipart upload of :data:`PART_BYTES` parts,
-    :data:`PART_CONCURRENCY` at a time (aborted if a part fails: no parts left billed)."""
-    if isinstance(data, str):
-        fs.put_file(data, path, chunksize=PART_BYTES, max_concurrency=PART_CONCURRENCY)
-    else:
-        fs.pipe_file(path, data, chunksize=PART_BYTES, max_concurrency=PART_CONCURRENCY)
+def upload(client: Any, path: str, data: bytes | str) -> None:
+    """Store ``data`` (bytes, or the name of a local file holding them) at ``path`` with
+    ``client`` (either kind): one PUT below ``2 * PART_BYTES``, else a multipart upload of
+    :data:`PART_BYTES` parts, :data:`PART_CONCURRENCY` at a time (aborted if a part fails: no
+    parts left billed)."""
+    client.upload(path, data, PART_BYTES, PART_CONCURRENCY)
 
 
 def listed_identities(fs: Any, path: str) -> dict[str, dict]:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import xxhash
 
 from snapcache.errors import StoreError
+from snapcache.store import layout
 
 _HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
 PAGES_PER_BATCH = 64  # page checksums a record batch (of the writer's target size), at most
@@ -120,6 +121,34 @@ class HashingSink:
         if not self.closed:
             self.closed = True
             self._raw.close()
+
+
+def page_table(data: Any, page_size: int) -> bytes:
+    """The page table of ``data`` (a shard's bytes) as :meth:`HashingSink.pages` makes it while
+    the shard is written: the xxh3_64 digest of each ``page_size`` bytes, concatenated."""
+    view = memoryview(data).cast("B")
+    return b"".join(xxhash.xxh3_64(view[at:at + page_size]).digest()
+                    for at in range(0, view.nbytes, page_size))
+
+
+def store_page_table(storage: Any, shard_path: str, table: bytes) -> None:
+    """Write the page checksum file beside the shard ``shard_path`` of ``storage`` (local),
+    renamed into place whole: a crash leaves the old file or none, never a part (an index: a
+    lost one costs rows read alone, never data; docs/format.md "Page checksums")."""
+    final = layout.pages_name(shard_path)
+    tmp = layout.tmp_name(final)
+    out = storage.open_output(tmp)
+    try:
+        out.write(table)
+        out.close()
+    except BaseException:
+        try:
+            out.close()
+        except OSError:
+            pass
+        storage.remove(tmp)  # (a full disk): no partial file is left
+        raise
+    storage.rename(tmp, final)
 
 
 class IndexedFileWriter:

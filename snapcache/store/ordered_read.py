@@ -92,6 +92,14 @@ class _Shards:
     def low_memory(self, shard: Any) -> bool:
         return shard.bytes > self.budget
 
+    def close(self) -> None:
+        """The read is over: stop reading ahead in the open shards (see
+        :meth:`BatchedShard.close <snapcache.store.batched_read.BatchedShard.close>`)."""
+        with self._lock:
+            opened = [file_reader for file_reader, _ in self._open.values()]
+        for file_reader in opened:
+            getattr(file_reader, "close", lambda: None)()
+
     def fits(self, index: int) -> bool:
         """True if shard ``index`` is not open and opening it evicts no open shard."""
         shards = self.reader.manifest.shards
@@ -330,6 +338,7 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
         for future in futures.values():
             future.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
+        decoder.shards.close()
 
 
 class RowAccess:

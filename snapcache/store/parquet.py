@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from snapcache.errors import UnsupportedValueError
-from snapcache.store.fs import expand_files, is_dir, open_input
+from snapcache.store.source_files import expand_files, is_dir, open_input
 
 READ_BATCH_ROWS = 1024
 """Rows decoded at a time: bounds memory whatever the row-group size."""

@@ -24,7 +24,8 @@ from snapcache.store.options import WriteOptions
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
-from snapcache.store.indexed_file import HashingSink, IndexedFileWriter, page_size_for
+from snapcache.store.indexed_file import (HashingSink, IndexedFileWriter, page_size_for,
+                                          store_page_table)
 from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
@@ -197,7 +198,7 @@ class _ShardFile:
             self._rewrite_raw()
         pages = self.sink.pages()
         if pages is not None:  # before the shard is in place: a listed shard has its table
-            self._write_pages(pages)
+            store_page_table(self.storage, self.name, pages)
         if self.tmp != self.name:
             self.storage.rename(self.tmp, self.name)
         return ShardInfo(path=self.name, rows=self.rows, bytes=self.sink.size,
@@ -210,23 +211,6 @@ class _ShardFile:
                          pages_checksum=xxhash.xxh3_64(pages).hexdigest()
                          if pages is not None else None)
 
-    def _write_pages(self, pages: bytes) -> None:
-        """The page checksum file, renamed into place whole (an index: a crash that loses it
-        costs rows read alone, never data; see docs/format.md "Page checksums")."""
-        final = layout.pages_name(self.name)
-        tmp = layout.tmp_name(final)
-        out = self.storage.open_output(tmp)
-        try:
-            out.write(pages)
-            out.close()
-        except BaseException:
-            try:
-                out.close()
-            except OSError:
-                pass
-            self.storage.remove(tmp)  # (a full disk): no partial file is left
-            raise
-        self.storage.rename(tmp, final)
 
     def _rewrite_raw(self) -> None:
         """The shard's later batches did not compress like its first: store it raw if that

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from admin_fixtures import (abandoned_write, assert_one_line_error, live_lease, make_snapshot,
                             run_cli, set_last_used)
+from snapcache.store import layout
 from snapcache.store.fs import Storage
 
 
@@ -132,3 +134,51 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, root):
 def test_s3_bucket_that_does_not_exist(s3_root):
     proc = run_cli("ls", "s3://snapcache-no-such-bucket-4242/snaps")
     assert_one_line_error(proc, "does not exist")
+
+
+def test_verify_reports_and_repairs_damaged_page_checksum_files(root):
+    """A page checksum file beside a sound shard is an index, not data: verify names a missing
+    or damaged one without failing, and --repair-index rewrites it, byte for byte what the
+    writer wrote (its content is pinned by the manifest's pages_checksum)."""
+    snap = make_snapshot(root, "raw", 60)
+    info = json.loads(run_cli("info", "raw", "--root", root, "--json").stdout)
+    shards = [s["path"] for s in info["manifest"]["shards"]]
+    assert len(shards) >= 2 and all(s.get("pages_checksum") for s in info["manifest"]["shards"])
+    folder = Storage(root).child(snap)
+    tables = {s: folder.read_bytes(layout.pages_name(s)) for s in shards}
+    folder.remove(layout.pages_name(shards[0]))
+    damaged = bytearray(tables[shards[1]])
+    damaged[3] ^= 0x10
+    folder.write_atomic(layout.pages_name(shards[1]), bytes(damaged))
+
+    proc = run_cli("verify", "--root", root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the snapshot matches its checksums" in proc.stdout
+    assert f"index shard {shards[0]!r}: page checksum file missing" in proc.stdout
+    assert f"index shard {shards[1]!r}: page checksum file damaged" in proc.stdout
+    assert "2 page checksum files missing or damaged" in proc.stdout
+    assert "--repair-index" in proc.stdout
+    report = json.loads(run_cli("verify", "--root", root, "--json").stdout)
+    assert report["ok"] and len(report["snapshots"][0]["index_problems"]) == 2
+
+    proc = run_cli("verify", "--root", root, "--repair-index")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("rewritten from the verified shard") == 2
+    assert {s: folder.read_bytes(layout.pages_name(s)) for s in shards} == tables
+    proc = run_cli("verify", "--root", root)
+    assert proc.returncode == 0 and "index" not in proc.stdout and "repaired" not in proc.stdout
+    assert not [name for name in os.listdir(folder.root) if layout.is_tmp(name)]
+
+
+def test_verify_of_a_damaged_shard_does_not_touch_its_page_checksum_file(root):
+    snap = make_snapshot(root, "raw", 60)
+    info = json.loads(run_cli("info", "raw", "--root", root, "--json").stdout)
+    shard = info["manifest"]["shards"][0]["path"]
+    folder = Storage(root).child(snap)
+    folder.remove(layout.pages_name(shard))
+    data = bytearray(folder.read_bytes(shard))
+    data[200] ^= 0x01
+    folder.write_atomic(shard, bytes(data))
+    proc = run_cli("verify", "--root", root, "--repair-index")
+    assert proc.returncode == 1 and "checksum" in proc.stdout
+    assert "repaired" not in proc.stdout and not folder.exists(layout.pages_name(shard))

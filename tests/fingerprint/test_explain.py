@@ -105,7 +105,7 @@ def test_sources_wrapped_in_a_source_op_like_the_pipeline_does(tmp_path):
     from snapcache.fingerprint.sources import (hash_files_source, hash_generator_source,
                                                hash_iterable_source)
 
-    from snapcache.store.fs import file_identity
+    from snapcache.store.source_files import file_identity
 
     def files_node(paths):
         return hash_files_source([file_identity(p) for p in paths])

@@ -12,7 +12,7 @@ from snapcache.errors import FingerprintError
 from snapcache.fingerprint.explain import diff_trees
 from snapcache.fingerprint.sources import (hash_files_source, hash_generator_source,
                                            hash_iterable_source, hash_range_source)
-from snapcache.store.fs import file_identity
+from snapcache.store.source_files import file_identity
 
 
 def files_node(paths, strict=False):

@@ -478,7 +478,8 @@ def test_the_snapshot_handle_of_a_delta_pipeline_is_its_own_version(src, tmp_pat
 def test_s3_identities_come_from_the_paginated_listing(s3_root, s3_server):
     """One ListObjectsV2 request per 1,000 keys, no request per object; and a delta build of
     files on S3 (units keyed by ETag) reuses its shards when files are added."""
-    from snapcache.store.fs import _filesystem, file_identities
+    from snapcache.store.fs import _filesystem
+    from snapcache.store.source_files import file_identities
 
     folder = s3_root.rsplit("/", 1)[0] + "/many"
     admin = s3_server.filesystem()
@@ -567,7 +568,7 @@ def test_to_torch_with_two_workers_sees_each_example_once(src, tmp_path):
 def test_local_glob_by_scandir_matches_glob_glob(tmp_path):
     import glob as glob_module
 
-    from snapcache.store.fs import _local_glob
+    from snapcache.store.source_files import _local_glob
 
     for name in ("a.txt", "b.txt", ".hidden.txt", "c.jpg", "[x].txt"):
         (tmp_path / name).write_text("1")

@@ -271,3 +271,29 @@ def test_a_cold_read_gets_the_manifest_with_its_version_in_one_request(logged, b
     assert sum(1 for _ in again) == 100
     manifest = [m for m, p in logged.requests(since) if p.endswith("/manifest.json")]
     assert sorted(manifest) == ["GET", "HEAD"], manifest
+
+
+BUILD_REQUESTS = {"GET": 3 + 3, "HEAD": 2, "LIST": 4, "POST": 3, "PUT": 5}
+"""A one-shard build's requests, by kind (31 before the listings were shared and obstore's
+client came: LIST 13, now 4). GET: the manifest three times (the pipeline's look,
+negotiate's, and its look again once the lease is taken: each 404), the own lease (at the
+fence and at clean-up) and the stream marker (the commit); HEAD: the manifest before the marker, the own
+lease's age at clean-up; LIST: the folder in negotiate (serving the lease and the progress
+records' look-ups too), one recursive listing at the fence (lease and shards), one at the
+commit (markers and shards), one at clean-up (leases and files); POST: the bulk deletes of
+the progress record, the marker and the lease; PUT: the lease, the shard, the progress
+record, the marker, the manifest."""
+
+
+@pytest.mark.parametrize("client", ["auto", "s3fs"])
+def test_a_builds_protocol_makes_the_same_few_requests_through_both_clients(
+        logged, bucket_url, monkeypatch, client):
+    monkeypatch.setenv("SNAPCACHE_S3_CLIENT", client)
+    since = logged.mark()
+    ds = sc.Dataset.range(40).map(example).snapshot(bucket_url, progress=False,
+                                                    shard_size=1 << 20, lease_ttl=600)
+    assert sum(1 for _ in ds) == 40
+    kinds: dict[str, int] = {}
+    for method, _ in logged.requests(since):
+        kinds[method] = kinds.get(method, 0) + 1
+    assert kinds == BUILD_REQUESTS, logged.requests(since)

@@ -1,10 +1,10 @@
-"""Sequential reads of compressed local shards record batch by record batch (docs/format.md,
-"Record batch index"): each record batch verified against its checksum in the manifest before
-any of its bytes is used, the batches of one shard decoded in parallel; a damaged batch raises
-naming the shard and the batch, after the batches before it and with nothing of its own;
-uncompressed shards and shards written before the index existed are read whole as before; an
-abandoned read leaves no thread running; resident memory stays within the prefetch budget
-however large the shard."""
+"""Sequential reads of local shards record batch by record batch (docs/format.md, "Record
+batch index"): each record batch verified against its checksum in the manifest before any of
+its bytes is used, hashed front to back by one verifier thread a shard (shards one after the
+other) while the batches of one shard are decoded in parallel; a damaged batch raises naming
+the shard and the batch, after the batches before it and with nothing of its own; shards
+written before the index existed are read whole as before; an abandoned read leaves no thread
+running; resident memory stays within the prefetch budget however large the shard."""
 
 from __future__ import annotations
 
@@ -80,10 +80,7 @@ def test_round_trips_record_batch_by_record_batch(root, monkeypatch, compression
     assert [e["i"] for e in examples] == list(range(3000))
     assert all(np.array_equal(e["tokens"], example(e["i"])["tokens"]) for e in examples[::13])
     paths = sorted(s.path for s in reader.manifest.shards)
-    if compression == "none":  # nothing to decode in parallel: read whole, hashed in one go
-        assert spy.batched == [] and sorted(set(spy.whole)) == paths
-    else:
-        assert spy.whole == [] and sorted(set(spy.batched)) == paths
+    assert spy.whole == [] and sorted(set(spy.batched)) == paths
 
 
 def flip_byte_in_batch(reader, shard_index: int, k: int) -> None:
@@ -97,7 +94,7 @@ def flip_byte_in_batch(reader, shard_index: int, k: int) -> None:
         f.write(bytes([byte[0] ^ 0x40]))
 
 
-@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+@pytest.mark.parametrize("compression", ["none", "lz4", "zstd"])
 def test_a_damaged_record_batch_raises_naming_it_after_the_batches_before_it(
         root, monkeypatch, compression):
     ds = pipeline(root, 4000, compression, shard_size=1 << 30)  # one shard, many batches
@@ -126,8 +123,10 @@ def test_a_damaged_record_batch_raises_naming_it_after_the_batches_before_it(
     assert SnapshotReader.open(reader.storage).verify_all()  # verify: the whole file
 
 
-def test_without_verify_batches_are_decoded_and_validated_but_not_hashed(root, monkeypatch):
-    ds = pipeline(root, 2000, "lz4", shard_size=1 << 30, verify=False)
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_without_verify_batches_are_decoded_and_validated_but_not_hashed(root, monkeypatch,
+                                                                        compression):
+    ds = pipeline(root, 2000, compression, shard_size=1 << 30, verify=False)
     list(ds)
     hashed = []
     real = SnapshotReader.batch_from_bytes
@@ -191,9 +190,10 @@ def read_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("snapcache-read_")]
 
 
+@pytest.mark.parametrize("compression", ["none", "lz4"])
 @pytest.mark.parametrize("how", ["close", "damage"])
-def test_stopping_early_leaves_no_read_thread(root, how):
-    ds = pipeline(root, 4000, "lz4", shard_size=1 << 30)
+def test_stopping_early_leaves_no_read_thread(root, how, compression):
+    ds = pipeline(root, 4000, compression, shard_size=1 << 30)
     list(ds)
     for t in read_threads():  # threads of earlier reads in this process
         t.join(60)
@@ -213,6 +213,171 @@ def test_stopping_early_leaves_no_read_thread(root, how):
     for t in read_threads():  # tasks already running finish; queued ones are cancelled
         t.join(60)
     assert read_threads() == []
+
+
+class Blocking:
+    """xxh3_64 for batched_read and the reader that notes which thread hashed what (the hex
+    digest, as in ``ShardInfo.batch_checksums``) and, while ``gate`` is clear, blocks the
+    verifier thread before hashing (``waiting`` set). Verifier threads of earlier reads are
+    let finish first, so that only this test's are seen."""
+
+    def __init__(self, monkeypatch):
+        import gc
+
+        import xxhash
+
+        from snapcache.store import reader
+
+        gc.collect()  # abandoned reads' verifiers stop
+        for thread in threading.enumerate():
+            if thread.name == "snapcache-read_verify":
+                thread.join(60)
+        self.hashed, self.gate, self.waiting = [], threading.Event(), threading.Event()
+        self.gate.set()
+        real = xxhash.xxh3_64
+
+        def hashing(data=b""):
+            if threading.current_thread().name == "snapcache-read_verify" and \
+                    not self.gate.is_set():
+                self.waiting.set()
+                self.gate.wait()
+            digest = real(data)
+            self.hashed.append((threading.current_thread().name, digest.hexdigest()))
+            return digest
+
+        spy = type("X", (), {"xxh3_64": staticmethod(hashing)})
+        monkeypatch.setattr(batched_read, "xxhash", spy)
+        monkeypatch.setattr(reader, "xxhash", spy)
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_a_sequential_read_is_hashed_ahead_front_to_back_and_a_jumping_one_only_as_asked(
+        root, monkeypatch, compression):
+    """Asked for in order, a shard's record batches are hashed ahead of decoding, front to
+    back, by its verifier thread (each once); asked for out of order (a shuffled epoch, one
+    stream's share), only the batches asked for are hashed: the verifier hashes the first two
+    and ends, the asker hashes the rest."""
+    ds = pipeline(root, 4000, compression, shard_size=1 << 30)
+    list(ds)
+    reader = reader_of(root)
+    (shard,) = reader.manifest.shards
+    count = len(shard.batch_rows)
+    assert count > batched_read.SLACK + 4
+    expected = shard.batch_checksums
+
+    spy = Blocking(monkeypatch)
+    opened = batched_read.open_sequential(reader, shard)
+    assert opened.get_batch(0).num_rows == shard.batch_rows[0]
+    rows = [opened.get_batch(k).column("i").to_numpy() for k in range(count)]
+    opened.close()
+    assert np.concatenate(rows).tolist() == list(range(shard.rows))
+    assert spy.hashed == [("snapcache-read_verify", data) for data in expected]
+
+    spy.hashed.clear()
+    spy.gate.clear()  # hold the verifier at its first batch while the jumps are asked for
+    opened = batched_read.open_sequential(reader, shard)
+    wanted = [count - 1, 0] + list(range(2, count - 1, batched_read.SLACK + 2))
+    asking = threading.Thread(target=lambda: [opened.get_batch(k) for k in wanted],
+                              name="asker")
+    asking.start()
+    assert spy.waiting.wait(60)
+    spy.gate.set()
+    asking.join(60)
+    assert not asking.is_alive()
+    opened.close()
+    assert spy.hashed == [("snapcache-read_verify", expected[k]) for k in wanted[:2]] + \
+        [("asker", expected[k]) for k in wanted[2:]]
+
+
+def test_a_closed_shard_still_verifies_the_batches_it_is_asked_for(root, monkeypatch):
+    """Closing stops hashing ahead; a record batch asked for afterwards is hashed by the one
+    asking, so damage is still found, naming the shard and the batch."""
+    ds = pipeline(root, 3000, "none", shard_size=1 << 30)
+    list(ds)
+    reader = reader_of(root)
+    (shard,) = reader.manifest.shards
+    flip_byte_in_batch(reader, 0, 4)
+    spy = Blocking(monkeypatch)
+    spy.gate.clear()  # the verifier waits before hashing the first batch asked for
+    opened = batched_read.open_sequential(reader, shard)
+    first = []
+    asking = threading.Thread(target=lambda: first.append(opened.get_batch(0)))
+    asking.start()
+    assert spy.waiting.wait(60)
+    closer = threading.Thread(target=opened.close)
+    closer.start()
+    spy.gate.set()
+    closer.join(60), asking.join(60)
+    assert not closer.is_alive() and not asking.is_alive()
+    assert first[0].num_rows == shard.batch_rows[0]
+    assert opened.get_batch(3).num_rows == shard.batch_rows[3]
+    with pytest.raises(sc.CorruptSnapshotError,
+                       match=f"shard '{shard.path}' record batch 4 is corrupt: checksum"):
+        opened.get_batch(4)
+    # the verifier hashed only the batch it was on when stopped (the asker, woken by the
+    # stop, may have hashed it too); 3 and 4 were hashed here
+    by = lambda name: [data for who, data in spy.hashed if who == name]  # noqa: E731
+    assert by("snapcache-read_verify") == [shard.batch_checksums[0]]
+    here = by(threading.current_thread().name)
+    assert len(here) == 2 and here[0] == shard.batch_checksums[3]
+    assert here[1] != shard.batch_checksums[4]  # batch 4's damaged bytes
+
+
+FORK_CHILD = """
+import os, sys, threading
+import numpy as np
+from snapcache.store import batched_read
+from snapcache.store.fs import Storage
+from snapcache.store.reader import SnapshotReader
+
+root, fp = sys.argv[1], sys.argv[2]
+reader = SnapshotReader.open(Storage(root).child(fp))
+first, second = reader.manifest.shards[:2]
+gate, waiting = threading.Event(), threading.Event()
+real = batched_read.xxhash.xxh3_64
+
+def hashing(data=b""):
+    if os.getpid() == parent and not gate.is_set():
+        waiting.set()
+        gate.wait()
+    return real(data)
+
+parent = os.getpid()
+batched_read.xxhash = type("X", (), {"xxh3_64": hashing})
+held = batched_read.open_sequential(reader, first)
+asking = threading.Thread(target=held.get_batch, args=(0,))
+asking.start()
+assert waiting.wait(60)  # its verifier is hashing (held), a reader waits for it
+pid = os.fork()
+if pid == 0:  # the child: no verifier thread of the parent's exists here
+    import signal
+    signal.alarm(120)  # a child that hangs (waits for a thread it does not have) dies
+    rows = []
+    for opened in (held, batched_read.open_sequential(reader, second)):
+        rows += [opened.get_batch(k).column("i").to_numpy()
+                 for k in range(opened.num_record_batches)]
+    ok = np.concatenate(rows).tolist() == list(range(first.rows + second.rows))
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+gate.set()
+asking.join()
+held.close()
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_reads_shards_whose_verifier_ran_in_its_parent(root):
+    """A process forked while a verifier thread was hashing and a reader waited for it (a
+    DataLoader worker started by fork): the child reads that shard, hashing its batches
+    itself (the thread does not exist there), and opens others."""
+    ds = pipeline(root, 2000, "lz4", shard_size=24 << 10)
+    list(ds)
+    (fp,) = [d for d in os.listdir(root) if len(d) == 32]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", FORK_CHILD, root, fp], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["child", "0"]
 
 
 MEMORY_CHILD = """
@@ -255,8 +420,8 @@ print(json.dumps({"extra": peak() - before, "rows": rows}))
 @pytest.mark.parametrize("codec", ["none", "lz4"])
 def test_reading_one_large_shard_stays_within_the_prefetch_budget(tmp_path, codec):
     """A 160 MB shard (one file, 80 record batches) read with a 32 MB prefetch budget: the
-    pages of its memory map are dropped as its record batches are decoded (lz4: record batch
-    by record batch; none: read whole, in low-memory mode), so the peak resident memory grows
+    pages of its memory map are dropped as its record batches are hashed and decoded, record
+    batch by record batch (none: batches are views of the map), so the peak resident memory grows
     by about the budget, not by the shard (measured in a child process; without dropping
     them: +170 MB raw, +110 MB with lz4)."""
     env = dict(os.environ, PYTHONPATH=str(REPO))

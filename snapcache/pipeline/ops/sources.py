@@ -18,7 +18,7 @@ from snapcache.fingerprint import sources as source_fp
 from snapcache.pipeline import streams
 from snapcache.pipeline.ops.base import Op, Traits, callable_name, runs
 from snapcache.store import parquet
-from snapcache.store.fs import file_identities as bulk_identities
+from snapcache.store.source_files import file_identities as bulk_identities
 
 def file_identities(urls: Any, strict: bool, storage_options: dict) -> list[dict]:
     """What fingerprints a list of files (path, size, mtime or ETag; content if ``strict``):

@@ -187,10 +187,11 @@ def expired(storage: Storage, info: LeaseInfo, *, one_shot: bool = False) -> boo
     return False
 
 
-def write_leases(storage: Storage) -> list[LeaseInfo]:
-    """Every write lease file in a snapshot folder (expired and corrupt ones included)."""
+def write_leases(storage: Storage, names: list[str] | None = None) -> list[LeaseInfo]:
+    """Every write lease file in a snapshot folder (expired and corrupt ones included);
+    ``names``: the folder's listing if the caller has just made one (saves a LIST on S3)."""
     leases = []
-    for name in storage.listdir():
+    for name in storage.listdir() if names is None else names:
         match = _WRITE_RE.match(name)
         if match:
             info = _load(storage, name)
@@ -201,15 +202,17 @@ def write_leases(storage: Storage) -> list[LeaseInfo]:
     return leases
 
 
-def read_leases(storage: Storage) -> list[LeaseInfo]:
-    return [info for name in storage.listdir() if _READ_RE.match(name)
-            for info in [_load(storage, name)] if info is not None]
+def read_leases(storage: Storage, names: list[str] | None = None) -> list[LeaseInfo]:
+    return [info for name in (storage.listdir() if names is None else names)
+            if _READ_RE.match(name) for info in [_load(storage, name)] if info is not None]
 
 
-def live_leases(storage: Storage) -> list[LeaseInfo]:
+def live_leases(storage: Storage, names: list[str] | None = None) -> list[LeaseInfo]:
     """The write and read leases of a snapshot folder that are not expired, judged once (see
-    :func:`expired` with ``one_shot``): what ``ls`` shows and ``purge`` respects."""
-    return [lease for lease in write_leases(storage) + read_leases(storage)
+    :func:`expired` with ``one_shot``): what ``ls`` shows and ``purge`` respects. ``names``:
+    the folder's listing if the caller has just made one (one LIST for both kinds)."""
+    names = storage.listdir() if names is None else names
+    return [lease for lease in write_leases(storage, names) + read_leases(storage, names)
             if not expired(storage, lease, one_shot=True)]
 
 
@@ -287,15 +290,20 @@ class WriteLease:
 
     @classmethod
     def acquire(cls, storage: Storage, *, run_id: str, stream: int = 0, streams: int = 1,
-                ttl: float = DEFAULT_TTL) -> "WriteLease | None":
+                ttl: float = DEFAULT_TTL, names: list[str] | None = None
+                ) -> "WriteLease | None":
         """Take the lease if no live process holds it (or any stream of another layout).
-        A corrupt lease file counts as held until it has not changed for ``ttl``."""
+        A corrupt lease file counts as held until it has not changed for ``ttl``. ``names``:
+        the folder's listing if the caller has just made one (a snapshot in time either way:
+        the exclusive create of the next generation is what decides)."""
         current = 0
-        for lease in write_leases(storage):
+        replaced = []
+        for lease in write_leases(storage, names):
             judged = replace(lease, ttl=ttl) if lease.corrupt else lease
             if expired(storage, judged):
                 if (lease.streams, lease.stream) == (streams, stream):
                     current = max(current, lease.generation)
+                    replaced.append(lease.name)
                 continue
             if (lease.streams, lease.stream) == (streams, stream) or lease.streams != streams:
                 return None
@@ -305,20 +313,19 @@ class WriteLease:
                          pidns=PIDNS, boot=BOOT)
         if not storage.create_exclusive(info.name, info.dumps()):
             return None
-        for lease in write_leases(storage):  # the expired generations we replaced
-            if (lease.streams, lease.stream) == (streams, stream) and \
-                    lease.generation < generation:
-                storage.remove(lease.name)
+        for name in replaced:  # the expired generations we replaced
+            storage.remove(name)
         log.debug("acquired %s", storage.url_of(info.name))
         return cls(storage, info)
 
-    def check(self) -> None:
+    def check(self, names: list[str] | None = None) -> None:
         """The fence: raise LeaseLostError unless this lease is still the stream's newest
-        generation and its file is still ours (not taken over, not purged)."""
+        generation and its file is still ours (not taken over, not purged). ``names``: the
+        folder's listing if the caller has just made one."""
         if self.lost is not None:
             raise LeaseLostError(self.lost)
         mine = None
-        for lease in write_leases(self.storage):
+        for lease in write_leases(self.storage, names):
             if (lease.streams, lease.stream) != (self.info.streams, self.info.stream):
                 continue
             if lease.generation > self.info.generation:
@@ -331,7 +338,8 @@ class WriteLease:
                            f"{self.info.ttl:g} s): it commits nothing")
             if lease.name == self.info.name:
                 mine = lease
-        if (mine is None or mine.owner != self.info.owner) and self.storage.exists("manifest.json"):
+        if (mine is None or mine.owner != self.info.owner) and \
+                self.storage.is_file("manifest.json"):
             self._lose(f"snapshot {self._id}: taken over by another writer, which has committed "
                        f"it (this writer held generation {self.info.generation} and stopped "
                        f"heart-beating for longer than {self.info.ttl:g} s): it commits nothing")

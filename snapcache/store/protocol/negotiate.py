@@ -78,15 +78,18 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
             if record is not None:
                 return Decision("replay", resume=record)
         if not mine_done:
+            # The listing above serves the lease's and the progress records' look-ups: what
+            # decides is the lease's exclusive create; a progress record written after the
+            # listing is a zombie writer's, which the fence keeps from committing anyway.
             lease = WriteLease.acquire(storage, run_id=run_id, stream=stream, streams=streams,
-                                       ttl=lease_ttl)
+                                       ttl=lease_ttl, names=names)
             if lease is not None:
                 manifest = load_manifest(storage)  # committed while we were acquiring?
                 if manifest is not None:
                     lease.release()
                     return Decision("read", manifest=manifest)
                 return Decision("write", lease=lease,
-                                resume=best_progress(storage, stream, streams))
+                                resume=best_progress(storage, stream, streams, names))
         if on_busy == "compute":
             return Decision("compute")
         if not mine_done and _stalled_here(storage, stream, streams, lease_ttl):

@@ -75,13 +75,21 @@ def discard(storage: Storage, record: StreamRecord) -> None:
         storage.remove(name)
 
 
-def missing_shards(storage: Storage, shards: "tuple[ShardInfo, ...] | list[ShardInfo]"
-                   ) -> list[str]:
-    """The shards (of this folder) that are not there with their recorded size: one listing."""
+def missing_shards(storage: Storage, shards: "tuple[ShardInfo, ...] | list[ShardInfo]",
+                   sizes: dict[str, int] | None = None) -> list[str]:
+    """The shards (of this folder) that are not there with their recorded size: one listing
+    (none if ``sizes``, from :func:`_listing`, is given)."""
     if not shards:
         return []
-    sizes = {f.path: f.size for f in storage.walk()}
+    sizes = _listing(storage)[1] if sizes is None else sizes
     return [s.path for s in shards if sizes.get(s.path) != s.bytes]
+
+
+def _listing(storage: Storage) -> tuple[list[str], dict[str, int]]:
+    """One recursive listing of the folder: the names directly in it (as ``listdir``) and
+    the size of every file below it (one LIST per 1,000 files on S3)."""
+    sizes = {f.path: f.size for f in storage.walk()}
+    return sorted({path.split("/", 1)[0] for path in sizes}), sizes
 
 
 def fence(storage: Storage, record: StreamRecord, lease: WriteLease | None) -> None:
@@ -89,9 +97,10 @@ def fence(storage: Storage, record: StreamRecord, lease: WriteLease | None) -> N
     writer still holds the newest generation of its lease (LeaseLostError otherwise), and every
     shard it lists exists with its recorded size (StoreError otherwise: nothing is committed
     that cannot be read)."""
+    names, sizes = _listing(storage)  # one listing for the lease and the shards
     if lease is not None:
-        lease.check()
-    missing = missing_shards(storage, record.shards)
+        lease.check(names)
+    missing = missing_shards(storage, record.shards, sizes)
     if missing:
         raise StoreError(
             f"snapshot {storage.url}: {len(missing)} shard(s) this writer finished are gone "
@@ -106,7 +115,7 @@ def write_marker(storage: Storage, record: StreamRecord, lease: WriteLease | Non
     snapshot is committed already (then every stream was completed by the writers that took
     this one's over, and their commit removed their markers)."""
     fence(storage, record, lease)
-    if storage.exists(layout.MANIFEST):
+    if storage.is_file(layout.MANIFEST):
         # A writer stopped inside its heartbeat (after the check, before the write) rewrites
         # its lease file when it resumes, after the one that took over committed and released:
         # the lease then looks like this writer's again, but the manifest says otherwise.
@@ -148,12 +157,14 @@ def load_markers(storage: Storage, streams: int, names: list[str] | None = None
     return markers
 
 
-def best_progress(storage: Storage, stream: int, streams: int) -> StreamRecord | None:
+def best_progress(storage: Storage, stream: int, streams: int,
+                  names: list[str] | None = None) -> StreamRecord | None:
     """The earlier run's progress on this stream that covers the most rows and whose shards
-    are all present with the recorded sizes (checksums are verified when they are read)."""
+    are all present with the recorded sizes (checksums are verified when they are read).
+    ``names``: the folder's listing if the caller has just made one."""
     prefix = layout.progress_prefix(streams, stream)
     best = None
-    names = storage.listdir()
+    names = storage.listdir() if names is None else names
     present = set(names)
     for name in names:
         if not name.startswith(prefix):
@@ -214,11 +225,12 @@ def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: An
     one committed concurrently), or None while streams are missing."""
     from snapcache.store.reader import load_manifest
 
-    markers = load_markers(storage, streams)
+    names, sizes = _listing(storage)  # one listing for the markers and the shards
+    markers = load_markers(storage, streams, names)
     if len(markers) < streams:
         return None
     manifest = assemble(markers, streams, fingerprint=fingerprint, **fields)
-    missing = missing_shards(storage, manifest.shards)
+    missing = missing_shards(storage, manifest.shards, sizes)
     if missing:  # a stream's shards vanished after its marker: never commit what cannot be read
         from snapcache.store.reader import load_manifest as committed
 
@@ -239,10 +251,11 @@ def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: An
 def cleanup(storage: Storage, manifest: Manifest) -> list[str]:
     """After a commit: remove progress records, stream markers, and shard files that the
     manifest does not list and that no live writer owns. Returns the removed names."""
-    live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
+    names = storage.listdir()  # one listing for the leases and the files
+    live_runs = {lease.owner for lease in live_leases(storage, names) if lease.kind == "write"}
     keep = layout.with_pages(s.path for s in manifest.shards)
     removed = []
-    for name in storage.listdir():
+    for name in names:
         run = layout.run_of(name)
         stale_shard = run is not None and name not in keep and run not in live_runs
         # Another writer's temporary file may be on its way to becoming a marker or a
