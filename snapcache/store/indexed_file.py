@@ -132,23 +132,11 @@ def page_table(data: Any, page_size: int) -> bytes:
 
 
 def store_page_table(storage: Any, shard_path: str, table: bytes) -> None:
-    """Write the page checksum file beside the shard ``shard_path`` of ``storage`` (local),
-    renamed into place whole: a crash leaves the old file or none, never a part (an index: a
-    lost one costs rows read alone, never data; docs/format.md "Page checksums")."""
-    final = layout.pages_name(shard_path)
-    tmp = layout.tmp_name(final)
-    out = storage.open_output(tmp)
-    try:
-        out.write(table)
-        out.close()
-    except BaseException:
-        try:
-            out.close()
-        except OSError:
-            pass
-        storage.remove(tmp)  # (a full disk): no partial file is left
-        raise
-    storage.rename(tmp, final)
+    """Write the page checksum file beside the shard ``shard_path`` of ``storage`` (local) with
+    :meth:`Storage.write_atomic <snapcache.store.fs.Storage.write_atomic>`: a crash leaves the
+    old file or none, never a part. Not fsynced (an index: a lost or torn one costs rows read
+    alone, never data; docs/format.md "Page checksums")."""
+    storage.write_atomic(layout.pages_name(shard_path), table, durable=False)
 
 
 class IndexedFileWriter:
