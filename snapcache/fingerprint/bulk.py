@@ -40,7 +40,7 @@ from snapcache.fingerprint.tree import Unhashable, Walk
 
 __all__ = ["hash_items"]
 
-CHUNK_BYTES = 256 << 10
+CHUNK_BYTES = 512 << 10
 """About this many bytes of examples per chunk."""
 SMALL_ARRAY = 4096
 """Arrays up to this size are copied into one matrix with the rest of their example; larger
@@ -147,7 +147,6 @@ class Layout:
         self.ok = False
         self.leaves: list[_Leaf] = []
         self.containers: dict[tuple, tuple[type, int, tuple | None]] = {}
-        self.key_order_counts = False
         self._plan: _Plan | None = None
         skeleton = self._skeleton(example, (), set())
         if skeleton is None or not self.leaves:
@@ -169,7 +168,6 @@ class Layout:
             at = start + length
         if at < len(stream):
             self.segments.append(stream[at:])
-        self.key_order_counts = _encoding(self._reorder(skeleton)) != stream
         self.record = sum(len(s) if isinstance(s, bytes) else len(s.prefix) + s.size +
                           s.typical for s in self.segments)
         self.ok = True
@@ -201,15 +199,6 @@ class Layout:
         self.leaves.append(leaf)
         return marker
 
-    @staticmethod
-    def _reorder(skeleton: Any) -> Any:
-        """The skeleton with every dict's keys in reverse order."""
-        if type(skeleton) is dict:
-            return {k: Layout._reorder(skeleton[k]) for k in reversed(skeleton)}
-        if type(skeleton) in (tuple, list):
-            return type(skeleton)(Layout._reorder(v) for v in skeleton)
-        return skeleton
-
     # -- one chunk ------------------------------------------------------------------------
     def parts(self, chunk: list) -> list | None:
         """The buffers to feed for ``chunk`` (in order), or None if an example does not fit."""
@@ -225,17 +214,28 @@ class _Plan:
     payloads column by column) with the large arrays between them, fed as their own buffers.
     The matrices are kept and refilled chunk after chunk (fresh memory each chunk costs a
     page fault per 4 KiB). Per chunk: one C-level pass per check and per column, no Python
-    code per example (a few checks are cheaper than their obvious form: a 2-key dict's order
-    is its first key, a 1-d array's shape its ``ndim`` and ``len``)."""
+    code per example, and little Python code per chunk: the steps are compiled here into flat
+    lists of columns (by index), getters and expected values.
+
+    A container column is checked in two passes: the types (exact), then its entries' keys
+    (dicts) flattened into one list compared with the expected keys repeated, plus the keys'
+    own types (a ``str`` subclass equal to a key is encoded otherwise) -- which settles every
+    dict's length and key order at once; a tuple's or list's length by the sum of lengths once
+    every index is there. Checks count matches (``list.count``: identity first, no hashing)."""
 
     def __init__(self, layout: Layout):
-        self.containers = []  # (path, type, length, keys, order): parents before children
+        index: dict[tuple, int] = {(): 0}
+        self.containers = []  # (column, type, n, getters, keys or None, first child column)
         for path in sorted(layout.containers, key=len):
             t, n, keys = layout.containers[path]
-            order = None
-            if keys is not None and layout.key_order_counts and n > 1:
-                order = "first" if n == 2 else "all"
-            self.containers.append((path, t, n, keys, order))
+            first, getters = len(index), []
+            for key in (keys if keys is not None else range(n)):
+                index[path + (key,)] = len(index)
+                getters.append(operator.itemgetter(key))
+            self.containers.append((index[path], t, n, getters,
+                                    list(keys) if keys is not None else None, first))
+        self.columns = len(index)
+        self.types = [(index[leaf.path], leaf.type) for leaf in layout.leaves]
         self.slots: list[Any] = []   # per piece of an example: a matrix index or a large leaf
         self.fields: list[list] = []  # per matrix: (offset, leaf or constant bytes)
         self.widths: list[int] = []
@@ -271,6 +271,10 @@ class _Plan:
                 at += segment.size
         close()
         self.leaves = layout.leaves
+        self.column_of = {id(leaf): index[leaf.path] for leaf in layout.leaves}
+        # per matrix, its payload fields: (leaf, column, start, stop)
+        self.fills = [[(f, self.column_of[id(f)], at, at + f.size) for at, f in fields
+                       if not isinstance(f, bytes)] for fields in self.fields]
         self.matrices: list[np.ndarray] = []
 
     def _matrices(self, k: int) -> list[np.ndarray]:
@@ -286,40 +290,41 @@ class _Plan:
 
     def parts(self, chunk: list) -> list | None:
         k = len(chunk)
-        columns: dict[tuple, list] = {(): chunk}
-        for path, t, n, keys, order in self.containers:
-            col = columns[path]
-            if set(map(type, col)) != {t} or set(map(len, col)) != {n}:
+        cols: list[Any] = [None] * self.columns
+        cols[0] = chunk
+        for c, t, n, getters, keys, first in self.containers:
+            col = cols[c]
+            if list(map(type, col)).count(t) != k:
                 return None
+            if keys is not None:  # every dict's keys, in order, are the layout's
+                flat = list(_flatten(col))
+                if flat != keys * k or list(map(type, flat)).count(str) != len(flat):
+                    return None
             try:
-                for key in (keys if keys is not None else range(n)):
-                    columns[path + (key,)] = list(map(operator.itemgetter(key), col))
+                for j, get in enumerate(getters):
+                    cols[first + j] = list(map(get, col))
             except (KeyError, IndexError, TypeError):
                 return None
-            # every key is there and there are n: the order is the first key's for n == 2
-            if order == "first" and set(map(next, map(iter, col))) != {keys[0]}:
+            # every index is there (each has >= n): the sum of lengths settles the rest
+            if keys is None and sum(map(len, col)) != n * k:
                 return None
-            if order == "all" and set(map(tuple, col)) != {keys}:
-                return None
-        for leaf in self.leaves:
-            if set(map(type, columns[leaf.path])) != {leaf.type}:
+        for c, t in self.types:
+            if list(map(type, cols[c])).count(t) != k:
                 return None
         matrices = self._matrices(k)
-        large = {id(leaf): _encoded(leaf, columns[leaf.path]) for leaf in self.leaves
-                 if leaf.kind in _TEXT}
-        for m, fields in zip(matrices, self.fields):
-            for at, leaf in fields:
-                if isinstance(leaf, bytes):
-                    continue
+        large = {id(leaf): _encoded(leaf, cols[self.column_of[id(leaf)]])
+                 for leaf in self.leaves if leaf.kind in _TEXT}
+        for m, fills in zip(matrices, self.fills):
+            for leaf, c, start, stop in fills:
                 payload = _lengths(large[id(leaf)], k) if leaf.kind in _TEXT else \
-                    _payload_of(leaf, columns[leaf.path], k)
+                    _payload_of(leaf, cols[c], k)
                 if payload is None:
                     return None
-                m[:, at:at + leaf.size] = payload
+                m[:, start:stop] = payload
         for slot in self.slots:
             if not isinstance(slot, int) and slot.kind == "array":
-                col = columns[slot.path]
-                if set(map(_DTYPE, col)) != {slot.dtype} or not _same_shape(col, slot.shape):
+                col = cols[self.column_of[id(slot)]]
+                if not _arrays_fit(col, slot, k):
                     return None
                 large[id(slot)] = list(map(np.ascontiguousarray, col))
         if len(self.slots) == 1:
@@ -349,7 +354,7 @@ def _payload_of(leaf: _Leaf, col: list, k: int) -> Any:
     """The (k, size) payload matrix (or something broadcasting to it) of a leaf whose column
     ``col`` holds values of the leaf's type; None if one does not fit."""
     if leaf.kind == "array":
-        if set(map(_DTYPE, col)) != {leaf.dtype} or not _same_shape(col, leaf.shape):
+        if not _arrays_fit(col, leaf, k):
             return None
         try:  # C-contiguous buffers (nearly always): joined without a copy of each
             joined = b"".join(col)
@@ -380,16 +385,21 @@ _DTYPE = operator.attrgetter("dtype")
 _NDIM = operator.attrgetter("ndim")
 _SIZE = operator.attrgetter("size")
 _SHAPE = operator.attrgetter("shape")
+_flatten = itertools.chain.from_iterable
 
 
-def _same_shape(col: list, shape: tuple) -> bool:
-    """Does every array of ``col`` have ``shape``? (ndim and len settle 1-d shapes, and with
-    size 2-d ones, more cheaply than comparing shape tuples.)"""
-    if len(shape) == 0 or len(shape) > 2:
-        return set(map(_SHAPE, col)) == {shape}
-    if set(map(_NDIM, col)) != {len(shape)} or set(map(len, col)) != {shape[0]}:
+def _arrays_fit(col: list, leaf: _Leaf, k: int) -> bool:
+    """Has every array of ``col`` (all ``np.ndarray``, checked) the leaf's dtype and shape?
+    (ndim and len settle 1-d shapes, and with size 2-d ones, more cheaply than comparing shape
+    tuples; counting matches compares identical objects first and hashes nothing.)"""
+    shape = leaf.shape
+    if list(map(_DTYPE, col)).count(leaf.dtype) != k:
         return False
-    return len(shape) == 1 or set(map(_SIZE, col)) == {shape[0] * shape[1]}
+    if len(shape) == 0 or len(shape) > 2:
+        return list(map(_SHAPE, col)).count(shape) == k
+    if list(map(_NDIM, col)).count(len(shape)) != k or list(map(len, col)).count(shape[0]) != k:
+        return False
+    return len(shape) == 1 or list(map(_SIZE, col)).count(shape[0] * shape[1]) == k
 
 
 class _Chunks:

@@ -5,6 +5,7 @@ order and content all count."""
 from __future__ import annotations
 
 import collections
+import enum
 import math
 
 import numpy as np
@@ -244,3 +245,22 @@ def test_str_and_bytes_fields_are_hashed_in_bulk(monkeypatch):
     changed = list(items)
     changed[5] = {**items[5], "text": items[5]["text"] + "!"}
     assert bulk.hash_items(changed)[0] != expected[0]
+
+
+class Key(str):
+    pass
+
+
+class Field(str, enum.Enum):
+    TOKENS = "tokens"
+
+
+@pytest.mark.parametrize("key", [Key("tokens"), Field.TOKENS, Key("length")],
+                         ids=["str subclass", "str enum", "second key"])
+def test_a_key_equal_to_the_layouts_but_not_a_str_hashes_like_one_by_one(key):
+    """Equal to a layout key, but encoded as its own type (the dict is not all-str keys)."""
+    items = [token(i) for i in range(60)]
+    e = items[33]
+    items[33] = {k if k != key else key: v for k, v in e.items()}
+    assert any(type(k) is not str for k in items[33])
+    assert bulk.hash_items(items) == one_by_one(items)
