@@ -320,7 +320,10 @@ class _Plan:
                     _payload_of(leaf, cols[c], k)
                 if payload is None:
                     return None
-                m[:, start:stop] = payload
+                if payload.ndim == 1:  # one number per example: its bytes, as one element
+                    m[:, start:stop].view(payload.dtype)[:, 0] = payload
+                else:
+                    m[:, start:stop] = payload
         for slot in self.slots:
             if not isinstance(slot, int) and slot.kind == "array":
                 col = cols[self.column_of[id(slot)]]
@@ -351,8 +354,9 @@ def _lengths(encoded: list, k: int) -> np.ndarray:
 
 
 def _payload_of(leaf: _Leaf, col: list, k: int) -> Any:
-    """The (k, size) payload matrix (or something broadcasting to it) of a leaf whose column
-    ``col`` holds values of the leaf's type; None if one does not fit."""
+    """The (k, size) payload matrix (or something broadcasting to it), or for a number the (k,)
+    little-endian values whose bytes are the payload, of a leaf whose column ``col`` holds values
+    of the leaf's type; None if one does not fit."""
     if leaf.kind == "array":
         if not _arrays_fit(col, leaf, k):
             return None
@@ -378,7 +382,7 @@ def _payload_of(leaf: _Leaf, col: list, k: int) -> Any:
         if values.dtype != leaf.dtype:
             return None
         values = values.astype(values.dtype.newbyteorder("<"), copy=False)
-    return values.reshape(k, 1).view(np.uint8).reshape(k, -1)
+    return values
 
 
 _DTYPE = operator.attrgetter("dtype")
