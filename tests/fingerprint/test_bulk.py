@@ -264,3 +264,73 @@ def test_a_key_equal_to_the_layouts_but_not_a_str_hashes_like_one_by_one(key):
     items[33] = {k if k != key else key: v for k, v in e.items()}
     assert any(type(k) is not str for k in items[33])
     assert bulk.hash_items(items) == one_by_one(items)
+
+
+def test_containers_whose_length_or_keys_change_within_a_chunk_hash_like_one_by_one():
+    """A chunk where lengths or keys differ but add up to the layout's (a longer list beside a
+    shorter one, a dict with a key more beside one with a key fewer, keys swapped between
+    values of one type) is not taken for the layout."""
+    lists = [[i, i + 1] for i in range(60)]
+    lists[10], lists[11] = [1, 2, 3], [4]
+    dicts = [{"a": i, "b": -i} for i in range(60)]
+    dicts[20], dicts[21] = {"a": 1, "b": 2, "c": 3}, {"a": 4}
+    dicts[30] = {"b": 5, "a": 6}
+    nested = [{"x": [np.int8(i), (i, float(i))], "y": {}} for i in range(60)]
+    nested[40] = {"x": [np.int8(1), (1, 1.0, None)], "y": {}}
+    nested[41] = {"x": [np.int8(1), (1,)], "y": {}}
+    nested[50] = {"x": [np.int8(1), (1, 1.0)], "y": {"z": None}}
+    for items in (lists, dicts, nested):
+        assert bulk.hash_items(items) == one_by_one(items)
+
+
+@pytest.mark.parametrize("scalar", [np.float16(1.5), np.complex64(1 - 2j), np.uint8(7),
+                                    np.bool_(True), np.int64(-3), np.float64(math.nan),
+                                    np.array(5, np.int16), np.array(2.5, ">f8")],
+                         ids=["f2", "c8", "u1", "bool_", "i8", "nan", "0-d i2", "0-d >f8"])
+def test_numbers_of_every_kind_beside_python_ints_and_floats_hash_like_one_by_one(scalar):
+    items = [(i, float(i) / 7, scalar, -0.0, i % 2 == 0) for i in range(300)]
+    items[100] = (np.int64(100), float(100) / 7, scalar, -0.0, True)  # numpy int, not int
+    items[200] = (200, 200, scalar, -0.0, True)                        # int, not float
+    assert bulk.hash_items(items) == one_by_one(items)
+
+
+def test_arrays_whose_shape_changes_in_a_way_their_sizes_hide_hash_like_one_by_one():
+    base = np.arange(64, dtype=np.float32)
+    shapes = [(64,), (8, 8), (2, 4, 8), (4, 2, 8), (1, 64), (64, 1), (64, 1, 1)]
+    for shape in shapes:
+        items = [{"a": base.reshape(shape) + i} for i in range(80)]
+        for j, other in enumerate(s for s in shapes if s != shape):
+            items[5 + 7 * j] = {"a": base.reshape(other)}
+        items[70] = {"a": np.asfortranarray(items[70]["a"])}   # another memory order
+        items[71] = {"a": items[71]["a"].astype(">f4")}        # another byte order
+        items[72] = {"a": items[72]["a"].view(np.int32)}      # another dtype, same size
+        assert bulk.hash_items(items) == one_by_one(items), shape
+    zero_d = [np.array(i, np.int32) for i in range(100)]
+    zero_d[50] = np.array([50], np.int32)
+    assert bulk.hash_items(zero_d) == one_by_one(zero_d)
+
+
+CHANGES = [
+    lambda e: {"length": e["length"], "tokens": e["tokens"]},                    # key order
+    lambda e: {Key("tokens"): e["tokens"], "length": e["length"]},               # key type
+    lambda e: {"tokens": e["tokens"], "length": e["length"], "x": None},         # a key more
+    lambda e: {"tokens": e["tokens"]},                                           # a key fewer
+    lambda e: {"tokens": e["tokens"].astype(np.int64), "length": e["length"]},   # dtype
+    lambda e: {"tokens": e["tokens"].reshape(2, 64), "length": e["length"]},     # shape
+    lambda e: {"tokens": e["tokens"][::-1], "length": e["length"]},              # strides
+    lambda e: {"tokens": e["tokens"], "length": np.int32(e["length"])},          # numpy int
+    lambda e: {"tokens": e["tokens"], "length": e["length"] > 3},                # bool
+    lambda e: collections.OrderedDict(e),                                        # dict subclass
+    lambda e: (e["tokens"], e["length"]),                                        # a tuple
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 400), st.lists(st.tuples(st.integers(0, 399),
+                                               st.integers(0, len(CHANGES) - 1)), max_size=6))
+def test_token_like_examples_with_changes_anywhere_hash_like_one_by_one(n, changes):
+    items = [token(i) for i in range(n)]
+    for at, change in changes:
+        if at < n:
+            items[at] = CHANGES[change](items[at])
+    assert bulk.hash_items(items) == one_by_one(items)
