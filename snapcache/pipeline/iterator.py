@@ -51,12 +51,26 @@ class Deferred:
             close()
 
 
+_EMPTY: Iterator[Any] = iter(())
+
+
 class DatasetIterator:
     """One epoch of a pipeline (see the module docstring for what it holds and when it lets
-    go). ``state_dict()`` says where it is, for pipelines that can be resumed."""
+    go). ``state_dict()`` says where it is, for pipelines that can be resumed.
+
+    Items may come in *runs*: when ``items`` has a ``current_run()`` method, it is called
+    after each item taken from ``items`` and returns a plain iterator over the items that
+    follow it and are already made (a list's iterator: the rows of a record batch), or None
+    if ``items`` never has any. Those are handed out straight from it, without passing
+    through the layers of ``items`` one by one (they share that iterator, so ``items`` still
+    knows exactly what was consumed); when the run is used up, the next item is asked of
+    ``items`` again. Handing out a run's item cannot fail: errors come from ``items``."""
 
     def __init__(self, items: Iterator[Any]):
         self._items = items
+        self._run: Iterator[Any] = _EMPTY
+        self._runs: Callable[[], Iterator[Any] | None] | None = \
+            getattr(items, "current_run", None)
         self._closed = False
         self._forget = lifecycle.close_at_exit(self)
 
@@ -64,16 +78,25 @@ class DatasetIterator:
         return self
 
     def __next__(self) -> Any:
+        for item in self._run:  # the current run's next item, if any
+            return item
         if self._closed:
             raise StopIteration
         try:
-            return next(self._items)
+            item = next(self._items)
         except StopIteration:
             self.close()
             raise
         except BaseException:
             self.close()  # an epoch that failed holds nothing
             raise
+        if self._runs is not None:
+            run = self._runs()
+            if run is None:  # items that never come in runs
+                self._runs = None
+            else:
+                self._run = run
+        return item
 
     def state_dict(self) -> dict:
         """Where this iterator is: a small JSON-serialisable dict for
@@ -92,6 +115,7 @@ class DatasetIterator:
         if self._closed:
             return
         self._closed = True
+        self._run = _EMPTY
         self._forget()
         close = getattr(self._items, "close", None)
         if close is not None:

@@ -165,32 +165,60 @@ def build_then_open(snapshot: ops.SnapshotOp, epoch: int, spec: streams.StreamSp
 # -- the iterator ----------------------------------------------------------------------------
 class OrderedIterator:
     """One stream's share of one epoch, in the global order; :meth:`state_dict` says where it
-    is. Made by ``Dataset.iterate`` for pipelines of the shape :func:`match` accepts."""
+    is. Made by ``Dataset.iterate`` for pipelines of the shape :func:`match` accepts.
+
+    ``items`` yields ``(position after the item, item)`` pairs, or with ``runs`` the rows of
+    the share in runs, ``(position after the run, list of rows)`` (non-empty lists): the rows
+    are then handed out from the run's list iterator, which
+    :class:`~snapcache.pipeline.iterator.DatasetIterator` takes from :meth:`current_run` and
+    hands out from directly; what is left of it says how much of the run was consumed."""
 
     def __init__(self, items: Iterator[tuple[int, Any]], state: dict, resumable: str | None,
-                 on_close: Callable[[], None]):
+                 on_close: Callable[[], None], *, runs: bool = False):
         self._items = items
         self._state = state
         self._consumed = state["consumed"]
         self._why_not = resumable
         self._on_close = on_close
+        self._runs = runs
+        self._rows: Iterator[Any] = iter(())  # the current run's rows not handed out yet
 
     def __iter__(self) -> "OrderedIterator":
         return self
 
     def __next__(self) -> Any:
+        if self._runs:
+            for row in self._rows:
+                return row
+            self._consumed, rows = next(self._items)  # position after the run
+            self._rows = iter(rows)
+            return next(self._rows)
         position, value = next(self._items)
         self._consumed = max(self._consumed, position)
         return value
+
+    def current_run(self) -> Iterator[Any] | None:
+        """The rest of the current run (shared: what is taken from it counts as consumed);
+        None if the items do not come in runs."""
+        return self._rows if self._runs else None
+
+    @property
+    def consumed(self) -> int:
+        """Positions of the share consumed so far (those of the state it started from
+        included)."""
+        if self._runs:
+            return self._consumed - self._rows.__length_hint__()  # type: ignore[attr-defined]
+        return self._consumed
 
     def state_dict(self) -> dict:
         """Where this iterator is: JSON-serialisable, a few numbers; pass it to
         ``Dataset.iterate(state=...)`` to continue at the next example."""
         if self._why_not is not None:
             raise ValueError(f"this iteration cannot be resumed exactly: {self._why_not}")
-        return {**self._state, "consumed": self._consumed}
+        return {**self._state, "consumed": self.consumed}
 
     def close(self) -> None:
+        self._rows = iter(())
         close = getattr(self._items, "close", None)
         if close is not None:
             close()
@@ -292,6 +320,10 @@ class _Deferred:
 
     def state_dict(self) -> dict:
         return self._get().state_dict()
+
+    def current_run(self) -> Iterator[Any] | None:
+        """The started iterator's :meth:`OrderedIterator.current_run`."""
+        return self._iterator.current_run() if self._iterator is not None else None
 
     def close(self) -> None:
         self._closed = True
@@ -427,7 +459,7 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
 
     session = read_session(reader, shape.snapshot)
     session.__enter__()
-    items = _items(shape, reader, order, share, skip, epoch, local_shuffle)
+    items, runs = _items(shape, reader, order, share, skip, epoch, local_shuffle)
     closed = []
 
     def on_close() -> None:
@@ -435,7 +467,8 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
             closed.append(True)
             session.__exit__(None, None, None)
 
-    return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close)
+    return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close,
+                           runs=runs)
 
 
 def _closing_items(items: Iterator[tuple[int, Any]], on_close: Callable[[], None]
@@ -447,15 +480,17 @@ def _closing_items(items: Iterator[tuple[int, Any]], on_close: Callable[[], None
 
 
 def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share, skip: int,
-           epoch: int, local_shuffle: bool) -> Iterator[tuple[int, Any]]:
-    """(position after the item in the share, item) pairs."""
+           epoch: int, local_shuffle: bool) -> tuple[Iterator[tuple[int, Any]], bool]:
+    """(position after the item in the share, item) pairs, or (position after the run, rows)
+    pairs when the second value is True (see :class:`OrderedIterator`)."""
     from snapcache.pipeline import plan
 
     columnar = shape.columnar and batched_read.supports_batched(reader.schema)
     pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
                             else "rows", piece=max(1024, shape.unit))
     if columnar:
-        return _columnar(shape, reader, pieces, skip, local_shuffle)
+        batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
+        return _columnar(shape, reader, pieces, skip, local_shuffle, batch), batch is None
     tagged = _tag(pieces, skip)
     if local_shuffle:
         tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
@@ -463,7 +498,7 @@ def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share
     top: ops.Op = source
     for node in shape.below + shape.above:
         top = _tagged_op(node, top)
-    return plan.iterate(top, epoch, streams.StreamSpec())
+    return plan.iterate(top, epoch, streams.StreamSpec()), False
 
 
 def _tag(pieces: Iterator[tuple[int, int, list]], skip: int) -> Iterator[tuple[int, Any]]:
@@ -474,20 +509,30 @@ def _tag(pieces: Iterator[tuple[int, int, list]], skip: int) -> Iterator[tuple[i
             yield position, row
 
 
-def _columnar(shape: Shape, reader: SnapshotReader, pieces, skip: int, local_shuffle: bool
-              ) -> Iterator[tuple[int, Any]]:
+RUN = 1024
+"""Rows a run holds at most (see :class:`OrderedIterator`): made together, handed out one by
+one."""
+
+
+def _columnar(shape: Shape, reader: SnapshotReader, pieces, skip: int, local_shuffle: bool,
+              batch: ops.BatchOp | None) -> Iterator[tuple[int, Any]]:
+    """Batches cut from whole columns, ``(position after it, batch)``; without a batch op the
+    rows in runs of at most :data:`RUN`, ``(position after the run, rows)``."""
     schema = reader.schema
     chunks = (columns for _, _, columns in pieces)
     if local_shuffle:
         chunks = batched_read.window_shuffle(chunks, shape.window, epoch_rng(None, 0))
-    batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
     position = skip
     try:
         if batch is None:
             for columns in chunks:
-                for row in batched_read.rows_of(columns, schema):
-                    position += 1
-                    yield position, row
+                n = len(next(iter(columns.values())))
+                for start in range(0, n, RUN):
+                    part = columns if n <= RUN else \
+                        {name: column[start:start + RUN] for name, column in columns.items()}
+                    run = batched_read.row_list(part, schema)
+                    position += len(run)
+                    yield position, run
             return
         for columns in batched_read.cut_batches(chunks, batch.batch_size, batch.drop_remainder):
             position += len(next(iter(columns.values())))

@@ -470,6 +470,35 @@ def as_structure(columns: Columns, schema: Schema) -> Any:
 
 def rows_of(columns: Columns, schema: Schema) -> Iterator[Any]:
     """The examples of a column chunk, one by one, as :meth:`Decoder.rows` would give them."""
+    iterators = _field_values(columns, schema)
+    if schema.structure == "single":
+        return iterators[0]
+    if schema.structure == "tuple":
+        return zip(*iterators)
+    names = [f.name for f in schema.fields]
+    return (dict(zip(names, values)) for values in zip(*iterators))
+
+
+def row_list(columns: Columns, schema: Schema) -> list:
+    """``list(rows_of(columns, schema))``, made faster: dicts of up to three fields are built
+    by a comprehension with the names as locals (half the time of ``dict(zip(...))`` a row,
+    which a one-by-one read of small examples pays for every example)."""
+    values = _field_values(columns, schema)
+    names = [f.name for f in schema.fields]
+    if schema.structure != "dict" or len(names) > 3:
+        return list(rows_of(columns, schema))
+    if len(names) == 1:
+        (n0,), (v0,) = names, values
+        return [{n0: a} for a in v0]
+    if len(names) == 2:
+        n0, n1 = names
+        return [{n0: a, n1: b} for a, b in zip(*values)]
+    n0, n1, n2 = names
+    return [{n0: a, n1: b, n2: c} for a, b, c in zip(*values)]
+
+
+def _field_values(columns: Columns, schema: Schema) -> list[Iterator[Any]]:
+    """Per field, an iterator over its values as examples hold them."""
     iterators = []
     for spec in schema.fields:
         column = columns[spec.name]
@@ -479,9 +508,4 @@ def rows_of(columns: Columns, schema: Schema) -> Iterator[Any]:
             iterators.append(column[i, ...] for i in range(len(column)))
         else:
             iterators.append(iter(column))
-    if schema.structure == "single":
-        return iterators[0]
-    if schema.structure == "tuple":
-        return zip(*iterators)
-    names = [f.name for f in schema.fields]
-    return (dict(zip(names, values)) for values in zip(*iterators))
+    return iterators

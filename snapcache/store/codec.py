@@ -13,9 +13,10 @@ Decisions:
   images easily passes 2**31 elements, decoding is as fast as with int32 offsets, and the 4
   extra bytes a row vanish under compression. One layout, no fallback logic.
 - The encoder copies each array when it is added (to native byte order, C order), because a
-  pipeline may reuse or modify the array in place after handing it over; ``flush`` concatenates
-  the copies once and wraps the result in Arrow buffers without further copies or per-element
-  Python work. Arrays in non-native byte order come back in native order, with equal values.
+  pipeline may reuse or modify the array in place after handing it over: one after the other
+  into a buffer reused from batch to batch (see ``Encoder._copy``), which ``flush`` wraps in
+  Arrow buffers without further copies or per-element Python work (rows that do not fit are
+  copied alone and concatenated once). Arrays in non-native byte order come back in native order, with equal values.
 - Decoded tensors are **read-only views** of the batch's Arrow buffers (zero copy), from both
   ``rows()`` and ``columns()``; scalar columns are read-only too. Copy an array before writing
   to it. Holding one row keeps the memory of its whole batch alive.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -47,6 +49,12 @@ from snapcache.store.schema import (
 __all__ = ["Decoder", "Encoder", "FieldSpec", "Schema", "infer_schema"]
 
 _INT32_MAX = 2**31 - 1
+SLAB_BYTES = 64 << 20
+"""A tensor field's rows of a batch are copied into a reused buffer (a slab) when the last
+batch's fit in this many bytes; larger ones (huge examples) are copied one by one as before."""
+SLABS_KEPT = 6
+"""Slabs a field keeps for reuse: the batches queued for the writer's thread (4), the one it
+writes and the one being filled."""
 _PYTHON_TYPES = {"bool": "bool", "int64": "int", "float64": "float"}
 
 
@@ -82,11 +90,17 @@ class Encoder:
             self._wheres = ["the example"]
         self._observed: list[tuple[int | None, ...] | None] = [None] * len(fields)
         self._count = 0
+        # per tensor field: buffers the rows of a batch are copied into (see _copy)
+        self._slabs: list[list[np.ndarray]] = [[] for _ in fields]
+        self._capacity = [0] * len(fields)  # elements of the last batch: the next slab's size
         self._reset()
 
     def _reset(self) -> None:
         self._values: list[list[Any]] = [[] for _ in self._names]
         self._shapes: list[list[tuple[int, ...]]] = [[] for _ in self._names]
+        self._slab: list[np.ndarray | None] = [None] * len(self._names)
+        self._filled = [0] * len(self._names)   # elements copied into the slab
+        self._in_slab = [True] * len(self._names)  # every row so far, in order
         self._num_rows = 0
         self._nbytes = 0
 
@@ -154,7 +168,7 @@ class Encoder:
             kind = self._expected[i][0]
             if kind == "tensor":
                 # Copy now: the pipeline may reuse or modify the array after handing it over.
-                flat = np.array(value, dtype=self._dtypes[i], order="C").reshape(-1)
+                flat = self._copy(i, value)
                 self._values[i].append(flat)
                 shape = value.shape
                 self._shapes[i].append(shape)
@@ -172,14 +186,59 @@ class Encoder:
         self._num_rows += 1
         self._count += 1
 
+    def _copy(self, i: int, value: Any) -> np.ndarray:
+        """Tensor ``value`` of field ``i`` copied, flat, C order, native byte order: into the
+        batch's slab while the rows fit in it one after the other (``flush`` then wraps the
+        slab's filled part without concatenating), else into an array of its own.
+
+        A slab is sized from the field's elements in the last batch, and reused once nothing
+        refers to it any more (the record batch made from it was written and dropped): the
+        memory is then already mapped, where fresh copies page-faulted every batch in
+        (~40 us for a 49 KB example, against ~5 us for the copy itself)."""
+        dtype = self._dtypes[i]
+        if self._in_slab[i]:
+            slab = self._slab[i]
+            if slab is None and self._capacity[i]:
+                slab = self._slab[i] = self._free_slab(i)
+            size = math.prod(value.shape)
+            start = self._filled[i]
+            if slab is not None and start + size <= len(slab):
+                flat = slab[start:start + size]
+                flat.reshape(value.shape)[...] = value
+                self._filled[i] = start + size
+                return flat
+            self._in_slab[i] = False
+        return np.array(value, dtype=dtype, order="C").reshape(-1)
+
+    def _free_slab(self, i: int) -> np.ndarray:
+        """A slab of field ``i`` of the current capacity that nothing else refers to (no
+        record batch, no view), reused if there is one."""
+        pool, capacity = self._slabs[i], self._capacity[i]
+        for k in range(len(pool)):
+            # the pool's reference and the argument's: no array, view or Arrow buffer has it
+            if sys.getrefcount(pool[k]) == 2:
+                if len(pool[k]) >= capacity:
+                    return pool[k]
+                del pool[k]  # too small now
+                break
+        slab = np.empty(capacity, self._dtypes[i])
+        if len(pool) < SLABS_KEPT:
+            pool.append(slab)
+        return slab
+
     def flush(self) -> pa.RecordBatch:
         """Return the pending rows as one record batch (possibly empty) and forget them."""
         arrays: list[pa.Array] = []
-        for spec, dtype, values, shapes in zip(
+        for i, (spec, dtype, values, shapes) in enumerate(zip(
             self._schema.fields, self._dtypes, self._values, self._shapes
-        ):
+        )):
             if spec.kind == "tensor":
-                arrays.extend(_tensor_arrays(spec, dtype, values, shapes))
+                slab = self._slab[i]
+                whole = slab is not None and self._in_slab[i] and len(values) > 1
+                arrays.extend(_tensor_arrays(spec, dtype, values, shapes,
+                                             slab[:self._filled[i]] if whole else None))
+                elements = self._filled[i] if whole else sum(v.size for v in values)
+                self._capacity[i] = elements if elements * dtype.itemsize <= SLAB_BYTES else 0
             elif spec.kind == "scalar":
                 arrays.append(_scalar_array(dtype, values))
             elif spec.kind == "str":
@@ -219,12 +278,15 @@ def _bytes_array(type: pa.DataType, values: list[bytes]) -> pa.Array:
 
 
 def _tensor_arrays(
-    spec: FieldSpec, dtype: np.dtype, values: list[np.ndarray], shapes: list[tuple[int, ...]]
+    spec: FieldSpec, dtype: np.dtype, values: list[np.ndarray], shapes: list[tuple[int, ...]],
+    flat: np.ndarray | None = None
 ) -> list[pa.Array]:
+    """``flat``: the values already one after the other in one array (a slab), if they are."""
     storage, factor = storage_dtype(dtype)
     # One value (a huge example is flushed alone): its copy made by add() is used as is.
-    flat = values[0] if len(values) == 1 else np.concatenate(values) if values else \
-        np.empty(0, dtype)
+    if flat is None:
+        flat = values[0] if len(values) == 1 else np.concatenate(values) if values else \
+            np.empty(0, dtype)
     flat = flat.view(storage)
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum([v.size for v in values], out=offsets[1:])

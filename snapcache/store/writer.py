@@ -522,6 +522,7 @@ class SnapshotWriter:
                     shard = _ShardFile(self.storage, name, batch, self.options)
                     seq += 1
                 shard.write(batch, raw)
+                item = batch = None  # written: the encoder may reuse its memory
                 if shard.sink.size >= self.options.shard_size:
                     self._finish(shard)
                     shard = None

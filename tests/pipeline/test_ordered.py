@@ -119,6 +119,43 @@ def test_state_resumes_at_exactly_the_next_example(root, shape, stop):
     assert ids(head + rest) == ids(full)
 
 
+@pytest.mark.parametrize("shape", ["none", "shuffle"])
+def test_rows_handed_out_in_runs_keep_an_exact_state(root, shape, monkeypatch):
+    """Unbatched reads of whole columns hand rows out in runs (ordered.RUN at a time) straight
+    from the run's list: a state taken anywhere, on a run's edge or inside it, counts exactly
+    the rows handed out."""
+    from snapcache.pipeline import ordered
+
+    monkeypatch.setattr(ordered, "RUN", 7)
+    ds = pipeline(root, n=100)
+    if shape == "shuffle":
+        ds = ds.shuffle(30, seed=4)
+    list(ds.iterate(0))  # the snapshot exists
+    full = list(ds.iterate(2))
+    assert sorted(ids(full)) == list(range(100))
+    for stop in (0, 1, 6, 7, 8, 14, 50, 99, 100):
+        it = ds.iterate(2)
+        head = [next(it) for _ in range(stop)]
+        state = it.state_dict()
+        assert state["consumed"] == stop
+        assert it.state_dict() == state  # asking twice changes nothing
+        rest = list(ds.iterate(state=state))
+        assert ids(head + rest) == ids(full)
+        it.close()
+
+
+def test_closing_an_iterator_inside_a_run_ends_it(root, monkeypatch):
+    from snapcache.pipeline import ordered
+
+    monkeypatch.setattr(ordered, "RUN", 16)
+    ds = pipeline(root, n=100)
+    list(ds)
+    it = iter(ds)
+    assert ids([next(it) for _ in range(3)]) == [0, 1, 2]
+    it.close()
+    assert list(it) == []
+
+
 def test_resume_computes_nothing_before_the_state(root):
     seen = []
     base = pipeline(root)

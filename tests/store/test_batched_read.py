@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 import snapcache as sc
-from snapcache.store import batched_read, ordered_read
+from snapcache.store import batched_read, layout, ordered_read
+from snapcache.store.codec import Decoder
+from snapcache.store.fs import Storage
+from snapcache.store.reader import SnapshotReader, load_manifest
 
 
 def image(i):
@@ -117,6 +120,35 @@ def test_shuffle_without_batch_yields_examples_like_the_generic_path(root):
         assert_same_batch(got["image"], want["image"])
         assert (got["w"], got["name"], got["flag"]) == (want["w"], want["name"], want["flag"])
     assert [int(e["label"]) for e in out] != list(range(n))
+
+
+def committed_reader(root):
+    (name,) = [n for n in Storage(root).listdir() if layout.is_fingerprint(n)]
+    folder = Storage(root).child(name)
+    return SnapshotReader(folder, load_manifest(folder))
+
+
+@pytest.mark.parametrize("make", [
+    image, token, plain, lambda i: {"a": np.int64(i)}, lambda i: {"a": i, "b": f"s{i}"},
+    lambda i: {"a": i, "b": np.float32(i), "c": np.arange(3) + i},
+    lambda i: {"a": i, "b": i * 2, "c": np.arange(3) + i, "d": "x" * (i % 4)}])
+def test_row_list_gives_the_examples_the_generic_reader_gives(root, make):
+    """row_list (the one-by-one read's runs) builds dicts of up to three fields its own way:
+    the same examples, keys in the same order, the same types, as the generic reader."""
+    list(sc.Dataset.range(40).map(make).snapshot(root, shard_size=1024, progress=False))
+    reader = committed_reader(root)
+    decoder = Decoder(reader.schema)
+    listed, generic = [], []
+    for batch in reader.record_batches():
+        listed += batched_read.row_list(batched_read.as_columns(batch, decoder), reader.schema)
+        generic += list(decoder.rows(batch))
+    assert len(listed) == len(generic) == 40
+    for a, b in zip(listed, generic):
+        assert type(a) is type(b)
+        if isinstance(a, dict):
+            assert list(a) == list(b)
+            assert [type(v) for v in a.values()] == [type(v) for v in b.values()]
+        assert_same_batch(a, b)
 
 
 def test_window_shuffle_mixes_beyond_one_window():

@@ -234,6 +234,46 @@ def test_encoder_copies_arrays_on_add() -> None:
     assert got.tolist() == [0.0, 1.0, 2.0]
 
 
+def test_batches_stay_intact_while_the_encoder_reuses_its_buffers() -> None:
+    """Rows are copied into buffers reused from batch to batch once nothing refers to the
+    batch made from one: batches still held stay intact, a dropped batch's memory is reused,
+    rows that do not fit (more rows, larger rows than the last batch's) are copied alone."""
+
+    def example(i: int, n: int = 4) -> dict:
+        return {"x": np.full((n, 3), i, ">f4" if i % 2 else "<f4"), "y": i}
+
+    encoder = Encoder(infer_schema(example(0)))
+    held: list[tuple[int, int, int, pa.RecordBatch]] = []
+
+    def batch(lo: int, hi: int, n: int = 4) -> pa.RecordBatch:
+        for i in range(lo, hi):
+            encoder.add(example(i, n))
+        made = encoder.flush()
+        held.append((lo, hi, n, made))
+        return made
+
+    def address(made: pa.RecordBatch) -> int:
+        return made.column(0).values.buffers()[1].address
+
+    batch(0, 5)                      # sizes the buffers
+    second = batch(5, 10)            # a fresh buffer
+    where = address(second)
+    held.pop()
+    del second                       # dropped: its buffer is free again
+    assert address(batch(10, 15)) == where
+    batch(15, 25)                    # more rows than fit: copied alone
+    batch(25, 28, n=6)               # larger rows
+    for lo in range(28, 80, 5):      # many batches held at once
+        batch(lo, lo + 5)
+    decoder = Decoder(encoder.observed_schema())
+    for lo, hi, n, made in held:
+        rows = list(decoder.rows(made))
+        assert [r["y"] for r in rows] == list(range(lo, hi))
+        for i, r in zip(range(lo, hi), rows):
+            assert r["x"].shape == (n, 3) and r["x"].dtype == np.float32
+            assert (r["x"] == i).all()
+
+
 def test_empty_flush_and_nbytes() -> None:
     schema = infer_schema((np.zeros((2, 2), np.uint8), "ab", 1))
     encoder = Encoder(schema)
