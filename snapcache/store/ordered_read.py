@@ -290,6 +290,7 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
     last_use: dict[int, int] = {}
     held = 0
     serial = 0
+    pending: tuple[int, int, Any, Any, list[int]] | None = None  # located, not yet planned
     try:
         while True:
             # Plan a few pieces ahead, and further while they come from few blocks (pieces of
@@ -298,24 +299,35 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
             # decode without the next ones competing for the CPU (on a busy machine they
             # doubled the time to the first batch); the rest is planned when the consumer
             # comes back for the second piece, long before it has used the first block.
-            while not planned or (serial > 1 and held < budget // 2 and (
-                    len(planned) < 4 * max(1, threads) or len(futures) <= 2 * max(1, threads))):
-                nxt = next(todo, None)
-                if nxt is None:
+            # A piece whose blocks are all planned already is planned at once whatever the
+            # limits (it costs no decoding): otherwise the block of a first piece that ends
+            # inside it was dropped with that piece and decoded a second time for the next.
+            while True:
+                if pending is None:
+                    nxt = next(todo, None)
+                    if nxt is None:
+                        break
+                    a, b = nxt
+                    run = order.run(a, b)  # rows of one block (no window): a slice, no arrays
+                    if run is not None:
+                        pending = (a, b, None, run[1], [run[0]])
+                    else:
+                        blocks, offsets = order.locate(a, b)
+                        pending = (a, b, blocks, offsets, blocks_of(blocks))
+                unique = pending[4]
+                started = serial > len(planned)  # the consumer took its first piece
+                if planned and not (started and held < budget // 2 and (
+                        len(planned) < 4 * max(1, threads) or
+                        len(futures) <= 2 * max(1, threads))) and \
+                        not all(block in futures for block in unique):
                     break
-                a, b = nxt
-                run = order.run(a, b)  # rows of one block (no window): a slice, no arrays
-                if run is not None:
-                    blocks, offsets, unique = None, run[1], [run[0]]
-                else:
-                    blocks, offsets = order.locate(a, b)
-                    unique = blocks_of(blocks)
                 for block in unique:
                     if block not in futures:
                         futures[block] = pool.submit(decoder.decode, block)
                         held += decoder.estimate(block)
                     last_use[block] = serial
-                planned.append((a, b, blocks, offsets, unique))
+                planned.append(pending)
+                pending = None
                 serial += 1
             if not planned:
                 return
