@@ -52,6 +52,7 @@ class _Shards:
 
     def __init__(self, reader: "SnapshotReader", budget: int):
         self.reader, self.budget = reader, budget
+        self.ahead = False  # the shards are read front to back: hash each ahead from the start
         self._open: collections.OrderedDict[int, tuple[Any, list[int]]] = \
             collections.OrderedDict()
         self._locks: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
@@ -69,7 +70,8 @@ class _Shards:
             shard = self.reader.manifest.shards[index]
             # A shard larger than the budget is read in low-memory mode: its pages are dropped
             # from this process as they are hashed and after each block is decoded.
-            file_reader = open_sequential(self.reader, shard, low_memory=self.low_memory(shard))
+            file_reader = open_sequential(self.reader, shard, low_memory=self.low_memory(shard),
+                                          ahead=self.ahead)
             where = self.reader.where(shard)
             count = file_reader.num_record_batches
             if shard.batch_rows is not None:
@@ -271,6 +273,11 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                                   budget or reader.prefetch_bytes)
     decoder = BlockDecoder(reader, order.layout, mode, shard_budget=max(1, budget // 2))
     ranges = list(ranges)
+    # An unshuffled epoch read in one stream reads every shard front to back: each shard's
+    # verifier hashes ahead from the moment it is opened (the first record batches of a cold
+    # shard come off the disk while the first is decoded, not after the second is asked for).
+    decoder.shards.ahead = order.seed is None and all(
+        b == c for (_, b), (c, _) in zip(ranges, ranges[1:]))
 
     def split() -> Iterator[tuple[int, int]]:
         for a, b in ranges:

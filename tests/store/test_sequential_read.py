@@ -289,6 +289,58 @@ def test_a_sequential_read_is_hashed_ahead_front_to_back_and_a_jumping_one_only_
         [("asker", expected[k]) for k in wanted[2:]]
 
 
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_a_shard_opened_to_be_read_front_to_back_is_hashed_ahead_from_the_start(
+        root, monkeypatch, compression):
+    """``ahead=True`` (an unshuffled epoch read in one stream): the verifier hashes the record
+    batches front to back as soon as the shard is opened, before any is asked for; the batches
+    are then handed out against those digests (a flipped byte still raises, naming the batch).
+    Only an unshuffled read of one stream's contiguous positions asks for it."""
+    ds = pipeline(root, 4000, compression, shard_size=1 << 30)
+    list(ds)
+    reader = reader_of(root)
+    (shard,) = reader.manifest.shards
+    count = len(shard.batch_rows)
+    assert count > 4
+    spy = Blocking(monkeypatch)
+    opened = batched_read.open_sequential(reader, shard, ahead=True)
+    opened._verifier._thread.join(60)  # ends once every batch is hashed: none was asked for
+    assert spy.hashed == [("snapcache-read_verify", d) for d in shard.batch_checksums]
+    rows = [opened.get_batch(k).column("i").to_numpy() for k in range(count)]
+    assert np.concatenate(rows).tolist() == list(range(shard.rows))
+    assert len(spy.hashed) == count  # nothing hashed twice
+    opened.close()
+
+    path = os.path.join(reader.storage.url, shard.path)
+    original = open(path, "rb").read()
+    data = bytearray(original)
+    k = count // 2
+    data[(shard.batch_offsets[k] + shard.batch_offsets[k + 1]) // 2] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    opened = batched_read.open_sequential(reader, shard, ahead=True)
+    for j in range(k):
+        opened.get_batch(j)
+    with pytest.raises(sc.CorruptSnapshotError, match=f"record batch {k} is corrupt"):
+        opened.get_batch(k)
+    opened.close()
+    open(path, "wb").write(original)
+
+    kinds = []
+    real = ordered_read.open_sequential
+    monkeypatch.setattr(ordered_read, "open_sequential", lambda r, s, **kw: (
+        kinds.append(kw.get("ahead")), real(r, s, **kw))[1])
+    from snapcache.store.order import EpochOrder, Share
+    layout = ordered_read.layout_of(reader.manifest)
+    for seed, streams, expected in [(None, 1, True), (None, 2, False), (3, 1, False)]:
+        order = EpochOrder(layout, seed, 0, 1)
+        kinds.clear()
+        share = Share.of([(0, len(order))], streams, 0, window=1)
+        pieces = ordered_read.ordered_pieces(reader, order, share.pieces(), mode="columns",
+                                             threads=2, budget=1 << 30)
+        next(pieces)
+        pieces.close()
+        assert kinds == [expected], (seed, streams)
+
 def test_a_closed_shard_still_verifies_the_batches_it_is_asked_for(root, monkeypatch):
     """Closing stops hashing ahead; a record batch asked for afterwards is hashed by the one
     asking, so damage is still found, naming the shard and the batch."""
