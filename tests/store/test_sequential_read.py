@@ -192,21 +192,26 @@ def read_threads() -> list[threading.Thread]:
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
 @pytest.mark.parametrize("how", ["close", "damage"])
-def test_stopping_early_leaves_no_read_thread(root, how, compression):
-    ds = pipeline(root, 4000, compression, shard_size=1 << 30)
+@pytest.mark.parametrize("shard_size", [1 << 30, 32 << 10])
+def test_stopping_early_leaves_no_read_thread(root, how, compression, shard_size):
+    """Also with several shards, the next one opened ahead and hashed ahead from its start
+    while the consumer is on the first."""
+    ds = pipeline(root, 4000, compression, shard_size=shard_size)
     list(ds)
+    assert (len(reader_of(root).manifest.shards) > 2) == (shard_size < 1 << 20)
     for t in read_threads():  # threads of earlier reads in this process
         t.join(60)
     assert read_threads() == []
+    shard, k = (0, 3) if shard_size > 1 << 20 else (2, 1)
     if how == "damage":
-        flip_byte_in_batch(reader_of(root), 0, 3)
+        flip_byte_in_batch(reader_of(root), shard, k)
     it = iter(ds.batch(50))
     next(it)
     assert read_threads()  # the next record batches are being read ahead
     if how == "close":
         it.close()
     else:
-        with pytest.raises(sc.CorruptSnapshotError, match="record batch 3"):
+        with pytest.raises(sc.CorruptSnapshotError, match=f"record batch {k} is corrupt"):
             for _ in it:
                 pass
     del it
