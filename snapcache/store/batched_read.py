@@ -302,7 +302,7 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
                                                 open_bytes + todo[0].bytes <= budget // 2)):
                 shard = todo.popleft()
                 opening.append((shard, pool.submit(open_sequential, reader, shard,
-                                                   low_memory=low_memory)))
+                                                   low_memory=low_memory, ahead=True)))
                 open_bytes += shard.bytes
             while len(decoding) < 2 * max(1, threads) and (
                     not decoding or decoded_bytes < budget // 2):

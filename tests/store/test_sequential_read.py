@@ -345,6 +345,11 @@ def test_a_shard_opened_to_be_read_front_to_back_is_hashed_ahead_from_the_start(
         next(pieces)
         pieces.close()
         assert kinds == [expected], (seed, streams)
+    kinds.clear()  # a whole read of the snapshot's record batches, in order (handle.columns)
+    monkeypatch.setattr(batched_read, "open_sequential", lambda r, s, **kw: (
+        kinds.append(kw.get("ahead")), real(r, s, **kw))[1])
+    assert sum(b.num_rows for b in reader.record_batches()) == shard.rows
+    assert kinds == [True]
 
 def test_a_closed_shard_still_verifies_the_batches_it_is_asked_for(root, monkeypatch):
     """Closing stops hashing ahead; a record batch asked for afterwards is hashed by the one
