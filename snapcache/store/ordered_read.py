@@ -306,9 +306,10 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
             # decode without the next ones competing for the CPU (on a busy machine they
             # doubled the time to the first batch); the rest is planned when the consumer
             # comes back for the second piece, long before it has used the first block.
-            # A piece whose blocks are all planned already is planned at once whatever the
-            # limits (it costs no decoding): otherwise the block of a first piece that ends
-            # inside it was dropped with that piece and decoded a second time for the next.
+            # A piece whose blocks are all planned already is planned whatever the budget (it
+            # costs no decoding; up to the planning depth, and one beside the first piece):
+            # otherwise the block of a first piece that ends inside it was dropped with that
+            # piece and decoded a second time for the next.
             while True:
                 if pending is None:
                     nxt = next(todo, None)
@@ -323,10 +324,11 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                         pending = (a, b, blocks, offsets, blocks_of(blocks))
                 unique = pending[4]
                 started = serial > len(planned)  # the consumer took its first piece
-                if planned and not (started and held < budget // 2 and (
+                free = all(block in futures for block in unique) and \
+                    len(planned) < (4 * max(1, threads) if started else 2)
+                if planned and not free and not (started and held < budget // 2 and (
                         len(planned) < 4 * max(1, threads) or
-                        len(futures) <= 2 * max(1, threads))) and \
-                        not all(block in futures for block in unique):
+                        len(futures) <= 2 * max(1, threads))):
                     break
                 for block in unique:
                     if block not in futures:
