@@ -79,7 +79,7 @@ def whole_shards():
     with, in the same run."""
     from snapcache.store import batched_read, ordered_read
 
-    def whole(reader, shard, low_memory=False):
+    def whole(reader, shard, low_memory=False, ahead=False):
         return reader.open_shard(shard, low_memory=low_memory)
 
     saved = batched_read.open_sequential, ordered_read.open_sequential

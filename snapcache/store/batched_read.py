@@ -66,13 +66,14 @@ class BatchedShard:
     within the prefetch budget however large the shard. Same interface as
     :class:`~snapcache.store.reader.ShardFile`, plus :meth:`close` (stops the verifier)."""
 
-    def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False):
+    def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False,
+                 ahead: bool = False):
         self._reader, self._shard, self._low_memory = reader, shard, low_memory
         self.num_record_batches = len(shard.batch_rows or ())
         self.schema = reader._arrow_schema
         # mapped (a local shard), a missing or resized file a CorruptSnapshotError
         self._buffer, self._map = reader._load(shard, reader.where(shard))
-        self._verifier = _Verifier(shard, self._buffer, self._map, low_memory) \
+        self._verifier = _Verifier(shard, self._buffer, self._map, low_memory, ahead) \
             if reader.verify and self.num_record_batches else None
         if self._verifier is not None:  # an abandoned read stops hashing ahead
             weakref.finalize(self, self._verifier.abandon)
@@ -105,7 +106,8 @@ class _Verifier:
     """Hashes the record batches of one mapped shard on its own thread
     (``snapcache-read_verify``), publishing each digest as it is taken: first the batches
     asked for and not hashed yet (lowest first), then, once two or more were asked for and
-    they are sequential, the rest from the first asked for on, front to back, up to
+    they are sequential (or from the moment it starts, with ``ahead``: the reader said it
+    reads the shard front to back), the rest from the first asked for on, front to back, up to
     :data:`AHEAD_BYTES` past the furthest asked for, so that the disk streams ahead of
     decoding as for a plain sequential read. A read that jumps (a shuffled epoch, one stream's
     share of several) ends the thread once it has hashed what was asked for: the readers then
@@ -117,7 +119,7 @@ class _Verifier:
     forked child, where the thread does not exist) is hashed by the one asking."""
 
     def __init__(self, shard: ShardInfo, buffer: pa.Buffer, mapped: "mmap.mmap | None",
-                 low_memory: bool):
+                 low_memory: bool, ahead: bool = False):
         self._offsets = list(shard.batch_offsets)
         count = len(self._offsets) - 1
         self._digests: list[str | None] = [None] * count
@@ -126,6 +128,7 @@ class _Verifier:
         self._count = 0                  # how many were ever asked for
         self._first = self._furthest = -1  # the first and the furthest asked for
         self._sequential = True          # whether those asked for leave (almost) no gaps
+        self._ahead = ahead              # hash ahead before two batches were asked for
         self._next = 0                   # the next batch to hash ahead
         self._error: BaseException | None = None
         self._cond = threading.Condition()
@@ -153,7 +156,8 @@ class _Verifier:
         self._next = max(self._next, self._first)  # never before the first asked for
         while self._next < len(digests) and digests[self._next] is not None:
             self._next += 1
-        if self._sequential and self._count >= 2 and self._next < len(digests) and \
+        if self._sequential and (self._count >= 2 or self._ahead) and \
+                self._next < len(digests) and \
                 offsets[self._next] < offsets[self._furthest + 1] + AHEAD_BYTES:
             return self._next
         return None
@@ -233,8 +237,8 @@ class _Verifier:
             self._thread.join()
 
 
-def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False
-                    ) -> "BatchedShard | ShardFile":
+def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False,
+                    ahead: bool = False) -> "BatchedShard | ShardFile":
     """``shard`` opened for reading its record batches in order: batch by batch
     (:class:`BatchedShard`) when it is a shard on local disk whose record batches the manifest
     indexes, else whole (:meth:`SnapshotReader.open_shard
@@ -243,10 +247,14 @@ def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: b
 
     Batch by batch, the consumer takes the first record batches while the rest of the shard is
     read, and compressed record batches decode in parallel; a shard read whole is hashed in
-    full before its first batch is decoded (``benchmarks/bench_cold.py`` compares both)."""
+    full before its first batch is decoded (``benchmarks/bench_cold.py`` compares both).
+
+    ``ahead``: the caller will read the shard's record batches front to back (an unshuffled
+    epoch): its verifier starts hashing them, front to back, as soon as it is opened, instead
+    of once two record batches were asked for in order (see :class:`_Verifier`)."""
     if reader.storage.local and shard.batch_index and shard.batch_offsets is not None \
             and reader.schema is not None:
-        return BatchedShard(reader, shard, low_memory=low_memory)
+        return BatchedShard(reader, shard, low_memory=low_memory, ahead=ahead)
     return reader.open_shard(shard, low_memory=low_memory)
 
 
@@ -294,7 +302,7 @@ def record_batches(reader: "SnapshotReader", shards: Sequence[ShardInfo], *, thr
                                                 open_bytes + todo[0].bytes <= budget // 2)):
                 shard = todo.popleft()
                 opening.append((shard, pool.submit(open_sequential, reader, shard,
-                                                   low_memory=low_memory)))
+                                                   low_memory=low_memory, ahead=True)))
                 open_bytes += shard.bytes
             while len(decoding) < 2 * max(1, threads) and (
                     not decoding or decoded_bytes < budget // 2):

@@ -331,11 +331,23 @@ def _view(array: pa.Array, dtype: np.dtype, offset: int, count: int) -> np.ndarr
 
 
 class _Column:
-    """One decoded field of a batch: ``column`` for columns(), ``rows`` for rows()."""
+    """One decoded field of a batch: ``column`` for columns(), ``rows`` for rows().
 
-    def __init__(self, column: Any, rows: Any) -> None:
+    ``rows`` may be given as ``make_rows``, built when first asked for: a Python scalar
+    field's rows are a list of Python objects (``tolist``), which :meth:`Decoder.columns`
+    never needs (200,000 ints an epoch of the token-like benchmark rows)."""
+
+    def __init__(self, column: Any, rows: Any = None,
+                 make_rows: Callable[[], Any] | None = None) -> None:
         self.column = column
-        self.rows = rows
+        self._rows = rows
+        self._make_rows = make_rows
+
+    @property
+    def rows(self) -> Any:
+        if self._make_rows is not None:
+            self._rows, self._make_rows = self._make_rows(), None
+        return self._rows
 
 
 class Decoder:
@@ -544,5 +556,7 @@ def _decode_scalar(spec: FieldSpec, dtype: np.dtype, column: pa.Array) -> _Colum
             array = _view(column.values, storage, column.offset * factor, n * factor).view(dtype)
         else:
             array = _view(column, storage, 0, n).view(dtype)
-    return _Column(array, array.tolist() if spec.python else array)
+    if spec.python:
+        return _Column(array, make_rows=array.tolist)
+    return _Column(array, array)
 

@@ -52,6 +52,7 @@ class _Shards:
 
     def __init__(self, reader: "SnapshotReader", budget: int):
         self.reader, self.budget = reader, budget
+        self.ahead = False  # the shards are read front to back: hash each ahead from the start
         self._open: collections.OrderedDict[int, tuple[Any, list[int]]] = \
             collections.OrderedDict()
         self._locks: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
@@ -69,7 +70,8 @@ class _Shards:
             shard = self.reader.manifest.shards[index]
             # A shard larger than the budget is read in low-memory mode: its pages are dropped
             # from this process as they are hashed and after each block is decoded.
-            file_reader = open_sequential(self.reader, shard, low_memory=self.low_memory(shard))
+            file_reader = open_sequential(self.reader, shard, low_memory=self.low_memory(shard),
+                                          ahead=self.ahead)
             where = self.reader.where(shard)
             count = file_reader.num_record_batches
             if shard.batch_rows is not None:
@@ -271,6 +273,11 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
                                   budget or reader.prefetch_bytes)
     decoder = BlockDecoder(reader, order.layout, mode, shard_budget=max(1, budget // 2))
     ranges = list(ranges)
+    # An unshuffled epoch read in one stream reads every shard front to back: each shard's
+    # verifier hashes ahead from the moment it is opened (the first record batches of a cold
+    # shard come off the disk while the first is decoded, not after the second is asked for).
+    decoder.shards.ahead = order.seed is None and all(
+        b == c for (_, b), (c, _) in zip(ranges, ranges[1:]))
 
     def split() -> Iterator[tuple[int, int]]:
         for a, b in ranges:
@@ -290,6 +297,7 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
     last_use: dict[int, int] = {}
     held = 0
     serial = 0
+    pending: tuple[int, int, Any, Any, list[int]] | None = None  # located, not yet planned
     try:
         while True:
             # Plan a few pieces ahead, and further while they come from few blocks (pieces of
@@ -298,24 +306,37 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
             # decode without the next ones competing for the CPU (on a busy machine they
             # doubled the time to the first batch); the rest is planned when the consumer
             # comes back for the second piece, long before it has used the first block.
-            while not planned or (serial > 1 and held < budget // 2 and (
-                    len(planned) < 4 * max(1, threads) or len(futures) <= 2 * max(1, threads))):
-                nxt = next(todo, None)
-                if nxt is None:
+            # A piece whose blocks are all planned already is planned whatever the budget (it
+            # costs no decoding; up to the planning depth, and one beside the first piece):
+            # otherwise the block of a first piece that ends inside it was dropped with that
+            # piece and decoded a second time for the next.
+            while True:
+                if pending is None:
+                    nxt = next(todo, None)
+                    if nxt is None:
+                        break
+                    a, b = nxt
+                    run = order.run(a, b)  # rows of one block (no window): a slice, no arrays
+                    if run is not None:
+                        pending = (a, b, None, run[1], [run[0]])
+                    else:
+                        blocks, offsets = order.locate(a, b)
+                        pending = (a, b, blocks, offsets, blocks_of(blocks))
+                unique = pending[4]
+                started = serial > len(planned)  # the consumer took its first piece
+                free = all(block in futures for block in unique) and \
+                    len(planned) < (4 * max(1, threads) if started else 2)
+                if planned and not free and not (started and held < budget // 2 and (
+                        len(planned) < 4 * max(1, threads) or
+                        len(futures) <= 2 * max(1, threads))):
                     break
-                a, b = nxt
-                run = order.run(a, b)  # rows of one block (no window): a slice, no arrays
-                if run is not None:
-                    blocks, offsets, unique = None, run[1], [run[0]]
-                else:
-                    blocks, offsets = order.locate(a, b)
-                    unique = blocks_of(blocks)
                 for block in unique:
                     if block not in futures:
                         futures[block] = pool.submit(decoder.decode, block)
                         held += decoder.estimate(block)
                     last_use[block] = serial
-                planned.append((a, b, blocks, offsets, unique))
+                planned.append(pending)
+                pending = None
                 serial += 1
             if not planned:
                 return

@@ -225,6 +225,36 @@ def test_rows_of_uniform_tensors_are_views_of_one_batch_array() -> None:
     assert rows[3]["tokens"].tolist() == [3, 4, 5, 6] and rows[3]["length"] == 3
 
 
+def test_columns_build_no_python_rows_of_python_scalars(monkeypatch) -> None:
+    """columns() hands out a Python scalar field as an int64 array and never builds the list
+    of Python ints that rows() gives (a tolist of every row, per record batch, for nothing)."""
+    schema = infer_schema({"tokens": np.zeros(4, np.int32), "length": 4, "flag": True})
+    encoder = Encoder(schema)
+    for i in range(5):
+        encoder.add({"tokens": np.arange(4, dtype=np.int32) + i, "length": i, "flag": i % 2 == 0})
+    batch = encoder.flush()
+    decoder = Decoder(schema)
+    made = []
+    real = np.ndarray.tolist
+
+    class Spy(np.ndarray):
+        def tolist(self):  # noqa: D102 - counts the conversions
+            made.append(len(self))
+            return real(self)
+
+    import snapcache.store.codec as codec
+    original = codec._view
+    monkeypatch.setattr(codec, "_view", lambda *a: original(*a).view(Spy))
+    columns = decoder.columns(batch)
+    assert 5 not in made  # (a tensor's one shape is read with a tolist of its ndim values)
+    assert columns["length"].tolist() == [0, 1, 2, 3, 4] and columns["length"].dtype == np.int64
+    made.clear()
+    rows = list(decoder.rows(batch))
+    assert made.count(5) == 1  # the int64 field, once; bools come from Arrow as Python bools
+    assert [type(r["length"]) for r in rows] == [int] * 5
+    assert [r["flag"] for r in rows] == [True, False, True, False, True]
+    assert type(rows[0]["flag"]) is bool
+
 def test_encoder_copies_arrays_on_add() -> None:
     array = np.arange(3, dtype=np.float64)
     encoder = Encoder(infer_schema(array))

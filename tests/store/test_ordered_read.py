@@ -91,6 +91,41 @@ def test_the_first_piece_is_decoded_before_any_other_block_is_asked_for(root, mo
     assert len(set(asked)) > len(needed) + 2 and rest[-1][1] == len(order)
 
 
+@pytest.mark.parametrize("seed", [None, 4])
+@pytest.mark.parametrize("piece,budget", [(20, 1 << 30), (5000, 1 << 30), (20, 1)])
+def test_each_block_is_decoded_once_an_epoch(root, monkeypatch, seed, piece, budget):
+    """Without a shuffle window every block is decoded once an epoch, the first one too: the
+    first piece is planned alone, and the pieces after it that lie in the same block are
+    planned with it (they cost no decoding) instead of decoding that block again once the
+    first piece is consumed. Also through a pipeline's batches, whose pieces (4,096
+    positions) end inside a record batch."""
+    reader, ds = build(root, example, n=2000, compression="lz4", shard_size=8000)
+    layout = layout_of(reader.manifest)
+    assert (layout.rows[:-1] > 20).all() and len(layout.rows) > 3
+    order = EpochOrder(layout, seed, 0, 1)
+    asked = []
+    real = ordered_read.BlockDecoder.decode
+    monkeypatch.setattr(ordered_read.BlockDecoder, "decode",
+                        lambda self, block: (asked.append(block), real(self, block))[1])
+    got = []
+    n = len(order)
+    ranges = [(a, min(n, a + piece)) for a in range(0, n, piece)]  # as a Share's pieces
+    for a, b, rows in ordered_pieces(reader, order, ranges, mode="columns", threads=2,
+                                     budget=budget):  # budget 1: one block at a time
+        got.extend(rows["i"].tolist())
+    assert got == order.rows(0, n).tolist()
+    assert sorted(asked) == list(range(len(layout.rows)))
+    if seed is None and piece == 20 and budget > 1:
+        big = build(os.path.join(root, "big"), example, n=20_000, compression="lz4",
+                    shard_size=2_000_000)[0]
+        assert max(layout_of(big.manifest).rows) > 4096
+        asked.clear()
+        pipeline = sc.Dataset.range(20_000).map(example).snapshot(
+            os.path.join(root, "big"), compression="lz4", shard_size=2_000_000, progress=False)
+        assert sum(len(b["i"]) for b in pipeline.batch(256)) == 20_000
+        assert sorted(asked) == list(range(len(layout_of(big.manifest).rows)))
+
+
 @pytest.mark.parametrize("compression", ["none", "lz4"])
 def test_each_shard_is_opened_once_and_a_damaged_one_raises_after_the_rows_before_it(
         root, monkeypatch, compression):

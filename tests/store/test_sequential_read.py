@@ -192,21 +192,26 @@ def read_threads() -> list[threading.Thread]:
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
 @pytest.mark.parametrize("how", ["close", "damage"])
-def test_stopping_early_leaves_no_read_thread(root, how, compression):
-    ds = pipeline(root, 4000, compression, shard_size=1 << 30)
+@pytest.mark.parametrize("shard_size", [1 << 30, 32 << 10])
+def test_stopping_early_leaves_no_read_thread(root, how, compression, shard_size):
+    """Also with several shards, the next one opened ahead and hashed ahead from its start
+    while the consumer is on the first."""
+    ds = pipeline(root, 4000, compression, shard_size=shard_size)
     list(ds)
+    assert (len(reader_of(root).manifest.shards) > 2) == (shard_size < 1 << 20)
     for t in read_threads():  # threads of earlier reads in this process
         t.join(60)
     assert read_threads() == []
+    shard, k = (0, 3) if shard_size > 1 << 20 else (2, 1)
     if how == "damage":
-        flip_byte_in_batch(reader_of(root), 0, 3)
+        flip_byte_in_batch(reader_of(root), shard, k)
     it = iter(ds.batch(50))
     next(it)
     assert read_threads()  # the next record batches are being read ahead
     if how == "close":
         it.close()
     else:
-        with pytest.raises(sc.CorruptSnapshotError, match="record batch 3"):
+        with pytest.raises(sc.CorruptSnapshotError, match=f"record batch {k} is corrupt"):
             for _ in it:
                 pass
     del it
@@ -288,6 +293,63 @@ def test_a_sequential_read_is_hashed_ahead_front_to_back_and_a_jumping_one_only_
     assert spy.hashed == [("snapcache-read_verify", expected[k]) for k in wanted[:2]] + \
         [("asker", expected[k]) for k in wanted[2:]]
 
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_a_shard_opened_to_be_read_front_to_back_is_hashed_ahead_from_the_start(
+        root, monkeypatch, compression):
+    """``ahead=True`` (an unshuffled epoch read in one stream): the verifier hashes the record
+    batches front to back as soon as the shard is opened, before any is asked for; the batches
+    are then handed out against those digests (a flipped byte still raises, naming the batch).
+    Only an unshuffled read of one stream's contiguous positions asks for it."""
+    ds = pipeline(root, 4000, compression, shard_size=1 << 30)
+    list(ds)
+    reader = reader_of(root)
+    (shard,) = reader.manifest.shards
+    count = len(shard.batch_rows)
+    assert count > 4
+    spy = Blocking(monkeypatch)
+    opened = batched_read.open_sequential(reader, shard, ahead=True)
+    opened._verifier._thread.join(60)  # ends once every batch is hashed: none was asked for
+    assert spy.hashed == [("snapcache-read_verify", d) for d in shard.batch_checksums]
+    rows = [opened.get_batch(k).column("i").to_numpy() for k in range(count)]
+    assert np.concatenate(rows).tolist() == list(range(shard.rows))
+    assert len(spy.hashed) == count  # nothing hashed twice
+    opened.close()
+
+    path = os.path.join(reader.storage.url, shard.path)
+    original = open(path, "rb").read()
+    data = bytearray(original)
+    k = count // 2
+    data[(shard.batch_offsets[k] + shard.batch_offsets[k + 1]) // 2] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    opened = batched_read.open_sequential(reader, shard, ahead=True)
+    for j in range(k):
+        opened.get_batch(j)
+    with pytest.raises(sc.CorruptSnapshotError, match=f"record batch {k} is corrupt"):
+        opened.get_batch(k)
+    opened.close()
+    open(path, "wb").write(original)
+
+    kinds = []
+    real = ordered_read.open_sequential
+    monkeypatch.setattr(ordered_read, "open_sequential", lambda r, s, **kw: (
+        kinds.append(kw.get("ahead")), real(r, s, **kw))[1])
+    from snapcache.store.order import EpochOrder, Share
+    layout = ordered_read.layout_of(reader.manifest)
+    for seed, streams, expected in [(None, 1, True), (None, 2, False), (3, 1, False)]:
+        order = EpochOrder(layout, seed, 0, 1)
+        kinds.clear()
+        share = Share.of([(0, len(order))], streams, 0, window=1)
+        pieces = ordered_read.ordered_pieces(reader, order, share.pieces(), mode="columns",
+                                             threads=2, budget=1 << 30)
+        next(pieces)
+        pieces.close()
+        assert kinds == [expected], (seed, streams)
+    kinds.clear()  # a whole read of the snapshot's record batches, in order (handle.columns)
+    monkeypatch.setattr(batched_read, "open_sequential", lambda r, s, **kw: (
+        kinds.append(kw.get("ahead")), real(r, s, **kw))[1])
+    assert sum(b.num_rows for b in reader.record_batches()) == shard.rows
+    assert kinds == [True]
 
 def test_a_closed_shard_still_verifies_the_batches_it_is_asked_for(root, monkeypatch):
     """Closing stops hashing ahead; a record batch asked for afterwards is hashed by the one
