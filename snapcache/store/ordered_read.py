@@ -16,25 +16,18 @@ import collections
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store.batched_read import as_columns, open_sequential, read_budget
-from snapcache.store.layout import pages_name
 from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Layout
-from snapcache.store.reader import way_out
-from snapcache.store.row_read import RowDecoder, load_pages, read_row, readable_alone
+from snapcache.store.random_access import NO_PAGES, HeldShards, PageRows, RemoteRows
 
 log = logging.getLogger(__name__)
-NO_PAGES = object()  # a row read alone is not possible: its page checksum file is unusable
-EAGER_PAGE_TABLES = 32
-"""Snapshots of at most this many shards with page checksum files have them read when opened
-(one small file each), so that a first ``snap[i]`` reads only its pages; larger ones read a
-shard's page table when a row of it is first read (once per handle)."""
 
 if TYPE_CHECKING:
     from snapcache.store.reader import SnapshotReader
@@ -373,7 +366,11 @@ class RowAccess:
         self._held = 0
         self._lock = threading.Lock()
         self._count = self.layout.num_rows
-        self._alone = _PageRows.of(self.reader, self.layout)
+        # shards held for rows read alone (random_access): mapped local ones, remote ones
+        # fetched whole once read enough; within the other half of the budget
+        self._shards_held = HeldShards(budget // 2)
+        self._alone = PageRows.of(self.reader, self.layout, self._shards_held) or \
+            RemoteRows.of(self.reader, self.layout, self._shards_held)
 
     def __getstate__(self) -> dict:
         # A copy in another process (a DataLoader worker started with spawn) opens its own
@@ -405,7 +402,9 @@ class RowAccess:
         shard = self.reader.manifest.shards[index]
         if j >= 0 and shard.batch_index:
             # The manifest has this record batch's checksum: read and verify it alone.
-            return (index, j), _Alone(self.reader, shard, j), row - int(layout.start[block])
+            remote = self._alone if isinstance(self._alone, RemoteRows) else None
+            held = remote.held_batch(index) if remote is not None else None
+            return (index, j), _Alone(self.reader, shard, j, held), row - int(layout.start[block])
         return self._decoder.locate(block, row - int(layout.start[block]))
 
     def _getter(self, key: tuple[int, int], load: Any) -> Any:
@@ -436,7 +435,7 @@ class RowAccess:
     def __getitem__(self, i: Any) -> Any:
         row = i if type(i) is int and 0 <= i < self._count else self._index(i)
         alone = self._alone
-        if alone is not None:  # raw local shards with page checksums: see _PageRows
+        if alone is not None:  # raw local shards with page checksums: see PageRows, RemoteRows
             b = bisect.bisect_right(alone.starts, row) - 1
             key = alone.keys[b]
             if key is not None and key not in self._batches:
@@ -491,10 +490,14 @@ class RowAccess:
 class _Alone:
     """Loads record batch ``index`` of ``shard`` alone (see :meth:`SnapshotReader.read_batch`)."""
 
-    def __init__(self, reader: "SnapshotReader", shard: Any, index: int):
-        self.reader, self.shard, self.index = reader, shard, index
+    def __init__(self, reader: "SnapshotReader", shard: Any, index: int,
+                 held: Callable[[int], Any] | None = None):
+        self.reader, self.shard, self.index, self.held = reader, shard, index, held
 
     def __call__(self, whole: bool = True) -> pa.RecordBatch:
+        data = None if self.held is None else self.held(self.index)
+        if data is not None:  # its shard is held (fetched whole, verified): no request
+            return self.reader.batch_from_bytes(self.shard, self.index, data, whole=whole)
         return self.reader.read_batch(self.shard, self.index, whole=whole)
 
 
@@ -511,58 +514,3 @@ class _Read:
 _SEEN = object()
 """What :class:`RowAccess` keeps of a record batch one row of which was read alone, page by
 page: the batch itself is still to read (whole) and verify."""
-
-
-class _PageRows:
-    """The first row read from a record batch of a raw local shard with page checksums: read
-    page by page, only what it needs (:mod:`snapcache.store.row_read`). Everything that does
-    not depend on the row is prepared when the snapshot is opened: the row decoder compiled
-    from the schema, the record batches' first rows and (shard, record batch) keys as lists,
-    and the shards' page tables when there are few (:data:`EAGER_PAGE_TABLES`)."""
-
-    def __init__(self, reader: "SnapshotReader", layout: Layout, usable: list[bool]):
-        self.reader = reader
-        self.decoder = RowDecoder(reader.schema)  # type: ignore[arg-type]
-        self.starts = layout.start.tolist()
-        self.keys = [(s, j) if j >= 0 and usable[s] else None
-                     for s, j in zip(layout.shard.tolist(), layout.batch.tolist())]
-        self.paths = [reader.storage.full(shard.path) if ok else ""  # "": not page by page
-                      for shard, ok in zip(reader.manifest.shards, usable)]
-        self.tables: dict[int, Any] = {}  # shard -> its verified page table, or NO_PAGES
-        if reader.verify and sum(usable) <= EAGER_PAGE_TABLES:
-            for index, ok in enumerate(usable):  # read now: a first row then reads its pages
-                if ok:
-                    self._table(index)
-
-    @classmethod
-    def of(cls, reader: "SnapshotReader", layout: Layout) -> "_PageRows | None":
-        """For ``reader``'s snapshot if any of its shards can be read that way, else None."""
-        if reader.schema is None or not reader.storage.local:
-            return None
-        usable = [readable_alone(shard, True) for shard in reader.manifest.shards]
-        return cls(reader, layout, usable) if any(usable) else None
-
-    def read(self, key: tuple[int, int], k: int) -> Any:
-        """Row ``k`` of record batch ``key``, or NO_PAGES if its shard's page checksum file
-        is missing or damaged (the row is then read with its record batch)."""
-        index, batch = key
-        reader = self.reader
-        shard = reader.manifest.shards[index]
-        table = self._table(index) if reader.verify else None
-        if table is NO_PAGES:
-            return NO_PAGES
-        return read_row(self.decoder, self.paths[index], shard, batch, k, table=table,
-                        names=lambda: (reader.where(shard), way_out(reader.storage)))
-
-    def _table(self, index: int) -> Any:
-        table = self.tables.get(index)
-        if table is None:
-            table = load_pages(self.paths[index], self.reader.manifest.shards[index])
-            if table is None:
-                log.warning("%s: its page checksum file %s is missing or damaged; its rows are "
-                            "read with their record batches", self.reader.where(
-                                self.reader.manifest.shards[index]),
-                            pages_name(self.paths[index]))
-                table = NO_PAGES
-            self.tables[index] = table
-        return table

@@ -303,11 +303,18 @@ def test_rows_decoded_from_pages_equal_rows_decoded_by_arrow(examples, data):
         assert row_read.load_pages(path, shard) == table
         decoder = row_read.RowDecoder(schema)
         row, names = 0, lambda: ("shard", "way out")
+        mapped = row_read.map_shard(path, shard, table)  # held: pages checked as used
+        with open(path, "rb") as f:
+            whole = row_read.Held(f.read(), shard, None)  # held, verified whole
         for index, count in enumerate(shard.batch_rows):
             for k in range(count):
                 got = row_read.read_row(decoder, path, shard, index, k, table=table,
                                         names=names)
                 assert_same_example(examples[row], got)
+                for held in (mapped, whole):
+                    assert_same_example(examples[row], row_read.read_row(
+                        decoder, path, shard, index, k, table=table, names=names,
+                        held=lambda: held))
                 for value in (got.values() if isinstance(got, dict) else
                               got if isinstance(got, tuple) else [got]):
                     if isinstance(value, np.ndarray):
@@ -335,10 +342,10 @@ def test_an_unusable_page_file_falls_back_to_the_record_batch(tmp_path, monkeypa
     """A snapshot of few shards reads their page files when opened (EAGER_PAGE_TABLES), a
     larger one when a row of the shard is first read; either way once, and an unusable one
     makes that shard's rows read with their record batches."""
-    from snapcache.store import ordered_read
+    from snapcache.store import random_access
 
     if not eager:
-        monkeypatch.setattr(ordered_read, "EAGER_PAGE_TABLES", 0)
+        monkeypatch.setattr(random_access, "EAGER_PAGE_TABLES", 0)
     snap, storage = build(str(tmp_path))
     shard = snap.shards[0]
     pages = os.path.join(storage.root, shard.path + ".pages")
