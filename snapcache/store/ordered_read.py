@@ -28,6 +28,12 @@ from snapcache.store.order import EpochOrder, Layout
 from snapcache.store.random_access import NO_PAGES, HeldShards, PageRows, RemoteRows
 
 log = logging.getLogger(__name__)
+WHOLE_AFTER = 16
+"""Rows of a record batch read alone (:mod:`snapcache.store.random_access`) before the next
+one decodes the batch whole and keeps it (a later row is then an index): decoding a record
+batch with Arrow and validating it costs about what 16-20 rows read alone do (~300 us against
+~17 us here, 16 or 256 rows a batch alike), so a batch read rarely is never decoded and one
+read often costs at most about twice what decoding it at once would have."""
 
 if TYPE_CHECKING:
     from snapcache.store.reader import SnapshotReader
@@ -342,7 +348,10 @@ class RowAccess:
     snapshots written before those were recorded, loads and verifies its whole shard, then
     kept open, least recently used first out, within half of ``budget`` bytes), decodes it
     once (zero-copy views where it can be) and keeps it, within the other half; any row of a
-    kept batch is then an index into it.
+    kept batch is then an index into it. Raw shards are read row by row
+    (:mod:`snapcache.store.random_access`: page by page, then from the shard held, mapped or
+    fetched whole, within the first half) until a record batch has had :data:`WHOLE_AFTER`
+    rows read alone; the next row reads it whole.
 
     Example::
 
@@ -414,7 +423,7 @@ class RowAccess:
             entry = self._batches.get(key)
             if entry is not None:
                 self._batches.move_to_end(key)
-                if not isinstance(entry[0], _Read) and entry[0] is not _SEEN:
+                if not isinstance(entry[0], (_Read, _Seen)):
                     return entry[0]
         batch = entry[0].checked() if entry is not None and isinstance(entry[0], _Read) \
             else load()
@@ -435,10 +444,10 @@ class RowAccess:
     def __getitem__(self, i: Any) -> Any:
         row = i if type(i) is int and 0 <= i < self._count else self._index(i)
         alone = self._alone
-        if alone is not None:  # raw local shards with page checksums: see PageRows, RemoteRows
+        if alone is not None:  # raw shards read row by row: see PageRows, RemoteRows
             b = bisect.bisect_right(alone.starts, row) - 1
             key = alone.keys[b]
-            if key is not None and key not in self._batches:
+            if key is not None and self._alone_reads(key) < WHOLE_AFTER:
                 value = self._read_alone(key, row - alone.starts[b])
                 if value is not NO_PAGES:
                     return value
@@ -448,21 +457,34 @@ class RowAccess:
                 known = key in self._batches
             if not known:
                 # The first row of a record batch: decode that row alone (decoding them all
-                # costs more than reading the batch); a second row decodes the batch.
+                # costs more than reading the batch); a second row decodes the batch (its
+                # shard is not held: random_access.RemoteRows).
                 batch = load(whole=False)
                 row = self.reader.row_at(load.shard, load.index, batch, k)
                 self._keep(key, _Read(load, batch), batch.nbytes)
                 return row
         return self._getter(key, load)(k)
 
+    def _alone_reads(self, key: tuple[int, int]) -> int:
+        """How many rows of record batch ``key`` were read alone (WHOLE_AFTER if it is
+        decoded, or read for a row, whole)."""
+        entry = self._batches.get(key)
+        if entry is None:
+            return 0
+        return entry[0].count if type(entry[0]) is _Seen else WHOLE_AFTER
+
     def _read_alone(self, key: tuple[int, int], k: int) -> Any:
-        """Row ``k`` of record batch ``key`` read page by page (the batch is then marked seen:
-        its next row reads it whole), or NO_PAGES if its shard's page file is unusable (the
-        caller reads the row with its record batch)."""
+        """Row ``k`` of record batch ``key`` read alone (its pages, or from its held shard;
+        the batch's count of rows read alone goes up: see WHOLE_AFTER), or NO_PAGES if that
+        is not possible (the caller reads the row with its record batch)."""
         value = self._alone.read(key, k)  # type: ignore[union-attr]
         if value is not NO_PAGES:
             with self._lock:
-                self._batches.setdefault(key, (_SEEN, 0))
+                entry = self._batches.get(key)
+                if entry is None:
+                    self._batches[key] = (_Seen(1), 0)
+                elif type(entry[0]) is _Seen:
+                    entry[0].count += 1
         return value
 
     def take(self, indices: Sequence[int]) -> list:
@@ -476,7 +498,7 @@ class RowAccess:
         out = []
         for key, load, k in located:
             if count[key] == 1 and alone is not None and alone.paths[key[0]] and \
-                    isinstance(load, _Alone) and key not in self._batches:
+                    isinstance(load, _Alone) and self._alone_reads(key) < WHOLE_AFTER:
                 value = self._read_alone(key, k)
                 if value is not NO_PAGES:
                     out.append(value)
@@ -511,6 +533,11 @@ class _Read:
         return self.load.reader.check_batch(self.load.shard, self.load.index, self.batch)
 
 
-_SEEN = object()
-"""What :class:`RowAccess` keeps of a record batch one row of which was read alone, page by
-page: the batch itself is still to read (whole) and verify."""
+class _Seen:
+    """What :class:`RowAccess` keeps of a record batch rows of which were read alone (page by
+    page, or from its held shard): how many; the batch itself is not read whole yet."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int):
+        self.count = count

@@ -9,9 +9,10 @@ the row is decoded from (its list offsets, values, shape, scalars). Each page is
 parsed only once verified, and every offset, length and shape the row reads is checked
 against the buffer it lies in (the buffers against the message body) before anything is read
 through it, so that no byte reaches the caller unverified and no read leaves the record
-batch. Other rows' bytes are not read, so not checked: the second row read from a record
-batch reads and verifies the batch whole (:meth:`SnapshotReader.read_batch
-<snapcache.store.reader.SnapshotReader.read_batch>`).
+batch. Other rows' bytes are not read, so not checked: a record batch read often is read and
+verified whole (:meth:`SnapshotReader.read_batch
+<snapcache.store.reader.SnapshotReader.read_batch>`). A shard held in memory (:class:`Held`:
+mapped, or fetched whole) is decoded from the same way, its pages checked as first used.
 
 The row is decoded straight from the pages, without Arrow: :class:`RowDecoder` is compiled
 once from the schema (which IPC field nodes and buffers hold each field, in the order Arrow
