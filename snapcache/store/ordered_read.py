@@ -446,7 +446,7 @@ class RowAccess:
         alone = self._alone
         if alone is not None:  # raw shards read row by row: see PageRows, RemoteRows
             b = bisect.bisect_right(alone.starts, row) - 1
-            key = alone.keys[b]
+            key = alone.key(b)
             if key is not None and self._alone_reads(key) < WHOLE_AFTER:
                 value = self._read_alone(key, row - alone.starts[b])
                 if value is not NO_PAGES:

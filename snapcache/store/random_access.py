@@ -114,21 +114,34 @@ class HeldShards:
             return held
 
 
-class PageRows:
+class _RowsAlone:
+    """What both kinds of rows read alone share: the row decoder compiled from the schema, the
+    record batches' first rows, and which (shard, record batch) each block is."""
+
+    def __init__(self, reader: "SnapshotReader", layout: "Layout", usable: list[bool],
+                 held: HeldShards):
+        self.reader, self.held, self.usable = reader, held, usable
+        self.decoder = RowDecoder(reader.schema)  # type: ignore[arg-type]
+        self.starts = layout.start.tolist()
+        self._shard, self._batch = layout.shard.tolist(), layout.batch.tolist()
+
+    def key(self, block: int) -> tuple[int, int] | None:
+        """(shard, record batch) of ``block`` if its rows can be read alone here, else None."""
+        shard, batch = self._shard[block], self._batch[block]
+        return (shard, batch) if batch >= 0 and self.usable[shard] else None
+
+
+class PageRows(_RowsAlone):
     """The rows read alone from raw local shards with page checksums: a shard's first row read
     alone in a handle reads only its pages (``pread``), later ones decode from the shard
     mapped and held (see the module docstring). Everything that does not depend on the row is
     prepared when the snapshot is opened: the row decoder compiled from the schema, the record
-    batches' first rows and (shard, record batch) keys as lists, and the shards' page tables
-    when there are few (:data:`EAGER_PAGE_TABLES`)."""
+    batches' first rows, shards and indexes as lists, and the shards' page tables when there
+    are few (:data:`EAGER_PAGE_TABLES`)."""
 
     def __init__(self, reader: "SnapshotReader", layout: "Layout", usable: list[bool],
                  held: HeldShards):
-        self.reader, self.held = reader, held
-        self.decoder = RowDecoder(reader.schema)  # type: ignore[arg-type]
-        self.starts = layout.start.tolist()
-        self.keys = [(s, j) if j >= 0 and usable[s] else None
-                     for s, j in zip(layout.shard.tolist(), layout.batch.tolist())]
+        super().__init__(reader, layout, usable, held)
         self.paths = [reader.storage.full(shard.path) if ok else ""  # "": not page by page
                       for shard, ok in zip(reader.manifest.shards, usable)]
         self.tables: dict[int, Any] = {}  # shard -> its verified page table, or NO_PAGES
@@ -190,7 +203,7 @@ def fetchable_whole(shard: "ShardInfo") -> bool:
         and shard.batch_rows is not None and shard.batch_offsets is not None
 
 
-class RemoteRows:
+class RemoteRows(_RowsAlone):
     """The rows read alone from raw remote shards once held: each of a shard's record batches
     read alone (a ranged read, by the caller) adds its bytes plus :data:`REQUEST_BYTES` to
     what the shard has cost; a row asked for once that reaches the shard's size fetches it
@@ -201,11 +214,7 @@ class RemoteRows:
 
     def __init__(self, reader: "SnapshotReader", layout: "Layout", usable: list[bool],
                  held: HeldShards):
-        self.reader, self.held = reader, held
-        self.decoder = RowDecoder(reader.schema)  # type: ignore[arg-type]
-        self.starts = layout.start.tolist()
-        self.keys = [(s, j) if j >= 0 and usable[s] else None
-                     for s, j in zip(layout.shard.tolist(), layout.batch.tolist())]
+        super().__init__(reader, layout, usable, held)
         self.paths = [reader.storage.url_of(shard.path) if ok else ""
                       for shard, ok in zip(reader.manifest.shards, usable)]
         self.spent = [0] * len(usable)  # bytes' worth of ranged reads, by shard
