@@ -385,10 +385,10 @@ WHY = """What decides each column:
   once its ranged GETs have cost what fetching it whole costs (each counted as its bytes plus
   1 MiB, the transfer one request's latency is worth), fetched whole once (one GET), checked
   against the shard's checksum. A row of a held shard is decoded from it without a system call
-  or a request (~17 us of Python: the record batch's flatbuffer metadata, the row's offsets,
-  shape and label, bounds-checked); a record batch is read whole, verified and kept decoded
-  (later rows an index, ~8 us) once 16 of its rows were read alone (an Arrow decode and
-  validation costs ~300 us, with 16 or 256 rows alike). The warm pass (every 97th example)
+  or a request (~20 us of Python: the record batch's flatbuffer metadata, kept parsed for its
+  next rows, ~10 us, then the row's offsets, shape and label, bounds-checked); a record batch
+  is read whole, verified and kept decoded (later rows an index, ~6 us) once 64 of its rows
+  were read alone (an Arrow decode and validation costs ~300 us, with 16 or 256 rows alike). The warm pass (every 97th example)
   touches every 1 MiB record batch but only one in five 64 KiB ones, so with 64 KiB batches a
   warm probe is mostly the first read of its record batch: before shards were held that was a
   file open, page reads and hashes locally (0.085 ms) and a ranged GET on S3 (5.5 ms), and a

@@ -28,12 +28,13 @@ from snapcache.store.order import EpochOrder, Layout
 from snapcache.store.random_access import NO_PAGES, HeldShards, PageRows, RemoteRows
 
 log = logging.getLogger(__name__)
-WHOLE_AFTER = 16
+WHOLE_AFTER = 64
 """Rows of a record batch read alone (:mod:`snapcache.store.random_access`) before the next
 one decodes the batch whole and keeps it (a later row is then an index): decoding a record
-batch with Arrow and validating it costs about what 16-20 rows read alone do (~300 us against
-~17 us here, 16 or 256 rows a batch alike), so a batch read rarely is never decoded and one
-read often costs at most about twice what decoding it at once would have."""
+batch with Arrow and validating it costs ~300 us (16 or 256 rows a batch alike), a row then
+~6 us; a row read alone from a held shard ~10 us once its batch's metadata is parsed (~20 us
+the first time), ~50 us page by page. So a batch read rarely is never decoded, and one read
+often costs at most about 1.5x what decoding it at once would have."""
 
 if TYPE_CHECKING:
     from snapcache.store.reader import SnapshotReader

@@ -88,6 +88,8 @@ class _Pages:
     """Pages of one shard file read on demand, each checked against its checksum: runs of
     whole pages, each one ``pread``."""
 
+    parsed = None  # (parsed record batch metadata is kept by Held only)
+
     def __init__(self, fd: int, shard: ShardInfo, table: bytes | None):
         self.fd, self.shard, self.table = fd, shard, table  # no table: not verified
         self.runs: list[tuple[int, int, bytes]] = []
@@ -133,6 +135,9 @@ class Held:
         self.size, self.page_size = len(self.view), shard.page_size
         self.checked = bytearray(shard.pages) if table is not None else None
         self.unchecked = shard.pages
+        # record batch -> (rows, body start, buffers) once its metadata was checked and parsed
+        # (a few hundred bytes each: at most a shard's record batches)
+        self.parsed: dict[int, tuple[int, int, tuple[int, ...]]] = {}
         self._lock = threading.Lock()  # threads reading rows check each page once
         if self.size != shard.bytes:
             raise _Damaged(f"it has {self.size} bytes, the manifest says {shard.bytes}")
@@ -289,6 +294,25 @@ class RowDecoder:
     def decode(self, pages: "_Pages | Held", shard: ShardInfo, index: int, k: int) -> Any:
         """Row ``k`` of record batch ``index`` of ``shard`` from ``pages`` (read on demand, or
         :class:`Held`), each byte range checked as ``pages`` does before it is used."""
+        parsed = pages.parsed.get(index) if pages.parsed is not None else None
+        if parsed is None:
+            parsed = self._metadata(pages, shard, index)
+            if pages.parsed is not None:
+                pages.parsed[index] = parsed
+        rows, body, buffers = parsed
+        if not 0 <= k < rows:
+            raise _Damaged(f"it has {rows} rows, no row {k}")
+        values = [self._field(field, pages, body, buffers, k) for field in self.fields]
+        if self.structure == "single":
+            return values[0]
+        if self.structure == "tuple":
+            return tuple(values)
+        return dict(zip(self.names, values))
+
+    def _metadata(self, pages: "_Pages | Held", shard: ShardInfo, index: int
+                  ) -> tuple[int, int, tuple[int, ...]]:
+        """(rows, where the body starts in the file, buffers) of record batch ``index``, its
+        metadata read, checked and parsed (see :meth:`decode`)."""
         start, end = shard.batch_offsets[index], shard.batch_offsets[index + 1]  # type: ignore
         # The pages holding the metadata's first 4 KiB: most often its metadata and the
         # offsets of the first list columns too, in one pread.
@@ -300,7 +324,7 @@ class RowDecoder:
         rows, body_length, nodes, buffers = _record_batch(
             memoryview(data)[at:at + length], self.nodes, self.buffers)
         body = start + 8 + length
-        if rows != shard.batch_rows[index] or not 0 <= k < rows:  # type: ignore[index]
+        if rows != shard.batch_rows[index]:  # type: ignore[index]
             raise _Damaged(f"it has {rows} rows, the manifest says "
                            f"{shard.batch_rows[index]}")  # type: ignore[index]
         if body_length < 0 or body + body_length > end:
@@ -311,12 +335,7 @@ class RowDecoder:
             if buffers[b] < 0 or buffers[b + 1] < 0 or \
                     buffers[b] + buffers[b + 1] > body_length:
                 raise _Damaged("a buffer lies outside the message body")
-        values = [self._field(field, pages, body, buffers, k) for field in self.fields]
-        if self.structure == "single":
-            return values[0]
-        if self.structure == "tuple":
-            return tuple(values)
-        return dict(zip(self.names, values))
+        return rows, body, buffers
 
     @staticmethod
     def _field(field: tuple, pages: _Pages, body: int, buffers: tuple[int, ...], k: int
