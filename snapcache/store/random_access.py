@@ -21,10 +21,11 @@ system call or a request:
   GET), and one read often costs at most about twice what fetching it at once would have.
 
 Held shards are bounded: :class:`HeldShards` keeps at most ``budget`` bytes of them (half the
-read budget, :attr:`ReadOptions.prefetch_bytes <snapcache.store.options.ReadOptions>`),
-least recently used dropped first; a shard larger than that is never held (its rows are read
-alone as before). Dropping one never invalidates rows handed out: they are views that keep
-their memory alive.
+read budget, :attr:`ReadOptions.prefetch_bytes <snapcache.store.options.ReadOptions>`) and
+at most :data:`MAX_HELD` shards, least recently used dropped first; a shard larger than the
+budget is never held (its rows are read alone as before). Dropping one never invalidates rows
+handed out: they are views that keep their memory alive. A shard dropped starts counting its
+ranged reads again.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ EAGER_PAGE_TABLES = 32
 """Snapshots of at most this many shards with page checksum files have them read when opened
 (one small file each), so that a first ``snap[i]`` reads only its pages; larger ones read a
 shard's page table when a row of it is first read (once per handle)."""
+MAX_HELD = 64
+"""Shards held at most, whatever their size: a mapped one keeps a file descriptor open."""
 REQUEST_BYTES = 1 << 20
 """What one ranged read of a remote shard costs, in bytes of transfer: an object store's
 time to first byte (10-30 ms on S3) is what 1-3 MB take to arrive on one connection, and on
@@ -59,11 +62,11 @@ fetched whole once its ranged reads have cost its size (:class:`RemoteRows`)."""
 
 class HeldShards:
     """Shards held for row reads (:class:`~snapcache.store.row_read.Held`), at most
-    ``budget`` bytes of them, least recently used dropped first; safe to share by threads
-    (one shard is made once even when several threads ask for it)."""
+    ``budget`` bytes and :data:`MAX_HELD` shards of them, least recently used dropped first;
+    safe to share by threads (one shard is made once even when several threads ask for it)."""
 
     def __init__(self, budget: int):
-        self.budget = budget
+        self.budget, self.most = budget, MAX_HELD
         self._held: collections.OrderedDict[int, tuple[Held, int, Callable[[], None] | None]] = \
             collections.OrderedDict()
         self._bytes = 0
@@ -104,7 +107,8 @@ class HeldShards:
             with self._lock:
                 self._held[index] = (held, size, dropped)
                 self._bytes += size
-                while self._bytes > self.budget and len(self._held) > 1:
+                while (self._bytes > self.budget or len(self._held) > self.most) and \
+                        len(self._held) > 1:
                     _, (_, bytes_, callback) = self._held.popitem(last=False)
                     self._bytes -= bytes_
                     gone.append(callback)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import snapcache as sc
-from snapcache.store import row_read
+from snapcache.store import random_access, row_read
 from snapcache.store.ordered_read import RowAccess
 from snapcache.store.reader import SnapshotReader
 from tests.equality import assert_same_example
@@ -83,7 +83,7 @@ def test_a_flipped_byte_in_a_held_shards_unused_page_is_refused_naming_the_shard
 
 
 @pytest.mark.parametrize("populate", [True, False], ids=["populated", "faulted-in"])
-def test_held_local_shards_stay_within_half_the_read_budget(tmp_path, monkeypatch, populate):
+def test_held_local_shards_stay_within_half_the_read_budget_and_max_held(tmp_path, monkeypatch, populate):
     if not populate:
         monkeypatch.setattr(row_read, "POPULATE_BYTES", 0)
     snap, storage = build(str(tmp_path), n=600)
@@ -98,6 +98,12 @@ def test_held_local_shards_stay_within_half_the_read_budget(tmp_path, monkeypatc
         assert_same_example(everything[i], rows[i])
         assert held.held_bytes <= budget // 2 and len(held) <= 2
     assert len(held) == 2
+    monkeypatch.setattr(random_access, "MAX_HELD", 1)  # and at most so many shards
+    few = RowAccess(SnapshotReader.open(storage), budget=budget)
+    for i in np.random.default_rng(5).permutation(len(snap)).tolist():
+        assert_same_example(everything[i], few[i])
+        assert len(few._shards_held) <= 1
+    assert len(few._shards_held) == 1
     tiny = RowAccess(SnapshotReader.open(storage), budget=largest)  # half: no shard fits
     for i in np.random.default_rng(4).permutation(len(snap))[:200].tolist():
         assert_same_example(everything[i], tiny[i])
