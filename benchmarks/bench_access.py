@@ -381,7 +381,8 @@ WHY = """What decides each column:
 - **warm**: a shard that keeps being read is held (`snapcache/store/random_access.py`), within
   half the read budget (`ReadOptions.prefetch_bytes`, by default a share of RAM up to 256 MiB,
   so all of this data): on local disk from its second row read alone in a handle, mapped
-  read-only, each page checked against its page checksum the first time a row uses it; on S3
+  read-only (a shard of up to 16 MiB, as here, with its pages populated and checked whole
+  against its checksum, one hash; a larger one page by page as rows use them); on S3
   once its ranged GETs have cost what fetching it whole costs (each counted as its bytes plus
   1 MiB, the transfer one request's latency is worth), fetched whole once (one GET), checked
   against the shard's checksum. A row of a held shard is decoded from it without a system call

@@ -9,9 +9,10 @@ from it (:meth:`RowDecoder.decode <snapcache.store.row_read.RowDecoder.decode>`)
 system call or a request:
 
 - a raw local shard with page checksums is mapped read-only from its second row read alone in
-  a handle on (its first is a few ``pread`` calls, cheaper than mapping it); each page is
-  checked against its checksum the first time a row uses it, then marked checked
-  (:class:`~snapcache.store.row_read.Held`);
+  a handle on (its first is a few ``pread`` calls, cheaper than mapping it); a small one is
+  checked whole against its checksum then, else each page is checked against its page
+  checksum the first time a row uses it, then marked checked
+  (:func:`~snapcache.store.row_read.map_shard`, :class:`~snapcache.store.row_read.Held`);
 - a raw remote shard is fetched whole once its record batches read alone have cost what
   fetching it whole costs (:data:`REQUEST_BYTES`: each ranged read counts as its bytes plus
   the bytes one request is worth), through the node-local cache when one is configured (its

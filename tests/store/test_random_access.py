@@ -61,25 +61,47 @@ def test_every_row_in_any_order_equals_the_sequential_read(tmp_path):
         assert_same_example(everything[i], row)
 
 
-def test_a_flipped_byte_in_a_held_shards_unused_page_is_refused_naming_the_shard(tmp_path):
+@pytest.mark.parametrize("small", [True, False], ids=["verified-whole", "page-by-page"])
+def test_a_flipped_byte_in_a_held_shards_unused_page_is_refused_naming_the_shard(
+        tmp_path, monkeypatch, small):
+    """A small shard is checked whole when it is held: damaged before, its pages are then
+    checked one by one as used (rows of intact pages still read); a larger one is always
+    checked page by page, so damage after it was held is found too."""
+    if not small:
+        monkeypatch.setattr(row_read, "POPULATE_BYTES", 0)
     snap, storage = build(str(tmp_path))
     starts, _ = rows_of(snap, 0)
     shard = snap.shards[0]
-    rows = sc.open_snapshot(str(tmp_path))
-    assert_same_example(example(starts[0]), rows[starts[0]])
-    assert_same_example(example(starts[1]), rows[starts[1]])  # the shard is held now
-    assert len(rows._rows._shards_held) == 1
     j = 3  # a record batch no row was read from: its pages are not checked yet
     data = storage.read_bytes(shard.path)
     at = data.find(example(starts[j] + 1)["image"].tobytes(), shard.batch_offsets[j])
     assert shard.batch_offsets[j] < at < shard.batch_offsets[j + 1]
-    flip(storage, shard, at + 10)  # the map sees it: MAP_SHARED over the same page cache
+    rows = sc.open_snapshot(str(tmp_path))
+    assert_same_example(example(starts[0]), rows[starts[0]])  # pread: the shard not held
+    if small:
+        flip(storage, shard, at + 10)  # before the shard is held
+    assert_same_example(example(starts[1]), rows[starts[1]])  # the shard is held now
+    held = rows._rows._shards_held.get(0)
+    assert held is not None and held.checked is not None  # not verified whole
+    if not small:
+        flip(storage, shard, at + 10)  # the map sees it: MAP_SHARED over the page cache
+    assert_same_example(example(starts[2]), rows[starts[2]])  # intact pages read
     with pytest.raises(sc.CorruptSnapshotError, match=r"record batch 3: page \d+ .*checksum") \
             as info:
         rows[starts[j] + 1]
     assert shard.path in str(info.value) and "snapcache purge --root" in str(info.value)
     flip(storage, shard, at + 10)  # undone: the page was never marked checked
     assert_same_example(example(starts[j] + 1), rows[starts[j] + 1])
+
+
+def test_a_small_intact_shard_is_verified_whole_when_held(tmp_path):
+    snap, storage = build(str(tmp_path))
+    starts, _ = rows_of(snap, 0)
+    rows = sc.open_snapshot(str(tmp_path))
+    for row in starts[:2]:
+        assert_same_example(example(row), rows[row])
+    held = rows._rows._shards_held.get(0)
+    assert held is not None and held.checked is None  # one hash: no page left to check
 
 
 @pytest.mark.parametrize("populate", [True, False], ids=["populated", "faulted-in"])
