@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import gc
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -169,7 +170,8 @@ def checked(ds, i: int) -> float:
     return seconds
 
 
-def measure(open_, n: int, workdir: str, cold_indices, warm_indices, fresh=lambda: None) -> dict:
+def measure(open_, n: int, workdir: str, cold_indices, warm_indices, fresh=lambda: None,
+            requests=None) -> dict:
     opens, cold = [], []
     for k, i in enumerate(cold_indices):
         fresh()
@@ -184,14 +186,17 @@ def measure(open_, n: int, workdir: str, cold_indices, warm_indices, fresh=lambd
     ds = open_(os.path.join(workdir, "cache-warm"))
     for i in range(0, n, 97):     # touch every shard (a shard holds > 1,000 examples)
         checked(ds, i)
+    before = requests() if requests else 0
     warm = [checked(ds, i) for i in warm_indices]
+    warm_requests = (requests() - before) / len(warm) if requests else None
     del ds
     gc.collect()
     q = lambda xs, p: float(np.quantile(xs, p)) * 1e3  # noqa: E731
     first = [a + b for a, b in zip(opens, cold)]
     return {"open_ms": q(opens, 0.5), "first_ms": q(first, 0.5), "cold_median_ms": q(cold, 0.5),
             "cold_p99_ms": q(cold, 0.99), "warm_median_ms": q(warm, 0.5),
-            "warm_p99_ms": q(warm, 0.99), "cold_n": len(cold), "warm_n": len(warm)}
+            "warm_p99_ms": q(warm, 0.99), "cold_n": len(cold), "warm_n": len(warm),
+            "warm_requests": warm_requests}
 
 
 def indices(n: int, cold: int, warm: int) -> tuple[list[int], list[int]]:
@@ -214,12 +219,13 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower())
 
 
-def run_system(name, storage, write, open_, n, workdir, cold_i, warm_i, fresh=lambda: None):
+def run_system(name, storage, write, open_, n, workdir, cold_i, warm_i, fresh=lambda: None,
+               requests=None):
     print(f"{name} on {storage} ...", file=sys.stderr, flush=True)
     try:
         shards = write()
         row = measure(open_(), n, os.path.join(workdir, "caches-" + slug(name)), cold_i, warm_i,
-                      fresh)
+                      fresh, requests)
     except Exception as e:  # noqa: BLE001 - reported in the table and the report, not hidden
         text = str(e).strip()
         message = f"{type(e).__name__}: {text.splitlines()[0][:300] if text else ''}"
@@ -230,7 +236,8 @@ def run_system(name, storage, write, open_, n, workdir, cold_i, warm_i, fresh=la
     return row
 
 
-def peer_rows(storage, workdir, n, cold_i, warm_i, place, options=None, fresh=lambda: None):
+def peer_rows(storage, workdir, n, cold_i, warm_i, place, options=None, fresh=lambda: None,
+              requests=None):
     """Rows of the peers: each writes its data once (``place(writer, local)`` puts it where it
     is read and returns the path), then is read as configured."""
     rows, written = [], {}
@@ -250,8 +257,27 @@ def peer_rows(storage, workdir, n, cold_i, warm_i, place, options=None, fresh=la
         rows.append(run_system(name, storage, write_once,
                                lambda write=write, opener=opener: opener(written[write][0],
                                                                          options),
-                               n, workdir, cold_i, warm_i, fresh))
+                               n, workdir, cold_i, warm_i, fresh, requests))
     return rows
+
+
+def request_counter(server, bucket: str):
+    """The number of requests for ``bucket`` in the loopback server's access log so far (the
+    server logs a request after answering it: read until the log stops growing)."""
+    pattern = re.compile(rb'"(?:GET|PUT|HEAD|POST|DELETE) /' + re.escape(bucket.encode())
+                         + rb'[/?" ]')
+
+    def count() -> int:
+        text, deadline = b"", time.monotonic() + 5
+        while time.monotonic() < deadline:
+            size = os.fstat(server.log.fileno()).st_size
+            new = os.pread(server.log.fileno(), size, 0)
+            if new == text:
+                break
+            text = new
+            time.sleep(0.2)
+        return len(pattern.findall(text))
+    return count
 
 
 def local_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
@@ -286,15 +312,17 @@ def s3_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
             return [{"system": "all", "storage": storage, "error": f"no S3 server: {e}"}]
         fs = server.filesystem()
         fresh = s3server.clear_filesystem_caches
+        requests = request_counter(server, bucket)
         root = f"s3://{bucket}/snapcache"
         rows.append(run_system("snapcache", storage, lambda: write_snapcache(root, n),
-                               lambda: snapcache_open(root), n, workdir, cold_i, warm_i, fresh))
+                               lambda: snapcache_open(root), n, workdir, cold_i, warm_i, fresh,
+                               requests))
         tuned = f"s3://{bucket}/snapcache-small-batches"
         rows.append(run_system(TUNED, storage,
                                lambda: write_snapcache(tuned, n,
                                                        record_batch_size=SMALL_BATCHES),
                                lambda: snapcache_open(tuned), n, workdir, cold_i, warm_i,
-                               fresh))
+                               fresh, requests))
 
         def upload(write, local: str) -> str:
             fs.put(local, f"{bucket}/{write.__name__}", recursive=True)
@@ -320,7 +348,8 @@ def s3_rows(workdir: str, n: int, cold: int, warm: int) -> list[dict]:
         options = {"endpoint_url": server.endpoint,
                    "aws_access_key_id": server.env["AWS_ACCESS_KEY_ID"],
                    "aws_secret_access_key": server.env["AWS_SECRET_ACCESS_KEY"]}
-        rows += peer_rows(storage, workdir, n, cold_i, warm_i, place=upload, options=options)
+        rows += peer_rows(storage, workdir, n, cold_i, warm_i, place=upload, options=options,
+                          requests=requests)
     return rows
 
 
@@ -349,14 +378,23 @@ WHY = """What decides each column:
   cannot express, see docs/cli.md), which starts in milliseconds, then a LIST of the root
   and the manifest GET; the peers create boto3 clients (0.15-1 s each here, varying run to
   run) before their index GET.
-- **warm**: the first row of a record batch decodes that row alone; its second row reads and
-  verifies the whole record batch and decodes it once into zero-copy views, which stay within
+- **warm**: a shard that keeps being read is held (`snapcache/store/random_access.py`), within
   half the read budget (`ReadOptions.prefetch_bytes`, by default a share of RAM up to 256 MiB,
-  so all of this data): a later row is an index. The warm pass (every 97th example) touches
-  every 1 MiB record batch but only one in five 64 KiB ones, so in the 64 KiB rows a warm
-  probe is mostly a first read of a record batch (a ranged GET on S3: small record batches buy
-  a cheaper first access with more requests). With a budget far below the data (the
-  `prefetch_bytes=8 MiB` row) a warm row is often a record batch decode again. Mosaic reads
+  so all of this data): on local disk from its second row read alone in a handle, mapped
+  read-only (a shard of up to 16 MiB, as here, with its pages populated and checked whole
+  against its checksum, one hash; a larger one page by page as rows use them); on S3
+  once its ranged GETs have cost what fetching it whole costs (each counted as its bytes plus
+  1 MiB, the transfer one request's latency is worth), fetched whole once (one GET), checked
+  against the shard's checksum. A row of a held shard is decoded from it without a system call
+  or a request (~20 us of Python: the record batch's flatbuffer metadata, kept parsed for its
+  next rows, ~10 us, then the row's offsets, shape and label, bounds-checked); a record batch
+  is read whole, verified and kept decoded (later rows an index, ~6 us) once 64 of its rows
+  were read alone (an Arrow decode and validation costs ~300 us, with 16 or 256 rows alike). The warm pass (every 97th example)
+  touches every 1 MiB record batch but only one in five 64 KiB ones, so with 64 KiB batches a
+  warm probe is mostly the first read of its record batch: before shards were held that was a
+  file open, page reads and hashes locally (0.085 ms) and a ranged GET on S3 (5.5 ms), and a
+  batch's second row decoded it whole (0.3 ms). With a budget far below the data (the
+  `prefetch_bytes=8 MiB` row) shards and decoded batches do not all stay. Mosaic reads
   the sample from its (page-cached) shard file each time; LitData's default
   `batch_decode="auto"` decodes a batch of items around the one asked for and keeps none, and
   on S3 its `dataset[i]` is a range GET of the example every time (`on_demand_bytes`), warm or
@@ -401,7 +439,9 @@ def report(args, rows: list[dict], elapsed: float) -> str:
          "local cache folder, fsspec instances cleared; OS page cache not dropped), "
          f"{args.cold} opens locally and {args.s3_cold} on S3, so cold p99 is close to the "
          "maximum; warm: random `dataset[i]` on one object after a pass that touched every "
-         f"shard ({args.warm} probes locally, {args.s3_warm} on S3).", "",
+         f"shard ({args.warm} probes locally, {args.s3_warm} on S3); warm requests per read: "
+         "the requests to the run's bucket in the loopback server's access log during the warm "
+         "probes, per probe.", "",
          "Reads: snapcache `snapcache.open_snapshot(root)[i]`; LitData "
          "`litdata.StreamingDataset(dir)[i]` (S3: `StreamingDataset(Dir(path=cache, "
          "url='s3://...'), storage_options=...)`); Mosaic "
@@ -409,16 +449,17 @@ def report(args, rows: list[dict], elapsed: float) -> str:
          "`remote='s3://...', local=cache`, endpoint from `S3_ENDPOINT_URL`). Versions: "
          f"{versions()}.", "",
          "| system | storage | shards | open | cold median | cold p99 | open + cold median "
-         "| warm median | warm p99 |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| warm median | warm p99 | warm requests per read |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            L.append(f"| {r['system']} | {r['storage']} | failed: {r['error']} |||||||")
+            L.append(f"| {r['system']} | {r['storage']} | failed: {r['error']} ||||||||")
             continue
+        per = r.get("warm_requests")
         L.append(f"| {r['system']} | {r['storage']} | {r['shards']} | {r['open_ms']:.2f} ms | "
                  f"{r['cold_median_ms']:.2f} ms | {r['cold_p99_ms']:.2f} ms | "
                  f"{r['first_ms']:.2f} ms | {r['warm_median_ms']:.3f} ms | "
-                 f"{r['warm_p99_ms']:.3f} ms |")
+                 f"{r['warm_p99_ms']:.3f} ms | {'-' if per is None else f'{per:.2f}'} |")
     L += ["", "Target: `snap[i]` faster than both peers' `dataset[i]`.", ""]
     L += verdicts(rows)
     L += ["", WHY]

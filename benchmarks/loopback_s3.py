@@ -34,6 +34,7 @@ def loopback_s3() -> Iterator[tuple[Any, str, Any]]:
         raise RuntimeError(why)
     with tempfile.TemporaryFile() as log:
         server = s3server.start(log)
+        server.log = log  # the server's access log (bench_access counts requests in it)
         saved = dict(os.environ)
         try:
             os.environ.update(server.env)

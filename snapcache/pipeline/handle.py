@@ -307,9 +307,11 @@ class Snapshot:
         batch reads only what it needs: on local disk the pages holding it, each checked
         against its checksum in the manifest (raw shards; docs/format.md "Page checksums"),
         else that record batch alone, checked against its checksum (snapshots written before
-        batch checksums were recorded load and verify the whole shard). A second example of
-        the record batch reads and verifies it whole and keeps it decoded, within the read
-        budget: later ones are an index."""
+        batch checksums were recorded load and verify the whole shard). A shard that keeps
+        being read is held (mapped, or fetched whole once ranged reads have cost as much:
+        :mod:`snapcache.store.random_access`), and a record batch whose rows keep being read
+        is read and verified whole and kept decoded, within the read budget: later rows of it
+        are an index."""
         rows = self._rows  # indexed when the handle was opened (open_snapshot)
         return (rows if rows is not None else self._row_access())[index]
 

@@ -56,25 +56,32 @@ class Layout:
                     batch_rows: Sequence[Sequence[int] | None] | None = None) -> "Layout":
         """``shard_rows[i]`` rows in shard i; ``batch_rows[i]`` its record batches' rows
         (None when unknown)."""
-        start, rows, shard, batch, offset = [], [], [], [], []
-        position = 0
+        # Lists extended a shard at a time, made arrays once (a snapshot of 64 KiB record
+        # batches has thousands: a loop per block was most of opening it for random access).
+        rows: list[int] = []
+        shard: list[int] = []
+        batch: list[int] = []
+        offset: list[int] = []
         for i, total in enumerate(shard_rows):
             known = batch_rows[i] if batch_rows is not None else None
             if known is not None and sum(known) == total:
-                pieces = [(j, 0, r) for j, r in enumerate(known) if r > 0]
+                kept = range(len(known)) if 0 not in known else \
+                    [j for j, r in enumerate(known) if r > 0]
+                rows.extend(known if 0 not in known else [known[j] for j in kept])
+                batch.extend(kept)
+                offset.extend([0] * len(kept))
+                shard.extend([i] * len(kept))
             else:
-                pieces = [(-1, o, min(FALLBACK_BLOCK, total - o))
-                          for o in range(0, total, FALLBACK_BLOCK)]
-            for j, o, r in pieces:
-                start.append(position)
-                rows.append(r)
-                shard.append(i)
-                batch.append(j)
-                offset.append(o)
-                position += r
+                starts = range(0, total, FALLBACK_BLOCK)
+                rows.extend(min(FALLBACK_BLOCK, total - o) for o in starts)
+                batch.extend([-1] * len(starts))
+                offset.extend(starts)
+                shard.extend([i] * len(starts))
+        counts = np.asarray(rows, dtype=np.int64)
+        start = np.zeros(len(counts), np.int64)
+        np.cumsum(counts[:-1], out=start[1:])
         as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
-        return cls(as_array(start), as_array(rows), as_array(shard), as_array(batch),
-                   as_array(offset))
+        return cls(start, counts, as_array(shard), as_array(batch), as_array(offset))
 
     @property
     def num_rows(self) -> int:

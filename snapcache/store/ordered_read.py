@@ -16,25 +16,25 @@ import collections
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store.batched_read import as_columns, open_sequential, read_budget
-from snapcache.store.layout import pages_name
 from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Layout
-from snapcache.store.reader import way_out
-from snapcache.store.row_read import RowDecoder, load_pages, read_row, readable_alone
+from snapcache.store.random_access import NO_PAGES, HeldShards, PageRows, RemoteRows
 
 log = logging.getLogger(__name__)
-NO_PAGES = object()  # a row read alone is not possible: its page checksum file is unusable
-EAGER_PAGE_TABLES = 32
-"""Snapshots of at most this many shards with page checksum files have them read when opened
-(one small file each), so that a first ``snap[i]`` reads only its pages; larger ones read a
-shard's page table when a row of it is first read (once per handle)."""
+WHOLE_AFTER = 64
+"""Rows of a record batch read alone (:mod:`snapcache.store.random_access`) before the next
+one decodes the batch whole and keeps it (a later row is then an index): decoding a record
+batch with Arrow and validating it costs ~300 us (16 or 256 rows a batch alike), a row then
+~6 us; a row read alone from a held shard ~10 us once its batch's metadata is parsed (~20 us
+the first time), ~50 us page by page. So a batch read rarely is never decoded, and one read
+often costs at most about 1.5x what decoding it at once would have."""
 
 if TYPE_CHECKING:
     from snapcache.store.reader import SnapshotReader
@@ -370,7 +370,10 @@ class RowAccess:
     snapshots written before those were recorded, loads and verifies its whole shard, then
     kept open, least recently used first out, within half of ``budget`` bytes), decodes it
     once (zero-copy views where it can be) and keeps it, within the other half; any row of a
-    kept batch is then an index into it.
+    kept batch is then an index into it. Raw shards are read row by row
+    (:mod:`snapcache.store.random_access`: page by page, then from the shard held, mapped or
+    fetched whole, within the first half) until a record batch has had :data:`WHOLE_AFTER`
+    rows read alone; the next row reads it whole.
 
     Example::
 
@@ -394,7 +397,11 @@ class RowAccess:
         self._held = 0
         self._lock = threading.Lock()
         self._count = self.layout.num_rows
-        self._alone = _PageRows.of(self.reader, self.layout)
+        # shards held for rows read alone (random_access): mapped local ones, remote ones
+        # fetched whole once read enough; within the other half of the budget
+        self._shards_held = HeldShards(budget // 2)
+        self._alone = PageRows.of(self.reader, self.layout, self._shards_held) or \
+            RemoteRows.of(self.reader, self.layout, self._shards_held)
 
     def __getstate__(self) -> dict:
         # A copy in another process (a DataLoader worker started with spawn) opens its own
@@ -426,7 +433,9 @@ class RowAccess:
         shard = self.reader.manifest.shards[index]
         if j >= 0 and shard.batch_index:
             # The manifest has this record batch's checksum: read and verify it alone.
-            return (index, j), _Alone(self.reader, shard, j), row - int(layout.start[block])
+            remote = self._alone if isinstance(self._alone, RemoteRows) else None
+            held = remote.held_batch(index) if remote is not None else None
+            return (index, j), _Alone(self.reader, shard, j, held), row - int(layout.start[block])
         return self._decoder.locate(block, row - int(layout.start[block]))
 
     def _getter(self, key: tuple[int, int], load: Any) -> Any:
@@ -436,7 +445,7 @@ class RowAccess:
             entry = self._batches.get(key)
             if entry is not None:
                 self._batches.move_to_end(key)
-                if not isinstance(entry[0], _Read) and entry[0] is not _SEEN:
+                if not isinstance(entry[0], (_Read, _Seen)):
                     return entry[0]
         batch = entry[0].checked() if entry is not None and isinstance(entry[0], _Read) \
             else load()
@@ -457,10 +466,10 @@ class RowAccess:
     def __getitem__(self, i: Any) -> Any:
         row = i if type(i) is int and 0 <= i < self._count else self._index(i)
         alone = self._alone
-        if alone is not None:  # raw local shards with page checksums: see _PageRows
+        if alone is not None:  # raw shards read row by row: see PageRows, RemoteRows
             b = bisect.bisect_right(alone.starts, row) - 1
-            key = alone.keys[b]
-            if key is not None and key not in self._batches:
+            key = alone.key(b)
+            if key is not None and self._alone_reads(key) < WHOLE_AFTER:
                 value = self._read_alone(key, row - alone.starts[b])
                 if value is not NO_PAGES:
                     return value
@@ -470,21 +479,34 @@ class RowAccess:
                 known = key in self._batches
             if not known:
                 # The first row of a record batch: decode that row alone (decoding them all
-                # costs more than reading the batch); a second row decodes the batch.
+                # costs more than reading the batch); a second row decodes the batch (its
+                # shard is not held: random_access.RemoteRows).
                 batch = load(whole=False)
                 row = self.reader.row_at(load.shard, load.index, batch, k)
                 self._keep(key, _Read(load, batch), batch.nbytes)
                 return row
         return self._getter(key, load)(k)
 
+    def _alone_reads(self, key: tuple[int, int]) -> int:
+        """How many rows of record batch ``key`` were read alone (WHOLE_AFTER if it is
+        decoded, or read for a row, whole)."""
+        entry = self._batches.get(key)
+        if entry is None:
+            return 0
+        return entry[0].count if type(entry[0]) is _Seen else WHOLE_AFTER
+
     def _read_alone(self, key: tuple[int, int], k: int) -> Any:
-        """Row ``k`` of record batch ``key`` read page by page (the batch is then marked seen:
-        its next row reads it whole), or NO_PAGES if its shard's page file is unusable (the
-        caller reads the row with its record batch)."""
+        """Row ``k`` of record batch ``key`` read alone (its pages, or from its held shard;
+        the batch's count of rows read alone goes up: see WHOLE_AFTER), or NO_PAGES if that
+        is not possible (the caller reads the row with its record batch)."""
         value = self._alone.read(key, k)  # type: ignore[union-attr]
         if value is not NO_PAGES:
             with self._lock:
-                self._batches.setdefault(key, (_SEEN, 0))
+                entry = self._batches.get(key)
+                if entry is None:
+                    self._batches[key] = (_Seen(1), 0)
+                elif type(entry[0]) is _Seen:
+                    entry[0].count += 1
         return value
 
     def take(self, indices: Sequence[int]) -> list:
@@ -498,7 +520,7 @@ class RowAccess:
         out = []
         for key, load, k in located:
             if count[key] == 1 and alone is not None and alone.paths[key[0]] and \
-                    isinstance(load, _Alone) and key not in self._batches:
+                    isinstance(load, _Alone) and self._alone_reads(key) < WHOLE_AFTER:
                 value = self._read_alone(key, k)
                 if value is not NO_PAGES:
                     out.append(value)
@@ -512,10 +534,14 @@ class RowAccess:
 class _Alone:
     """Loads record batch ``index`` of ``shard`` alone (see :meth:`SnapshotReader.read_batch`)."""
 
-    def __init__(self, reader: "SnapshotReader", shard: Any, index: int):
-        self.reader, self.shard, self.index = reader, shard, index
+    def __init__(self, reader: "SnapshotReader", shard: Any, index: int,
+                 held: Callable[[int], Any] | None = None):
+        self.reader, self.shard, self.index, self.held = reader, shard, index, held
 
     def __call__(self, whole: bool = True) -> pa.RecordBatch:
+        data = None if self.held is None else self.held(self.index)
+        if data is not None:  # its shard is held (fetched whole, verified): no request
+            return self.reader.batch_from_bytes(self.shard, self.index, data, whole=whole)
         return self.reader.read_batch(self.shard, self.index, whole=whole)
 
 
@@ -529,61 +555,11 @@ class _Read:
         return self.load.reader.check_batch(self.load.shard, self.load.index, self.batch)
 
 
-_SEEN = object()
-"""What :class:`RowAccess` keeps of a record batch one row of which was read alone, page by
-page: the batch itself is still to read (whole) and verify."""
+class _Seen:
+    """What :class:`RowAccess` keeps of a record batch rows of which were read alone (page by
+    page, or from its held shard): how many; the batch itself is not read whole yet."""
 
+    __slots__ = ("count",)
 
-class _PageRows:
-    """The first row read from a record batch of a raw local shard with page checksums: read
-    page by page, only what it needs (:mod:`snapcache.store.row_read`). Everything that does
-    not depend on the row is prepared when the snapshot is opened: the row decoder compiled
-    from the schema, the record batches' first rows and (shard, record batch) keys as lists,
-    and the shards' page tables when there are few (:data:`EAGER_PAGE_TABLES`)."""
-
-    def __init__(self, reader: "SnapshotReader", layout: Layout, usable: list[bool]):
-        self.reader = reader
-        self.decoder = RowDecoder(reader.schema)  # type: ignore[arg-type]
-        self.starts = layout.start.tolist()
-        self.keys = [(s, j) if j >= 0 and usable[s] else None
-                     for s, j in zip(layout.shard.tolist(), layout.batch.tolist())]
-        self.paths = [reader.storage.full(shard.path) if ok else ""  # "": not page by page
-                      for shard, ok in zip(reader.manifest.shards, usable)]
-        self.tables: dict[int, Any] = {}  # shard -> its verified page table, or NO_PAGES
-        if reader.verify and sum(usable) <= EAGER_PAGE_TABLES:
-            for index, ok in enumerate(usable):  # read now: a first row then reads its pages
-                if ok:
-                    self._table(index)
-
-    @classmethod
-    def of(cls, reader: "SnapshotReader", layout: Layout) -> "_PageRows | None":
-        """For ``reader``'s snapshot if any of its shards can be read that way, else None."""
-        if reader.schema is None or not reader.storage.local:
-            return None
-        usable = [readable_alone(shard, True) for shard in reader.manifest.shards]
-        return cls(reader, layout, usable) if any(usable) else None
-
-    def read(self, key: tuple[int, int], k: int) -> Any:
-        """Row ``k`` of record batch ``key``, or NO_PAGES if its shard's page checksum file
-        is missing or damaged (the row is then read with its record batch)."""
-        index, batch = key
-        reader = self.reader
-        shard = reader.manifest.shards[index]
-        table = self._table(index) if reader.verify else None
-        if table is NO_PAGES:
-            return NO_PAGES
-        return read_row(self.decoder, self.paths[index], shard, batch, k, table=table,
-                        names=lambda: (reader.where(shard), way_out(reader.storage)))
-
-    def _table(self, index: int) -> Any:
-        table = self.tables.get(index)
-        if table is None:
-            table = load_pages(self.paths[index], self.reader.manifest.shards[index])
-            if table is None:
-                log.warning("%s: its page checksum file %s is missing or damaged; its rows are "
-                            "read with their record batches", self.reader.where(
-                                self.reader.manifest.shards[index]),
-                            pages_name(self.paths[index]))
-                table = NO_PAGES
-            self.tables[index] = table
-        return table
+    def __init__(self, count: int):
+        self.count = count

@@ -244,20 +244,8 @@ class SnapshotReader:
         memory stays within the prefetch budget even when one shard is larger than it.
         """
         where = self.where(shard)
-        buffer, mapped = self._load(shard, where)
-        if low_memory and mapped is not None:
-            self._maps[shard.path] = mapped
-        if self.verify if verify is None else verify:
-            actual = checksum(buffer, mapped if low_memory else None)
-            if actual != shard.checksum and self._cached:
-                # The local copy may be what is damaged: drop it and check the original.
-                self.cache.discard(self._cache_key(shard))
-                buffer, mapped = self._load(shard, where)
-                actual = checksum(buffer)
-            if actual != shard.checksum:
-                raise CorruptSnapshotError(
-                    f"{where} is corrupt: checksum {actual} != {shard.checksum} in the manifest. "
-                    f"{way_out(self.storage)}")
+        buffer = self._verified(shard, where, self.verify if verify is None else verify,
+                                low_memory)
         try:
             # Our own threads decode batches in parallel; Arrow's would only oversubscribe.
             reader = pa.ipc.open_file(buffer, options=_READ_OPTIONS)
@@ -273,6 +261,30 @@ class SnapshotReader:
             raise CorruptSnapshotError(f"{where} does not have the manifest's schema. "
                                        f"{way_out(self.storage)}")
         return ShardFile(reader, self._validator, where, way_out(self.storage))
+
+    def verified_shard(self, shard: ShardInfo) -> pa.Buffer:
+        """The bytes of ``shard``, whole, checked against the manifest's checksum (unless
+        ``verify=False``): remote shards through the node-local cache when one is configured,
+        else one GET; CorruptSnapshotError naming the shard if they do not match."""
+        return self._verified(shard, self.where(shard), self.verify, False)
+
+    def _verified(self, shard: ShardInfo, where: str, verify: bool, low_memory: bool
+                  ) -> pa.Buffer:
+        buffer, mapped = self._load(shard, where)
+        if low_memory and mapped is not None:
+            self._maps[shard.path] = mapped
+        if verify:
+            actual = checksum(buffer, mapped if low_memory else None)
+            if actual != shard.checksum and self._cached:
+                # The local copy may be what is damaged: drop it and check the original.
+                self.cache.discard(self._cache_key(shard))
+                buffer, mapped = self._load(shard, where)
+                actual = checksum(buffer)
+            if actual != shard.checksum:
+                raise CorruptSnapshotError(
+                    f"{where} is corrupt: checksum {actual} != {shard.checksum} in the manifest. "
+                    f"{way_out(self.storage)}")
+        return buffer
 
     def read_batch(self, shard: ShardInfo, index: int, *, whole: bool = True
                    ) -> pa.RecordBatch:

@@ -1,7 +1,7 @@
 """A first row read from a raw local shard reads and verifies only its pages: the writer records
 each page's checksum (raw shards only), the row decoded straight from the pages equals the row
 read in order for every field kind, a damaged page or inconsistent metadata is refused naming
-the shard, and a second row of the same record batch reads and verifies the batch whole."""
+the shard, and a record batch whose rows are read often is read and verified whole."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapcache as sc
-from snapcache.store import row_read
+from snapcache.store import ordered_read, row_read
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
 from snapcache.store.indexed_file import HashingSink, IndexedFileWriter, page_size_for
@@ -105,18 +105,23 @@ def test_a_first_row_reads_only_its_pages(tmp_path, monkeypatch):
     assert reads.others == []
 
 
-def test_the_second_row_of_a_record_batch_reads_it_whole_then_rows_are_indexed(
+def test_rows_of_a_record_batch_are_read_alone_until_it_is_worth_reading_whole_then_indexed(
         tmp_path, monkeypatch):
+    monkeypatch.setattr(ordered_read, "WHOLE_AFTER", 3)
     snap, storage = build(str(tmp_path))
     reads = Reads(monkeypatch)
     shard = snap.shards[1]
     first = snap.shards[0].rows + shard.batch_rows[0]  # record batch 1 of shard 1
-    assert_same_example(example(first + 2), snap[first + 2])
-    assert reads.others == []
-    assert_same_example(example(first), snap[first])
-    assert reads.others == [(shard.path, shard.batch_offsets[1], shard.batch_offsets[2])]
+    assert shard.batch_rows[1] >= 5
+    assert_same_example(example(first + 2), snap[first + 2])  # its pages (pread)
+    assert reads.others == [] and reads.preads
     count = len(reads.preads)
-    assert_same_example(example(first + 1), snap[first + 1])
+    for row in (first, first + 3):  # the shard mapped and held: no system call
+        assert_same_example(example(row), snap[row])
+    assert reads.others == [] and len(reads.preads) == count
+    assert_same_example(example(first + 4), snap[first + 4])  # the fourth: read whole
+    assert reads.others == [(shard.path, shard.batch_offsets[1], shard.batch_offsets[2])]
+    assert_same_example(example(first + 1), snap[first + 1])  # an index
     assert len(reads.others) == 1 and len(reads.preads) == count
 
 
@@ -135,6 +140,7 @@ def test_take_across_shards_and_every_row_alone_equal_rows_in_order(tmp_path):
 
 
 def test_take_reads_a_record_batch_asked_for_one_row_page_by_page(tmp_path, monkeypatch):
+    monkeypatch.setattr(ordered_read, "WHOLE_AFTER", 1)  # a second row reads a batch whole
     snap, storage = build(str(tmp_path))
     batches = {(index, j): row for row, index, j, _ in reversed(first_rows(snap))}
     firsts = sorted(batches.values())  # one row each of distinct record batches
@@ -184,7 +190,9 @@ def test_a_flipped_byte_in_the_rows_pages_is_refused_naming_the_shard(tmp_path):
 
 
 def test_damage_in_another_rows_page_is_found_by_the_second_row(tmp_path, monkeypatch):
-    """A first row verifies only what it reads; the batch's second row verifies it whole."""
+    """A first row verifies only what it reads; the batch read whole (here at its second row)
+    is verified whole."""
+    monkeypatch.setattr(ordered_read, "WHOLE_AFTER", 1)
     snap, storage = build(str(tmp_path))
     shard = snap.shards[0]
     middle = shard.batch_rows[0] // 2
@@ -303,11 +311,18 @@ def test_rows_decoded_from_pages_equal_rows_decoded_by_arrow(examples, data):
         assert row_read.load_pages(path, shard) == table
         decoder = row_read.RowDecoder(schema)
         row, names = 0, lambda: ("shard", "way out")
+        mapped = row_read.map_shard(path, shard, table)  # held: pages checked as used
+        with open(path, "rb") as f:
+            whole = row_read.Held(f.read(), shard, None)  # held, verified whole
         for index, count in enumerate(shard.batch_rows):
             for k in range(count):
                 got = row_read.read_row(decoder, path, shard, index, k, table=table,
                                         names=names)
                 assert_same_example(examples[row], got)
+                for held in (mapped, whole):
+                    assert_same_example(examples[row], row_read.read_row(
+                        decoder, path, shard, index, k, table=table, names=names,
+                        held=lambda: held))
                 for value in (got.values() if isinstance(got, dict) else
                               got if isinstance(got, tuple) else [got]):
                     if isinstance(value, np.ndarray):
@@ -335,10 +350,10 @@ def test_an_unusable_page_file_falls_back_to_the_record_batch(tmp_path, monkeypa
     """A snapshot of few shards reads their page files when opened (EAGER_PAGE_TABLES), a
     larger one when a row of the shard is first read; either way once, and an unusable one
     makes that shard's rows read with their record batches."""
-    from snapcache.store import ordered_read
+    from snapcache.store import random_access
 
     if not eager:
-        monkeypatch.setattr(ordered_read, "EAGER_PAGE_TABLES", 0)
+        monkeypatch.setattr(random_access, "EAGER_PAGE_TABLES", 0)
     snap, storage = build(str(tmp_path))
     shard = snap.shards[0]
     pages = os.path.join(storage.root, shard.path + ".pages")
