@@ -331,8 +331,8 @@ CHANGES = [
 def test_token_like_examples_with_changes_anywhere_hash_like_one_by_one(n, changes):
     items = [token(i) for i in range(n)]
     for at, change in changes:
-        if at < n:
-            items[at] = CHANGES[change](items[at])
+        if at < n:  # a change of the example as made (a later one replaces an earlier one)
+            items[at] = CHANGES[change](token(at))
     assert bulk.hash_items(items) == one_by_one(items)
 
 
