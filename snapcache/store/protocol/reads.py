@@ -13,6 +13,7 @@ next read takes a new one after checking that the snapshot is still committed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _held: dict[tuple[int, str], "_Held"] = {}
 _run_ids: dict[int, str] = {}
+_tokens = itertools.count()
 
 
 def _run_id() -> str:
@@ -42,16 +44,31 @@ class _Held:
     def __init__(self, storage: Storage, ttl: float):
         self.key = (os.getpid(), storage.url)
         self.lease = ReadLease(storage, run_id=_run_id(), ttl=ttl)
+        # one token per holder, never reused: an object's id is reused once it is collected, so
+        # a holder collected while its drop was pending must not take a new holder's place
         self.holders: set[int] = set()
+        self._finalizers: dict[int, weakref.finalize] = {}  # id(holder) -> its finalizer
         self._forget = lifecycle.at_exit(self.release)
 
     @property
     def alive(self) -> bool:
         return not self.lease.gone
 
-    def drop(self, holder: int) -> None:
+    def add(self, holder: Any) -> None:
+        """Count ``holder`` (once, however often it reads) until it is collected."""
         with _lock:
-            self.holders.discard(holder)
+            known = self._finalizers.get(id(holder))
+            if known is not None and known.alive and known.peek()[0] is holder:
+                return
+            token = next(_tokens)
+            self.holders.add(token)
+            self._finalizers[id(holder)] = weakref.finalize(holder, _drop_later, self, token)
+
+    def drop(self, token: int) -> None:
+        with _lock:
+            self.holders.discard(token)
+            for key in [k for k, f in self._finalizers.items() if not f.alive]:
+                del self._finalizers[key]
             if self.holders:
                 return
         self.release()
@@ -70,7 +87,7 @@ class _Held:
                       self.lease.storage.url_of(self.lease.info.name), e)
 
 
-def _drop_later(held: _Held, holder: int) -> None:
+def _drop_later(held: _Held, token: int) -> None:
     """A holder was collected: drop it on a thread of its own (a finalizer may run inside any
     code, even the storage client's event loop, where a storage call would deadlock)."""
     if held.key[0] != os.getpid():
@@ -79,7 +96,7 @@ def _drop_later(held: _Held, holder: int) -> None:
 
     def run() -> None:
         try:
-            held.drop(holder)
+            held.drop(token)
         finally:
             forget[0]()
 
@@ -105,11 +122,7 @@ def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
         with _lock:
             held = _held.setdefault(key, held)
     assert held is not None
-    with _lock:
-        new_holder = id(holder) not in held.holders
-        held.holders.add(id(holder))
-    if new_holder:
-        weakref.finalize(holder, _drop_later, held, id(holder))
+    held.add(holder)
     return fresh
 
 
