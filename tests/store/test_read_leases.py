@@ -176,10 +176,11 @@ class _Holder:
 
 def test_a_holder_collected_with_its_drop_pending_does_not_drop_a_new_holder_at_its_address(
         tmp_path, monkeypatch):
-    """CPython reuses a collected object's address (its id) for the next object of its size:
-    a pipeline collected while its drop waited for a thread (a busy machine), then a new one at
-    the same address, must leave the lease held for the new one. The suite found it:
-    purge tidied an old version while a live pipeline held the lease."""
+    """CPython reuses a collected object's address (its id) for a later object: a pipeline
+    collected while its drop waited for a thread (a busy machine), then a new one at the same
+    address, must leave the lease held for the new one. The suite found it: purge tidied an old
+    version while a live pipeline held the lease. Both holders are given one id here (whether
+    CPython reuses an address at a given moment depends on every other thread's allocations)."""
     from snapcache.store.fs import Storage
     from snapcache.store.protocol import reads
 
@@ -187,24 +188,19 @@ def test_a_holder_collected_with_its_drop_pending_does_not_drop_a_new_holder_at_
     storage.makedirs("")
     pending = []   # the drops of collected holders, run when the test says
     monkeypatch.setattr(reads, "_drop_later", lambda held, token: pending.append((held, token)))
+    monkeypatch.setattr(reads, "id", lambda obj: 12345, raising=False)   # one address for all
     first = _Holder()
-    address = id(first)
     assert protocol.hold_read(storage, ttl=3600, holder=first)
+    assert not protocol.hold_read(storage, ttl=3600, holder=first)   # counted once
     del first
     gc.collect()
     assert len(pending) == 1
-    others = []   # an object at the collected one's address (kept alive, as a held pipeline)
-    while len(others) < 10_000:
-        others.append(_Holder())
-        if id(others[-1]) == address:
-            break
-    second = others[-1]
-    assert id(second) == address, "CPython gave no object the collected one's address"
+    second = _Holder()                 # at the collected one's address
     assert not protocol.hold_read(storage, ttl=3600, holder=second)   # the same lease
     held, token = pending.pop()
     held.drop(token)                   # the first holder's drop runs only now
     assert held.alive and storage.url in protocol.held_reads()
-    del second, others
+    del second
     gc.collect()
     held, token = pending.pop()
     held.drop(token)                   # the second's: the last holder gone, the lease too
