@@ -163,7 +163,7 @@ class BlockDecoder:
         row ``offset`` of ``block``."""
         index, file_reader, starts, first = self._first_row(block)
         row = first + offset
-        j = int(np.searchsorted(starts, row, side="right") - 1)
+        j = bisect.bisect_right(starts, row) - 1
         return ((index, j), lambda: self.record_batch(index, file_reader, starts, j),
                 row - starts[j])
 
@@ -171,7 +171,10 @@ class BlockDecoder:
         index, file_reader, starts, first = self._first_row(block)
         rows = int(self.layout.rows[block])
         pieces = []
-        j = max(0, np.searchsorted(starts, first, side="right") - 1)
+        # bisect, not np.searchsorted: that converts the list to an array at every call, a cost
+        # in the shard's record batches a block (quadratic in them a shard: 64 KiB record
+        # batches made a sequential epoch 0.3 ms a record batch slower)
+        j = max(0, bisect.bisect_right(starts, first) - 1)
         while rows > sum(p.num_rows for p in pieces):
             batch = self.record_batch(index, file_reader, starts, j)
             lo = max(0, first - starts[j])
