@@ -24,7 +24,7 @@ import pyarrow as pa
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store.batched_read import as_columns, open_sequential, read_budget
 from snapcache.store.manifest import Manifest
-from snapcache.store.order import EpochOrder, Layout
+from snapcache.store.order import EpochOrder, Layout, runs_of
 from snapcache.store.random_access import NO_PAGES, HeldShards, PageRows, RemoteRows
 
 log = logging.getLogger(__name__)
@@ -121,8 +121,18 @@ class _Shards:
                 total -= shards[i].bytes
 
 
+class Damaged:
+    """A block whose record batches are sound up to one that is not: the ``rows`` decoded
+    before it (``value``: columns or examples), then ``error``. A reader hands those rows out,
+    then raises, as when each record batch is its own block."""
+
+    def __init__(self, value: Any, rows: int, error: CorruptSnapshotError):
+        self.value, self.rows, self.error = value, rows, error
+
+
 class BlockDecoder:
-    """Decodes one block of a snapshot at a time into columns or examples."""
+    """Decodes one block of a snapshot at a time into columns or examples (or
+    :class:`Damaged`: the rows before a damaged record batch of a block of several)."""
 
     def __init__(self, reader: "SnapshotReader", layout: Layout, mode: str, shard_budget: int):
         if mode not in ("columns", "rows"):
@@ -171,17 +181,28 @@ class BlockDecoder:
         index, file_reader, starts, first = self._first_row(block)
         rows = int(self.layout.rows[block])
         pieces = []
-        # bisect, not np.searchsorted: that converts the list to an array at every call, a cost
-        # in the shard's record batches a block (quadratic in them a shard: 64 KiB record
-        # batches made a sequential epoch 0.3 ms a record batch slower)
+        # bisect: np.searchsorted would convert the list at every call (quadratic a shard)
         j = max(0, bisect.bisect_right(starts, first) - 1)
+        damage = None
         while rows > sum(p.num_rows for p in pieces):
-            batch = self.record_batch(index, file_reader, starts, j)
+            try:
+                batch = self.record_batch(index, file_reader, starts, j)
+            except CorruptSnapshotError as e:
+                if not pieces:
+                    raise
+                damage = e  # the rows before the damaged record batch still come out
+                break
             lo = max(0, first - starts[j])
             hi = min(batch.num_rows, first + rows - starts[j])
             pieces.append(batch.slice(lo, hi - lo) if (lo, hi) != (0, batch.num_rows)
                           else batch)
             j += 1
+        if damage is not None:
+            return Damaged(self._finish(index, pieces), sum(p.num_rows for p in pieces),
+                           damage)
+        return self._finish(index, pieces)
+
+    def _finish(self, index: int, pieces: list) -> Any:
         batch = pieces[0] if len(pieces) == 1 else pa.Table.from_batches(
             pieces).combine_chunks().to_batches()[0]
         shard = self.reader.manifest.shards[index]
@@ -274,6 +295,10 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
     """
     threads, budget = read_budget(threads or reader.read_threads,
                                   budget or reader.prefetch_bytes)
+    if order.seed is None:  # the rows in order: small record batches decode in runs
+        order = EpochOrder(runs_of(order.layout, [(s.raw_bytes or s.bytes) / max(1, s.rows)
+                                                  for s in reader.manifest.shards]),
+                           None, order.epoch)
     decoder = BlockDecoder(reader, order.layout, mode, shard_budget=max(1, budget // 2))
     ranges = list(ranges)
     # An unshuffled epoch read in one stream reads every shard front to back: each shard's
@@ -344,6 +369,7 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
             if not planned:
                 return
             a, b, blocks, offsets, unique = planned.popleft()
+            cut = None
             done = serial - len(planned) - 1
             decoded = {block: futures[block].result() for block in unique}
             for block in unique:
@@ -353,10 +379,21 @@ def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
             ahead.reached(unique)  # after the first piece: it does not delay the first batch
             if blocks is None:
                 block = decoded[unique[0]]
+                if isinstance(block, Damaged):  # sound rows up to block.rows, then the error
+                    if offsets >= block.rows:
+                        raise block.error
+                    if offsets + b - a > block.rows:
+                        b, cut = a + block.rows - offsets, block.error
+                    block = block.value
                 part = {name: column[offsets:offsets + b - a] for name, column in block.items()} \
                     if mode == "columns" else block[offsets:offsets + b - a]
                 yield a, b, part
+                if cut is not None:
+                    raise cut
             else:
+                for block in decoded.values():
+                    if isinstance(block, Damaged):
+                        raise block.error
                 yield a, b, gather(decoded, blocks, offsets, mode)
     finally:
         for future in futures.values():

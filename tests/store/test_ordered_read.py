@@ -13,6 +13,7 @@ import pytest
 import snapcache as sc
 from snapcache.store.fs import Storage
 from snapcache.store.order import EpochOrder, Layout, Share
+from snapcache.store import order as order_module
 from snapcache.store import ordered_read
 from snapcache.store.ordered_read import RowAccess, blocks_of, layout_of, ordered_pieces
 from snapcache.store.reader import SnapshotReader
@@ -27,10 +28,16 @@ def ragged(i):
     return {"x": np.arange(i % 5, dtype=np.int16), "i": i}
 
 
+def row_bytes(reader):
+    return [(s.raw_bytes or s.bytes) / max(1, s.rows) for s in reader.manifest.shards]
+
+
 def build(root, make, n=500, compression="zstd", **kw):
     ds = sc.Dataset.range(n).map(make).snapshot(root, compression=compression,
                                                   shard_size=kw.get("shard_size", 6000),
-                                                  progress=False)
+                                                  progress=False, **{
+                                                      k: v for k, v in kw.items()
+                                                      if k == "record_batch_size"})
     list(ds)
     (fp,) = [d for d in os.listdir(root) if len(d) == 32]
     return SnapshotReader.open(Storage(root).child(fp)), ds
@@ -74,6 +81,7 @@ def test_the_first_piece_is_decoded_before_any_other_block_is_asked_for(root, mo
                                                                         seed, window):
     """The first piece's blocks decode alone (the next ones would compete with them for the
     CPU and delay the first batch); once the consumer comes back, the reading runs ahead."""
+    monkeypatch.setattr(order_module, "RUN_BYTES", 0)  # each record batch its own block
     reader, _ = build(root, example, n=2000, compression="zstd", shard_size=8000)
     order = EpochOrder(layout_of(reader.manifest), seed, 0, window)
     asked = []
@@ -99,6 +107,7 @@ def test_each_block_is_decoded_once_an_epoch(root, monkeypatch, seed, piece, bud
     planned with it (they cost no decoding) instead of decoding that block again once the
     first piece is consumed. Also through a pipeline's batches, whose pieces (4,096
     positions) end inside a record batch."""
+    monkeypatch.setattr(order_module, "RUN_BYTES", 0)  # each record batch its own block
     reader, ds = build(root, example, n=2000, compression="lz4", shard_size=8000)
     layout = layout_of(reader.manifest)
     assert (layout.rows[:-1] > 20).all() and len(layout.rows) > 3
@@ -124,6 +133,82 @@ def test_each_block_is_decoded_once_an_epoch(root, monkeypatch, seed, piece, bud
             os.path.join(root, "big"), compression="lz4", shard_size=2_000_000, progress=False)
         assert sum(len(b["i"]) for b in pipeline.batch(256)) == 20_000
         assert sorted(asked) == list(range(len(layout_of(big.manifest).rows)))
+
+
+def test_runs_of_merges_consecutive_small_record_batches_of_a_shard(root, monkeypatch):
+    """Unshuffled reads decode runs of small record batches as one block: the runs keep every
+    row at its position, never cross a shard, stay within RUN_BYTES (decoded, estimated from
+    the manifest) unless one record batch alone is larger, and the layout itself comes back
+    when nothing merges."""
+    reader, _ = build(root, example, n=2000, compression="none", shard_size=8000)
+    layout = layout_of(reader.manifest)
+    shards = reader.manifest.shards
+    per_row = max((s.raw_bytes or s.bytes) / s.rows for s in shards)
+    monkeypatch.setattr(order_module, "RUN_BYTES", int(per_row * 700))
+    runs = order_module.runs_of(layout, row_bytes(reader))
+    assert 0 < runs.num_blocks < layout.num_blocks
+    assert runs.num_rows == layout.num_rows
+    assert set(runs.start.tolist()) <= set(layout.start.tolist())  # cut only where blocks were
+    for b in range(runs.num_blocks):
+        inside = (layout.start >= runs.start[b]) & (layout.start < runs.start[b] + runs.rows[b])
+        assert set(layout.shard[inside].tolist()) == {runs.shard[b]}      # one shard
+        assert layout.batch[inside].tolist() == list(range(runs.batch[b], runs.batch[b] +
+                                                           inside.sum()))  # consecutive
+        assert runs.rows[b] * per_row <= 700 * per_row or inside.sum() == 1
+    assert order_module.runs_of(layout, row_bytes(reader)) is runs  # computed once
+    monkeypatch.setattr(order_module, "RUN_BYTES", 0)
+    fresh = layout_of(reader.manifest)
+    assert order_module.runs_of(fresh, row_bytes(reader)) is fresh
+
+
+@pytest.mark.parametrize("compression", ["none", "lz4"])
+def test_unshuffled_reads_decode_runs_and_still_check_every_record_batch(root, monkeypatch,
+                                                                         compression):
+    """An unshuffled read of small record batches decodes one block a run (fewer decodes than
+    record batches), gives the rows in order, and still checks each record batch against its
+    own checksum: a flipped byte in one of them raises naming it, after every row before it
+    (those before it in its run too)."""
+    monkeypatch.setattr(order_module, "RUN_BYTES", 8192)  # several runs a shard
+    reader, _ = build(root, example, n=3000, compression=compression, shard_size=60_000,
+                      record_batch_size=2048)
+    layout = layout_of(reader.manifest)
+    runs = order_module.runs_of(layout, row_bytes(reader))
+    assert len(reader.manifest.shards) < runs.num_blocks < layout.num_blocks // 2
+    asked = []
+    real = ordered_read.BlockDecoder.decode
+    monkeypatch.setattr(ordered_read.BlockDecoder, "decode",
+                        lambda self, block: (asked.append(block), real(self, block))[1])
+    order = EpochOrder(layout, None, 0, 1)
+    for mode in ("columns", "rows"):
+        asked.clear()
+        got = []
+        for a, b, rows in ordered_pieces(reader, order, [(0, len(order))], mode=mode,
+                                         piece=64, threads=2, budget=1 << 30):
+            got.extend(rows["i"].tolist() if mode == "columns" else [r["i"] for r in rows])
+        assert got == list(range(3000))
+        assert sorted(asked) == list(range(runs.num_blocks))
+    shard = reader.manifest.shards[0]
+    target = len(shard.batch_offsets) // 2  # a record batch inside the first run
+    assert target > 1
+    path = os.path.join(reader.storage.full(""), shard.path)
+    with open(path, "r+b") as f:
+        f.seek(shard.batch_offsets[target] + (shard.batch_offsets[target + 1] -
+                                              shard.batch_offsets[target]) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    fresh = SnapshotReader.open(reader.storage)
+    first_row = sum(shard.batch_rows[:target])
+    run_start = max(s for s in runs.start.tolist() if s <= first_row)
+    seen = []
+    with pytest.raises(sc.CorruptSnapshotError, match=f"record batch {target}\\b"):
+        for a, b, rows in ordered_pieces(fresh, EpochOrder(layout_of(fresh.manifest), None, 0,
+                                                           1),
+                                         [(0, 3000)], mode="columns", piece=64, threads=2,
+                                         budget=1 << 30):
+            seen.extend(rows["i"].tolist())
+    assert 0 < run_start < first_row  # the damaged record batch is inside a run
+    assert seen == list(range(first_row))  # every row before it, those of its run too
 
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
