@@ -205,3 +205,46 @@ def test_a_holder_collected_with_its_drop_pending_does_not_drop_a_new_holder_at_
     held, token = pending.pop()
     held.drop(token)                   # the second's: the last holder gone, the lease too
     assert storage.url not in protocol.held_reads()
+
+
+def test_a_reader_arriving_while_the_last_holders_lease_is_released_keeps_a_lease(
+        tmp_path, monkeypatch):
+    """The last holder's drop deletes the lease file while a new pipeline of the same process
+    starts reading: the file has one name a process, so the new lease is written after that
+    DELETE, not before it (the suite found it: purge tidied an old version a live pipeline
+    had just read, its lease deleted under it)."""
+    import threading
+
+    from snapcache.store.fs import Storage
+    from snapcache.store.protocol import reads
+
+    storage = Storage(str(tmp_path / "snap"))
+    storage.makedirs("")
+    pending = []
+    monkeypatch.setattr(reads, "_drop_later", lambda held, token: pending.append((held, token)))
+    first = _Holder()
+    assert protocol.hold_read(storage, ttl=3600, holder=first)
+    (name,) = [n for n in storage.listdir() if n.startswith("reader-")]
+    del first
+    gc.collect()
+    held, token = pending.pop()
+    deleting, new_reader_asked = threading.Event(), threading.Event()
+    real_remove = type(storage).remove
+
+    def slow_remove(self, path, *args, **kwargs):
+        deleting.set()
+        new_reader_asked.wait(1.0)  # the DELETE is slow: a new reader comes meanwhile
+        return real_remove(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(type(storage), "remove", slow_remove)
+    drop = threading.Thread(target=held.drop, args=(token,))
+    drop.start()
+    assert deleting.wait(60)
+    second = _Holder()
+    assert protocol.hold_read(storage, ttl=3600, holder=second)   # a lease of its own
+    new_reader_asked.set()
+    drop.join(60)
+    assert name in storage.listdir() and storage.url in protocol.held_reads()
+    protocol.release_all()
+    assert name not in storage.listdir()
+    del second

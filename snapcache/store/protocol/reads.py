@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _held: dict[tuple[int, str], "_Held"] = {}
+# leases being released: their file is this process's name for the snapshot's lease, so a new
+# lease on it is written only once the DELETE of the old one is done
+_releasing: dict[tuple[int, str], threading.Event] = {}
+RELEASE_WAIT = 60.0
+"""Seconds a new read lease waits at most for the release of this process's previous one on the
+same snapshot (a storage call, with its own time-outs) before writing it anyway."""
 _run_ids: dict[int, str] = {}
 _tokens = itertools.count()
 
@@ -71,20 +77,38 @@ class _Held:
                 del self._finalizers[key]
             if self.holders:
                 return
-        self.release()
+            # in the same critical section as the count: a reader from now on takes a new
+            # lease (after this one's DELETE), never this one while it is being released
+            done = self._retire()
+        self._release(done)
 
     def release(self) -> None:
         if self.key[0] != os.getpid():
             return  # inherited over fork: the parent's lease, not ours to release
         with _lock:
-            if _held.get(self.key) is self:
-                del _held[self.key]
-        self._forget()
+            done = self._retire()
+        self._release(done)
+
+    def _retire(self) -> threading.Event:
+        """Under ``_lock``: no reader finds this lease any more; the event is set once it is
+        released."""
+        if _held.get(self.key) is self:
+            del _held[self.key]
+        done = _releasing[self.key] = threading.Event()
+        return done
+
+    def _release(self, done: threading.Event) -> None:
         try:
+            self._forget()
             self.lease.release()
         except Exception as e:  # storage gone (a server stopped): the lease expires by itself
             log.debug("could not release %s: %s",
                       self.lease.storage.url_of(self.lease.info.name), e)
+        finally:
+            with _lock:
+                if _releasing.get(self.key) is done:
+                    del _releasing[self.key]
+            done.set()
 
 
 def _drop_later(held: _Held, token: int) -> None:
@@ -116,6 +140,9 @@ def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
         if held is not None and not held.alive:
             del _held[key]
             held = None
+        releasing = _releasing.get(key) if held is None else None
+    if releasing is not None:  # the last holder was just collected: its lease is going
+        releasing.wait(RELEASE_WAIT)
     fresh = held is None
     if fresh:
         held = _Held(storage, ttl)
