@@ -292,7 +292,7 @@ class Snapshot:
         return reader.columns(shards)
 
     def _row_access(self) -> Any:
-        from snapcache.store.ordered_read import RowAccess
+        from snapcache.store.row_access import RowAccess
 
         with self._lock:
             if self._rows is None:

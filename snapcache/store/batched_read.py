@@ -78,11 +78,14 @@ class BatchedShard:
         if self._verifier is not None:  # an abandoned read stops hashing ahead
             weakref.finalize(self, self._verifier.abandon)
 
-    def get_batch(self, index: int) -> pa.RecordBatch:
+    def get_batch(self, index: int, whole: bool = True) -> pa.RecordBatch:
+        """Record batch ``index``, verified and validated (``whole=False``: all but the
+        tensors' shapes, see :meth:`SnapshotReader.batch_from_bytes`)."""
         start, end = self._shard.batch_offsets[index], self._shard.batch_offsets[index + 1]
         data = self._buffer.slice(start, end - start)
         digest = self._verifier.digest(index) if self._verifier is not None else None
-        batch = self._reader.batch_from_bytes(self._shard, index, data, digest=digest)
+        batch = self._reader.batch_from_bytes(self._shard, index, data, digest=digest,
+                                              whole=whole)
         if self._low_memory and self._map is not None:
             # this batch's pages and those of the batches before it
             self._map.madvise(mmap.MADV_DONTNEED, 0, end)

@@ -209,6 +209,21 @@ class EpochOrder:
             w += 1
         return out
 
+    def window_of(self, position: int) -> tuple[int, int]:
+        """``(first, stop)``: the positions of the shuffle window holding ``position``."""
+        first = position // self.window * self.window
+        return first, min(len(self), first + self.window)
+
+    def window_blocks(self, first: int, stop: int) -> tuple[np.ndarray, int, int]:
+        """``(blocks, lo, hi)``: the blocks of the window of positions ``[first, stop)`` in
+        their sequence before its shuffle; the window starts at row ``lo`` of the first and
+        ends before row ``hi`` of the last. Position ``p`` of the window is row
+        ``sequence_positions(p, p + 1) - first`` of their rows laid end to end from there."""
+        j0 = int(np.searchsorted(self._end, first, side="right"))
+        j1 = int(np.searchsorted(self._end, stop - 1, side="right"))
+        return (self._perm[j0:j1 + 1], first - int(self._begin[j0]),
+                stop - int(self._begin[j1]))
+
     def locate(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(block, row within the block) of positions ``[start, stop)``."""
         if not 0 <= start <= stop <= len(self):

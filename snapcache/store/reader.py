@@ -89,14 +89,16 @@ class ShardFile:
         self.num_record_batches = file_reader.num_record_batches
         self.schema = file_reader.schema
 
-    def get_batch(self, index: int) -> pa.RecordBatch:
+    def get_batch(self, index: int, whole: bool = True) -> pa.RecordBatch:
+        """Record batch ``index``, validated (``whole=False``: all but the tensors' shapes)."""
         try:
             batch = self._file.get_batch(index)
         except _DAMAGE as e:
             raise CorruptSnapshotError(
                 f"{self._where} is corrupt: record batch {index} is damaged "
                 f"({type(e).__name__}: {e}). {self._way_out}") from None
-        return self.checked(batch, index, self._validator, self._where, self._way_out)
+        return self.checked(batch, index, self._validator, self._where, self._way_out,
+                            structure_only=not whole)
 
     @staticmethod
     def checked(batch: pa.RecordBatch, index: int, validator: BatchValidator | None,

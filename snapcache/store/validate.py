@@ -37,6 +37,11 @@ class BatchValidator:
 
     def __call__(self, batch: pa.RecordBatch) -> None:
         self.check_structure(batch)
+        self.check_shapes(batch)
+
+    def check_shapes(self, batch: pa.RecordBatch) -> None:
+        """The tensors' shapes against their lengths, for a batch whose structure was checked
+        (:meth:`check_structure`; it may be several such batches concatenated)."""
         n = batch.num_rows
         if not n:
             return

@@ -173,7 +173,7 @@ def test_map_style_dataset_over_a_snapshot_with_a_sampler(root):
 
     from snapcache.adapters.torch import to_torch_map_style
     from snapcache.store.fs import Storage
-    from snapcache.store.ordered_read import RowAccess
+    from snapcache.store.row_access import RowAccess
     from snapcache.store.reader import SnapshotReader
 
     build(root)

@@ -171,7 +171,7 @@ def flip_bits(storage, pristine: bytes, rng: random.Random, *, fix_checksum: boo
 def read_everything(storage, verify: bool, only_rows: bool = False) -> None:
     """Read the snapshot every way a user can: all examples, a range, random access (only
     that with ``only_rows``: one record batch at a time, never the whole shard)."""
-    from snapcache.store.ordered_read import RowAccess
+    from snapcache.store.row_access import RowAccess
     from snapcache.store.reader import SnapshotReader
 
     if not only_rows:

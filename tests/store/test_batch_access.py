@@ -16,7 +16,7 @@ import xxhash
 
 import snapcache as sc
 from snapcache.store.fs import Storage
-from snapcache.store.ordered_read import RowAccess
+from snapcache.store.row_access import RowAccess
 from snapcache.store.reader import SnapshotReader
 from tests.equality import assert_same_example
 

@@ -14,8 +14,10 @@ import snapcache as sc
 from snapcache.store.fs import Storage
 from snapcache.store.order import EpochOrder, Layout, Share
 from snapcache.store import order as order_module
-from snapcache.store import ordered_read
-from snapcache.store.ordered_read import RowAccess, blocks_of, layout_of, ordered_pieces
+from snapcache.store import ordered_read, row_access
+from snapcache.store.gather import blocks_of
+from snapcache.store.ordered_read import layout_of, ordered_pieces
+from snapcache.store.row_access import RowAccess
 from snapcache.store.reader import SnapshotReader
 from tests.equality import assert_same_example
 
@@ -327,7 +329,7 @@ def test_random_access_decodes_each_record_batch_once_while_kept(root, compressi
                                                                 budget, monkeypatch):
     # (rows of raw shards are read alone until a batch has been read WHOLE_AFTER times: here
     # a batch read for a second row is decoded whole)
-    monkeypatch.setattr(ordered_read, "WHOLE_AFTER", 1)
+    monkeypatch.setattr(row_access, "WHOLE_AFTER", 1)
     reader, _ = build(root, make, compression=compression)
     batches = len(layout_of(reader.manifest).rows)
     assert batches > 3

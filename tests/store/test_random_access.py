@@ -14,7 +14,7 @@ import pytest
 
 import snapcache as sc
 from snapcache.store import random_access, row_read
-from snapcache.store.ordered_read import RowAccess
+from snapcache.store.row_access import RowAccess
 from snapcache.store.reader import SnapshotReader
 from tests.equality import assert_same_example
 from tests.store.test_row_read import Reads, build, example, flip

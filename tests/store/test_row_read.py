@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapcache as sc
-from snapcache.store import ordered_read, row_read
+from snapcache.store import row_access, row_read
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
 from snapcache.store.indexed_file import HashingSink, IndexedFileWriter, page_size_for
 from snapcache.store.manifest import ShardInfo
-from snapcache.store.ordered_read import RowAccess
+from snapcache.store.row_access import RowAccess
 from snapcache.store.reader import SnapshotReader
 from tests.equality import assert_same_example
 from tests.store.test_codec import example_lists
@@ -107,7 +107,7 @@ def test_a_first_row_reads_only_its_pages(tmp_path, monkeypatch):
 
 def test_rows_of_a_record_batch_are_read_alone_until_it_is_worth_reading_whole_then_indexed(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(ordered_read, "WHOLE_AFTER", 3)
+    monkeypatch.setattr(row_access, "WHOLE_AFTER", 3)
     snap, storage = build(str(tmp_path))
     reads = Reads(monkeypatch)
     shard = snap.shards[1]
@@ -140,7 +140,7 @@ def test_take_across_shards_and_every_row_alone_equal_rows_in_order(tmp_path):
 
 
 def test_take_reads_a_record_batch_asked_for_one_row_page_by_page(tmp_path, monkeypatch):
-    monkeypatch.setattr(ordered_read, "WHOLE_AFTER", 1)  # a second row reads a batch whole
+    monkeypatch.setattr(row_access, "WHOLE_AFTER", 1)  # a second row reads a batch whole
     snap, storage = build(str(tmp_path))
     batches = {(index, j): row for row, index, j, _ in reversed(first_rows(snap))}
     firsts = sorted(batches.values())  # one row each of distinct record batches
@@ -192,7 +192,7 @@ def test_a_flipped_byte_in_the_rows_pages_is_refused_naming_the_shard(tmp_path):
 def test_damage_in_another_rows_page_is_found_by_the_second_row(tmp_path, monkeypatch):
     """A first row verifies only what it reads; the batch read whole (here at its second row)
     is verified whole."""
-    monkeypatch.setattr(ordered_read, "WHOLE_AFTER", 1)
+    monkeypatch.setattr(row_access, "WHOLE_AFTER", 1)
     snap, storage = build(str(tmp_path))
     shard = snap.shards[0]
     middle = shard.batch_rows[0] // 2
