@@ -478,7 +478,11 @@ NOTES = """
   epoch's workers on a node share that one check (`snapcache/store/checks.py`: a node-local
   record named by the epoch's token, under `flock`), and the loader's process holds the read
   lease for its workers (`to_torch`, or before it forks the next epoch's workers), so the
-  warm epoch is one request with workers too, persistent or not.
+  warm epoch is one request with workers too, persistent or not. Workers started afresh each
+  epoch (torch's default) find that check made by the loader's process just before it forked
+  them, under the token they compute: they make no request and start no S3 client (a forked
+  worker cannot use its parent's obstore runtime and would start s3fs, ~0.5 CPU s, for the
+  one HEAD): `benchmarks/bench_workers.py` measures it.
 - **A build's requests.** Per shard: one PUT of the whole shard (written in memory, uploaded
   from a background pool while the next shard is encoded; parallel parts above 128 MB) and at
   most one PUT of the stream's progress record; no listing per shard. The rest is the write

@@ -128,7 +128,10 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         if info is None:
             return None
         self._epochs += 1
-        return f"{self._loader_id}-{info.seed - info.id}-{self._epochs}"
+        return self._token(info.seed - info.id, self._epochs)
+
+    def _token(self, base_seed: int, epochs: int) -> str:
+        return f"{self._loader_id}-{base_seed}-{epochs}"
 
     def state_dict(self) -> dict:
         """This worker's place in the epoch (``StatefulDataLoader`` calls it in each worker)."""
@@ -200,6 +203,7 @@ def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = 
     queries.take_fingerprints(dataset)  # once, here: workers forked each epoch inherit it
     torch_dataset = TorchDataset(dataset, rank=rank, world_size=world_size,
                                  drop_remainder=drop_remainder, pad=pad, state=state)
+    _live.add(torch_dataset)
     if not queries.hold_for_workers(dataset):  # not committed yet: before a later fork
         _not_held.add(torch_dataset)
     return torch_dataset
@@ -221,7 +225,58 @@ def _hold_before_fork() -> None:
             log.debug("snapshot read lease not taken before fork: %r", e)
 
 
-os.register_at_fork(before=_hold_before_fork)
+_live: "weakref.WeakSet[TorchDataset]" = weakref.WeakSet()
+_checked_for: str | None = None  # the epoch token the last check before a fork was made for
+
+
+def _check_before_fork() -> None:
+    """Before a DataLoader forks the workers of an epoch: check the snapshots' manifests here,
+    once, under the epoch token the workers will compute (``_epoch_token``), so that they find
+    the check and make no request, and build no S3 client of their own (the S3 client's
+    runtime here does not survive a fork: a fresh worker would start s3fs, ~0.5 CPU s, for
+    that one request). Found on the stack: the loader's iterator starting its workers holds
+    the dataset and the base seed. Anything else (another fork, spawned workers, a loader of
+    another kind) leaves the workers to check among themselves, as before."""
+    global _checked_for
+    if not _live:
+        return
+    starting = _starting_loader()
+    if starting is None:
+        return
+    dataset, base_seed = starting
+    token = dataset._token(base_seed, dataset._epochs + 1)
+    if token == _checked_for:  # the epoch's second worker
+        return
+    _checked_for = token
+    try:
+        queries.check_for_workers(dataset.dataset, token)
+    except Exception as e:  # never fail a fork; the workers then check for themselves
+        log.debug("snapshot manifests not checked before fork: %r", e)
+
+
+def _starting_loader() -> tuple[TorchDataset, int] | None:
+    """(dataset, base seed) of the DataLoader iterator on this thread's stack that is starting
+    its worker processes, if any (torch's and torchdata's hold them as ``_dataset`` and
+    ``_base_seed``)."""
+    frame = sys._getframe(1)
+    for _ in range(24):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        dataset = getattr(owner, "_dataset", None)
+        if isinstance(dataset, TorchDataset):
+            base_seed = getattr(owner, "_base_seed", None)
+            return (dataset, base_seed) if isinstance(base_seed, int) else None
+        frame = frame.f_back
+    return None
+
+
+def _before_fork() -> None:
+    _hold_before_fork()
+    _check_before_fork()
+
+
+os.register_at_fork(before=_before_fork)
 
 
 def job_state(loader_state: dict) -> dict | None:

@@ -44,6 +44,17 @@ def hold_for_workers(dataset: Any) -> bool:
                 if isinstance(node, ops.SnapshotOp)])
 
 
+def check_for_workers(dataset: Any, token: str) -> bool:
+    """:func:`hold_for_workers`, checking each snapshot's manifest for the DataLoader workers
+    this process forks next to read the epoch ``token`` (see :func:`shared_epoch`): they find
+    this check and make no request of their own (no S3 client either, where the shards are in
+    the node-local cache)."""
+    from snapcache.store import checks
+
+    with checks.for_children(token):
+        return hold_for_workers(dataset)
+
+
 def shared_epoch(token: str | None) -> Any:
     """A context in which this process reads one epoch together with the other processes of
     this node that use the same ``token`` (a DataLoader's workers): they check each snapshot's

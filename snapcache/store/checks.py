@@ -50,6 +50,22 @@ def shared_epoch(token: str | None) -> Iterator[None]:
         _token = previous
 
 
+@contextlib.contextmanager
+def for_children(token: str) -> Iterator[None]:
+    """Within this block, this process makes the checks of the epoch ``token`` for the
+    processes it forks next to read that epoch (a DataLoader's workers started afresh): they
+    find them and make none. This process's own reads after the block are not of that epoch:
+    what it consulted in the block is forgotten (a forked child inherits it otherwise, and
+    would check for itself)."""
+    global _consulted
+    try:
+        with shared_epoch(token):
+            yield
+    finally:
+        with _consulted_lock:
+            _consulted = (None, set())
+
+
 def current() -> str | None:
     """The token of the epoch this process reads in, if it shares checks."""
     return _token

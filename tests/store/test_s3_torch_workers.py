@@ -120,3 +120,43 @@ def test_a_loader_made_before_the_build_holds_one_lease_for_fresh_workers(logged
     assert epoch(loader) == list(range(200))  # warm
     reqs = logged.requests(since)
     assert [m for m, _ in reqs] in ([], ["HEAD"]), reqs
+
+
+def _note_s3_clients(path, worker_id):
+    """A worker_init_fn: any S3 client this worker asks for is noted in ``path``."""
+    from snapcache.store import fs_s3
+
+    real = fs_s3.S3Clients.client
+
+    def client(self):
+        with open(path, "a") as f:
+            f.write(f"worker {worker_id}\n")
+        return real(self)
+
+    fs_s3.S3Clients.client = client
+
+
+def test_fresh_workers_of_a_warm_epoch_use_the_loaders_check_and_no_s3_client(
+        logged, bucket_url, tmp_path):
+    """Workers started afresh each epoch (torch's default) find the epoch's manifest check
+    made by the loader's process just before it forked them, under the token they compute:
+    they make no request and ask for no S3 client (a forked worker cannot use the parent's
+    obstore runtime and would start s3fs, ~0.5 CPU s, for that one HEAD)."""
+    import functools
+
+    ds = sc.Dataset.range(300).map(example).snapshot(
+        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"),
+        lease_ttl=600)
+    assert sum(1 for _ in ds) == 300  # build
+    notes = tmp_path / "clients.txt"
+    loader = torch.utils.data.DataLoader(
+        ds.batch(32).to_torch(), batch_size=None, num_workers=2, persistent_workers=False,
+        worker_init_fn=functools.partial(_note_s3_clients, str(notes)))
+    assert epoch(loader) == list(range(300))  # cold: the workers fetch the shards
+    assert notes.exists()
+    for _ in range(2):
+        notes.unlink(missing_ok=True)
+        since = logged.mark()
+        assert epoch(loader) == list(range(300))  # warm
+        assert [m for m, _ in logged.requests(since)] == ["HEAD"]
+        assert not notes.exists(), notes.read_text()
