@@ -250,6 +250,7 @@ def _check_before_fork() -> None:
     _checked_for = token
     try:
         queries.check_for_workers(dataset.dataset, token)
+        queries.before_fork(dataset.dataset)
     except Exception as e:  # never fail a fork; the workers then check for themselves
         log.debug("snapshot manifests not checked before fork: %r", e)
 

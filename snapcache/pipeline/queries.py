@@ -55,6 +55,16 @@ def check_for_workers(dataset: Any, token: str) -> bool:
         return hold_for_workers(dataset)
 
 
+def before_fork(dataset: Any) -> None:
+    """Get the storage of each snapshot of the pipeline ready for the worker processes about
+    to be forked to read it (see :meth:`snapcache.store.fs.Storage.before_fork`)."""
+    from snapcache.pipeline.snapshot_exec import check_root
+
+    for node in ops.lineage(dataset._op):
+        if isinstance(node, ops.SnapshotOp):
+            check_root(node).before_fork()
+
+
 def shared_epoch(token: str | None) -> Any:
     """A context in which this process reads one epoch together with the other processes of
     this node that use the same ``token`` (a DataLoader's workers): they check each snapshot's

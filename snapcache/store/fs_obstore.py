@@ -19,8 +19,9 @@ botocore can find, ...), with the same requests and the same answers either way:
 have: a child that uses it hangs (and can break the parent's pooled connections). The
 runtime's process is recorded at its first use; :func:`usable` is False in any other process,
 where Storage falls back to s3fs (a DataLoader worker forked after its parent read the
-manifest pays s3fs's start-up, as it did before obstore); so does a child of a process that had
-imported obstore (another library may have started the runtime). The runtime's threads are not
+manifest pays s3fs's start-up, as it did before obstore, less the import, which its parent makes
+before forking it: :meth:`Storage.before_fork <snapcache.store.fs.Storage.before_fork>`); so does
+a child of a process that had imported obstore (another library may have started the runtime). The runtime's threads are not
 Python threads: nothing waits for them at exit.
 
 Only :mod:`snapcache.store.fs` uses this module (the layering test checks that nothing else

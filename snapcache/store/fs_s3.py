@@ -122,6 +122,12 @@ class S3Clients:
             return self._obstore
         return self.s3fs()
 
+    def before_fork(self) -> None:
+        """A forked child cannot use this process's obstore runtime and falls back to s3fs:
+        import it here once, for every child to inherit."""
+        if self._config is not None and fs_obstore.usable():
+            import_s3fs(self.url)
+
     def _locked(self) -> threading.Lock:
         """This process's lock (a forked child gets a new one: its parent's may have been held
         by a thread that the child does not have)."""

@@ -160,3 +160,50 @@ def test_fresh_workers_of_a_warm_epoch_use_the_loaders_check_and_no_s3_client(
         assert epoch(loader) == list(range(300))  # warm
         assert [m for m, _ in logged.requests(since)] == ["HEAD"]
         assert not notes.exists(), notes.read_text()
+
+
+READER = r'''
+import os, sys
+import numpy as np
+import snapcache as sc
+import torch
+
+def example(i):
+    return {"x": np.full(1024, i % 251, dtype=np.uint8), "i": i}
+
+def note(path, worker_id):
+    with open(path, "a") as f:
+        f.write(f"{'s3fs' in sys.modules}\n")
+
+url, cache, notes = sys.argv[1:4]
+ds = sc.Dataset.range(200).map(example).snapshot(url, progress=False, shard_size=64 << 10,
+                                                 local_cache=cache)
+if sys.argv[4] == "build":
+    assert sum(1 for _ in ds) == 200
+    sys.exit(0)
+import functools
+loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None, num_workers=2,
+                                     worker_init_fn=functools.partial(note, notes))
+before = "s3fs" in sys.modules
+assert sorted(int(i) for b in loader for i in b["i"]) == list(range(200))
+print(f"parent before the loader: {before}")
+'''
+
+
+def test_workers_forked_to_read_s3_inherit_the_s3fs_import(logged, bucket_url, tmp_path):
+    """A forked worker cannot use its parent's obstore runtime and reads through s3fs; the
+    loader's process imports s3fs before it forks them (once), so that no worker pays the
+    import (~0.3-0.5 CPU s each). In fresh processes, which had not imported s3fs."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "reader.py"
+    script.write_text(READER)
+    env = {**os.environ, **logged.server.env}
+    args = [sys.executable, str(script), bucket_url, str(tmp_path / "cache"),
+            str(tmp_path / "notes")]
+    subprocess.run(args + ["build"], env=env, check=True, timeout=300)
+    done = subprocess.run(args + ["read"], env=env, check=True, timeout=300,
+                          capture_output=True, text=True)
+    assert "parent before the loader: False" in done.stdout, done.stdout + done.stderr
+    assert (tmp_path / "notes").read_text().split() == ["True", "True"]
