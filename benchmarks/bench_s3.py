@@ -494,9 +494,11 @@ NOTES = """
   crate's bindings, as LitData's transfers do) whenever the storage options can be said in
   its terms (keys or the `AWS_*` variables, endpoint, region: as here), and through s3fs
   otherwise (profiles, botocore config, credentials only botocore finds) and in processes
-  forked after obstore started (its runtime does not survive a fork: DataLoader workers then
-  pay s3fs's start-up, as in the workers-2 rows, less its import, which the loader's process
-  makes once before it forks them); `SNAPCACHE_S3_CLIENT=s3fs` forces s3fs.
+  forked after obstore started (its runtime does not survive a fork); so, with a node-local
+  cache, a DataLoader's process fetches the shards its workers will read into it just before
+  it forks them (the workers-2 rows: the workers make no request), and without one the
+  workers fetch through s3fs, imported once by the loader's process before the fork;
+  `SNAPCACHE_S3_CLIENT=s3fs` forces s3fs.
   s3fs's start-up in a fresh process is ~0.5 CPU s (aiobotocore, aiohttp, a botocore session
   parsing the S3 service model), obstore's a few milliseconds (the start-up rows). Mosaic
   pays boto3's start-up inside its phases, on its upload or download thread; LitData imports

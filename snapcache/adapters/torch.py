@@ -230,35 +230,40 @@ _checked_for: str | None = None  # the epoch token the last check before a fork 
 
 
 def _check_before_fork() -> None:
-    """Before a DataLoader forks the workers of an epoch: check the snapshots' manifests here,
-    once, under the epoch token the workers will compute (``_epoch_token``), so that they find
-    the check and make no request, and build no S3 client of their own (the S3 client's
-    runtime here does not survive a fork: a fresh worker would start s3fs, ~0.5 CPU s, for
-    that one request). Found on the stack: the loader's iterator starting its workers holds
-    the dataset and the base seed. Anything else (another fork, spawned workers, a loader of
-    another kind) leaves the workers to check among themselves, as before."""
+    """Before a DataLoader forks the workers of an epoch, get them ready here, once
+    (:func:`queries.prepare_workers <snapcache.pipeline.queries.prepare_workers>`): the
+    snapshots' manifests checked under the epoch token the workers will compute
+    (``_epoch_token``), so that they find the check and make no request; with a node-local
+    cache, the shards they will read fetched into it here, in their order; s3fs imported
+    here if they will still fetch some. A forked worker cannot use this process's obstore
+    runtime: each would otherwise start s3fs (~0.5 CPU s) for one HEAD, and fetch its shards
+    through it. Found on the stack: the loader's iterator starting its workers holds the
+    dataset, the base seed and the number of workers. Anything else (another fork, spawned
+    workers, a loader of another kind) leaves the workers to do it all themselves, as before."""
     global _checked_for
     if not _live:
         return
     starting = _starting_loader()
     if starting is None:
         return
-    dataset, base_seed = starting
+    dataset, base_seed, workers = starting
     token = dataset._token(base_seed, dataset._epochs + 1)
     if token == _checked_for:  # the epoch's second worker
         return
     _checked_for = token
     try:
-        queries.check_for_workers(dataset.dataset, token)
-        queries.before_fork(dataset.dataset)
-    except Exception as e:  # never fail a fork; the workers then check for themselves
-        log.debug("snapshot manifests not checked before fork: %r", e)
+        rank, world_size = dataset._rank()
+        queries.prepare_workers(
+            dataset.dataset, token, epoch=dataset.epoch, balance=dataset.balance,
+            streams=[(rank * workers + w, world_size * workers) for w in range(workers)])
+    except Exception as e:  # never fail a fork; the workers then do it themselves
+        log.debug("workers not prepared before fork: %r", e)
 
 
-def _starting_loader() -> tuple[TorchDataset, int] | None:
-    """(dataset, base seed) of the DataLoader iterator on this thread's stack that is starting
-    its worker processes, if any (torch's and torchdata's hold them as ``_dataset`` and
-    ``_base_seed``)."""
+def _starting_loader() -> tuple[TorchDataset, int, int] | None:
+    """(dataset, base seed, number of workers) of the DataLoader iterator on this thread's
+    stack that is starting its worker processes, if any (torch's and torchdata's hold them as
+    ``_dataset``, ``_base_seed`` and ``_num_workers``)."""
     frame = sys._getframe(1)
     for _ in range(24):
         if frame is None:
@@ -267,7 +272,10 @@ def _starting_loader() -> tuple[TorchDataset, int] | None:
         dataset = getattr(owner, "_dataset", None)
         if isinstance(dataset, TorchDataset):
             base_seed = getattr(owner, "_base_seed", None)
-            return (dataset, base_seed) if isinstance(base_seed, int) else None
+            workers = getattr(owner, "_num_workers", None)
+            if isinstance(base_seed, int) and isinstance(workers, int) and workers > 0:
+                return dataset, base_seed, workers
+            return None
         frame = frame.f_back
     return None
 

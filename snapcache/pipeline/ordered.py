@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import itertools
 import secrets
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from snapcache.errors import LeaseTimeoutError
 from snapcache.pipeline import ops, streams
@@ -277,6 +278,56 @@ def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, 
         bounds = [unit * (units * k // spec.count) for k in range(spec.count)] + [total]
     return Share(((0, total),), spec.count, spec.index, unit=unit,
                  chunk=max(unit, total // unit * unit), bounds=tuple(bounds))
+
+
+EXACT_READ_ORDER = 1 << 16
+"""Positions of each stream's share that :func:`shards_in_read_order` follows one by one; past
+them, a shuffle window's shards come in the window's block sequence (all are needed within the
+window's span)."""
+
+
+def shards_in_read_order(op: ops.Op, reader: SnapshotReader, epoch: int,
+                         specs: Sequence[streams.StreamSpec], balance: str | None = None
+                         ) -> list[int]:
+    """The shards of ``reader``'s snapshot in the order streams ``specs``, reading a fresh epoch
+    of ``op`` together, first need them (their shares' first uses, taken in turn, exact over
+    the first :data:`EXACT_READ_ORDER` positions of each), then the rest in the manifest's
+    order: the order to fetch them in for those streams. The manifest's order where the
+    order is not known here (a pipeline this module does not run, an unseeded shuffle of one
+    stream)."""
+    everything = list(range(len(reader.manifest.shards)))
+    shape = match(op)
+    if shape is None:
+        return everything
+    seed = shape.shuffle.seed if shape.shuffle is not None else None
+    if shape.shuffle is not None and seed is None and len(specs) == 1:
+        return everything
+    shuffled = seed is not None
+    order = EpochOrder(layout_of(reader.manifest), seed, epoch, shape.window)
+    shard_of = order.layout.shard
+    firsts: list[list[int]] = []
+    for spec in specs:
+        share = read_share(reader.manifest, spec, shuffled=shuffled, window=shape.window,
+                           unit=shape.unit, balance=balance)
+        seen: dict[int, None] = {}
+        exact = EXACT_READ_ORDER
+        for a, b in share.pieces():
+            if exact > 0:  # position by position
+                stop = min(b, a + exact)
+                exact -= stop - a
+                seen.update(dict.fromkeys(shard_of[order.locate(a, stop)[0]].tolist()))
+                a = stop
+            if a < b:  # the blocks of the windows the rest of the piece reads, in sequence
+                seen.update(dict.fromkeys(shard_of[order.blocks_in(a, b)].tolist()))
+        firsts.append(list(seen))
+    out: dict[int, None] = {}
+    for turn in itertools.zip_longest(*firsts):
+        for shard in turn:
+            if shard is not None:
+                out.setdefault(shard, None)
+    for shard in everything:
+        out.setdefault(shard, None)
+    return list(out)
 
 
 def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,

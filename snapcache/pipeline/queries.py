@@ -7,7 +7,7 @@ Derived from the ops' traits (``length``, ``structure_preserving``, ``batch_dims
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from snapcache.pipeline import ops, plan
 from snapcache.store.schema import Schema
@@ -40,29 +40,59 @@ def hold_for_workers(dataset: Any) -> bool:
     pipeline is committed and held (False: call again later, e.g. after the writing epoch)."""
     from snapcache.pipeline.snapshot_exec import hold_for_workers as hold
 
-    return all([hold(node) for node in ops.lineage(dataset._op)
+    return all([hold(node) is not None for node in ops.lineage(dataset._op)
                 if isinstance(node, ops.SnapshotOp)])
 
 
-def check_for_workers(dataset: Any, token: str) -> bool:
-    """:func:`hold_for_workers`, checking each snapshot's manifest for the DataLoader workers
-    this process forks next to read the epoch ``token`` (see :func:`shared_epoch`): they find
-    this check and make no request of their own (no S3 client either, where the shards are in
-    the node-local cache)."""
+def prepare_workers(dataset: Any, token: str, *, epoch: int,
+                    streams: Sequence[tuple[int, int]], balance: str | None = None) -> bool:
+    """Get this process ready to fork DataLoader workers that read the epoch ``token`` of the
+    pipeline as ``streams`` (``(index, count)`` each); a fork hook of the torch adapter:
+
+    - each snapshot's manifest is checked here under the workers' token, so that they find
+      that check and make no request (:func:`shared_epoch`), and its read lease held
+      (:func:`hold_for_workers`);
+    - with a node-local cache (``local_cache=``), the shards the workers will read, not there
+      yet, are fetched into it on a background thread here, in the order the streams first
+      need them and the first ones started before this returns: a worker waits for a shard
+      being fetched rather than fetching it again, and one that finds everything cached
+      makes no request and starts no S3 client (a forked child cannot use this process's
+      obstore runtime and would start s3fs);
+    - where the workers will still fetch shards themselves, s3fs is imported here once, for
+      them all to inherit.
+
+    True if every snapshot is committed and held."""
+    from snapcache.pipeline.ordered import shards_in_read_order
+    from snapcache.pipeline.snapshot_exec import check_root, open_reader
+    from snapcache.pipeline.snapshot_exec import hold_for_workers as hold
+    from snapcache.pipeline.streams import StreamSpec
     from snapcache.store import checks
 
+    last = plan.last_snapshot(dataset._op)
+    held, covered = True, False
     with checks.for_children(token):
-        return hold_for_workers(dataset)
+        for node in ops.lineage(dataset._op):
+            if not isinstance(node, ops.SnapshotOp):
+                continue
+            committed = hold(node)
+            held = held and committed is not None
+            if node is last and committed is not None:
+                reader = open_reader(*committed, node.options)
+                order = shards_in_read_order(
+                    dataset._op, reader, epoch,
+                    [StreamSpec(index, count) for index, count in streams], balance)
+                covered = reader.prefetch([reader.manifest.shards[i] for i in order],
+                                          started=len(streams))
+                _prefetching[reader.storage.url] = reader  # until the next epoch's
+    if not covered:
+        for node in ops.lineage(dataset._op):
+            if isinstance(node, ops.SnapshotOp):
+                check_root(node).before_fork()
+    return held
 
 
-def before_fork(dataset: Any) -> None:
-    """Get the storage of each snapshot of the pipeline ready for the worker processes about
-    to be forked to read it (see :meth:`snapcache.store.fs.Storage.before_fork`)."""
-    from snapcache.pipeline.snapshot_exec import check_root
-
-    for node in ops.lineage(dataset._op):
-        if isinstance(node, ops.SnapshotOp):
-            check_root(node).before_fork()
+_prefetching: dict[str, Any] = {}
+"""The reader filling the node-local cache for a loader's workers, per snapshot folder."""
 
 
 def shared_epoch(token: str | None) -> Any:

@@ -249,11 +249,12 @@ def read_session(reader: SnapshotReader, op: ops.SnapshotOp) -> Iterator[None]:
     yield
 
 
-def hold_for_workers(op: ops.SnapshotOp) -> bool:
+def hold_for_workers(op: ops.SnapshotOp) -> tuple[Storage, Manifest] | None:
     """Hold a read lease on ``op``'s snapshot in this process while ``op`` lives, if it is
     committed: the worker processes forked from here to read it then take none of their own
-    (one lease for a DataLoader, not one per worker and epoch). True if held; False if not
-    committed, or if the storage cannot be reached now (the workers then take their own)."""
+    (one lease for a DataLoader, not one per worker and epoch). Its folder and manifest if
+    held; None if not committed, or if the storage cannot be reached now (the workers then
+    take their own)."""
     from snapcache.pipeline.plan import committed_snapshot
 
     try:
@@ -263,8 +264,8 @@ def hold_for_workers(op: ops.SnapshotOp) -> bool:
     except OSError as e:
         log.info("snapshot %s: not held for the loader's workers (%s); each worker holds its "
                  "own read lease", op.path, e)
-        return False
-    return manifest is not None
+        return None
+    return (storage, manifest) if manifest is not None else None
 
 
 def _hold(storage: Storage, manifest: Manifest, op: ops.SnapshotOp) -> None:

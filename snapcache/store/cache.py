@@ -246,14 +246,20 @@ class ShardCache:
         stripe = xxhash.xxh3_64_intdigest(key.encode()) % LOCK_STRIPES
         lock_dir = os.path.join(self._root, "locks")
         os.makedirs(lock_dir, exist_ok=True)
-        fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        # Opened and recorded in one step that a fork cannot split (see _before_fork): a
+        # child closes every descriptor recorded here. One it inherited unrecorded would keep
+        # the lock this process then takes on it held after this process lets go (a flock
+        # belongs to the open file, which the child's copy shares), and every user of the
+        # stripe on the node, the child too, would wait for that child to exit.
+        with self._lock:
+            fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"),
+                         os.O_RDWR | os.O_CREAT, 0o666)
+            self._node_fds.add(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
-            os.close(fd)
+            self._unlock_node(fd)
             raise
-        with self._lock:
-            self._node_fds.add(fd)
         return fd
 
     def _unlock_node(self, fd: int) -> None:
@@ -417,14 +423,34 @@ _shared_lock = threading.Lock()
 _CACHES: "weakref.WeakSet[ShardCache]" = weakref.WeakSet()
 
 
+_FORKING: list["ShardCache"] = []
+
+
+def _before_fork() -> None:
+    """Hold every cache's lock across a fork, so that the child's copy of each cache's set of
+    lock descriptors is complete (:meth:`ShardCache._lock_node`)."""
+    caches = list(_CACHES)
+    for cache in caches:
+        cache._lock.acquire()
+    _FORKING[:] = caches
+
+
+def _after_fork_in_parent() -> None:
+    for cache in _FORKING:
+        cache._lock.release()
+    _FORKING.clear()
+
+
 def _after_fork_in_child() -> None:
     global _shared_lock
     _shared_lock = threading.Lock()
+    _FORKING.clear()
     for cache in list(_CACHES):
         cache._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
 
 
 def shared_cache(directory: str | os.PathLike, limit_bytes: int) -> ShardCache:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import mmap
 import threading
+import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -124,6 +125,8 @@ class ShardFile:
         return batch
 
 _CHUNK = 16 << 20  # a multiple of every page size
+PREFETCH_START_TIMEOUT = 10.0
+"""Seconds :meth:`SnapshotReader.prefetch` waits at most for its first copies to start."""
 
 
 def checksum(buffer: Any, mapped: mmap.mmap | None = None) -> str:
@@ -352,10 +355,39 @@ class SnapshotReader:
             raise CorruptSnapshotError(f"{self.where(shard)} is corrupt: record batch {index}: "
                                        f"{e}. {way_out(self.storage)}") from None
 
-    def _fill_cache(self, shard: ShardInfo) -> None:
+    def _fill_cache(self, shard: ShardInfo) -> threading.Event | None:
         if self._filler is None:
             self._filler = _CacheFiller(self)
-        self._filler.fill(shard)
+        return self._filler.fill(shard)
+
+    def prefetch(self, shards: Sequence[ShardInfo], *, started: int = 1,
+                 timeout: float = PREFETCH_START_TIMEOUT) -> bool:
+        """Copy ``shards`` that are not in the node-local cache yet into it, in this order, on
+        background threads (``started`` at once), for processes about to read them (a
+        DataLoader's workers: one that needs a shard being copied waits for the copy rather
+        than fetching it again); as far as half the cache's limit. Returns once the first
+        ``started`` copies hold their shards' locks (or ``timeout`` seconds), so that readers
+        starting now find them under way. True if every shard is in the cache or on its way;
+        False without a node-local cache."""
+        if not self._cached:
+            return False
+        assert self.cache is not None
+        room, first = self.cache.limit_bytes // 2, []
+        for shard in shards:
+            if self.cache.peek(self._cache_key(shard), shard.bytes) is not None:
+                continue
+            room -= shard.bytes
+            if room < 0:
+                return False
+            if self._filler is None:
+                self._filler = _CacheFiller(self, threads=max(1, started))
+            event = self._filler.fill(shard)
+            if event is not None and len(first) < started:
+                first.append(event)
+        deadline = time.monotonic() + timeout
+        for event in first:
+            event.wait(max(0.0, deadline - time.monotonic()))
+        return True
 
     def wait_for_cache(self, timeout: float | None = None) -> bool:
         """Wait until the shards being copied into the node-local cache in the background
@@ -453,32 +485,41 @@ class _CacheFiller:
     GET) and leaves the rest of its shard to come from the local copy. A copy is verified when
     it is used, like any cached copy; a failed copy is only logged (reads go to the store)."""
 
-    def __init__(self, reader: SnapshotReader):
+    def __init__(self, reader: SnapshotReader, threads: int = 1):
         self._storage, self._cache = reader.storage, reader.cache
         self._key = reader._cache_key
         self._lock = threading.Lock()
         self._started: set[str] = set()
         self._pending: list[Future] = []
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="snapcache-cache-fill")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="snapcache-cache-fill")
         pool = self._pool
         forget = lifecycle.at_exit(lambda: pool.shutdown(wait=True, cancel_futures=True))
         weakref.finalize(self, lambda: (forget(), pool.shutdown(wait=False)))
 
-    def fill(self, shard: ShardInfo) -> None:
+    def fill(self, shard: ShardInfo) -> threading.Event | None:
+        """Copy ``shard`` (once); an event set once its copy holds the shard's locks (or is
+        over), or None if it was asked for before."""
         with self._lock:
             if shard.path in self._started or lifecycle.exiting():
-                return
+                return None
             self._started.add(shard.path)
             self._pending = [f for f in self._pending if not f.done()]
-            self._pending.append(self._pool.submit(self._copy, shard))
+            started = threading.Event()
+            self._pending.append(self._pool.submit(self._copy, shard, started))
+            return started
 
-    def _copy(self, shard: ShardInfo) -> None:
+    def _copy(self, shard: ShardInfo, started: threading.Event) -> None:
+        def fetch() -> bytes:
+            started.set()  # the cache holds the shard's locks while this runs
+            return self._storage.read_bytes(shard.path, shard.bytes)
+
         try:
-            self._cache.get(self._key(shard), shard.bytes,
-                            lambda: self._storage.read_bytes(shard.path, shard.bytes))
+            self._cache.get(self._key(shard), shard.bytes, fetch)
         except Exception as e:  # noqa: BLE001 - the cache is an optimisation: reads go on
             log.warning("could not copy %s into the local cache %s: %s",
                         self._storage.url_of(shard.path), self._cache, e)
+        finally:
+            started.set()
 
     def wait(self, timeout: float | None) -> bool:
         with self._lock:

@@ -384,6 +384,61 @@ def test_a_child_forked_during_a_background_copy_holds_none_of_its_locks(tmp_pat
     assert cached_keys(cache) == {"fp/s", "fp/t"}
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_while_a_thread_opens_a_lock_file_leaves_the_child_no_copy_of_it(tmp_path,
+                                                                             monkeypatch):
+    """A thread of the parent has opened a key's lock file and not yet locked it when another
+    thread forks (a DataLoader starting workers while the loader's process fills the cache).
+    The child must not keep a copy of that descriptor: the parent's lock would live on in it
+    (a flock belongs to the open file) and the child, waiting for the same key, would wait for
+    itself. The fork waits for the open to be recorded, and the child closes what it records."""
+    import signal
+
+    import xxhash
+
+    from snapcache.store import cache as cache_module
+
+    cache = ShardCache(tmp_path, 1 << 20)
+    opened, forking = threading.Event(), threading.Event()
+    real_open = os.open
+
+    def slow_open(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        if path.endswith(".lock") and threading.current_thread().name == "filler":
+            opened.set()
+            forking.wait(1.0)  # the fork comes while the descriptor is open, not locked
+        return fd
+
+    monkeypatch.setattr(cache_module.os, "open", slow_open)
+    data = payload("fp/s", 3000)
+    stripe = xxhash.xxh3_64_intdigest(b"fp/s") % cache_module.LOCK_STRIPES
+    same_stripe = next(f"fp/t{i}" for i in range(10_000)
+                       if xxhash.xxh3_64_intdigest(f"fp/t{i}".encode()) %
+                       cache_module.LOCK_STRIPES == stripe)
+    filler = threading.Thread(name="filler",
+                              target=lambda: cache.get("fp/s", 3000, Fetcher(data)))
+    filler.start()
+    assert opened.wait(60)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if it gets the key
+        status = 1
+        try:
+            signal.alarm(60)  # a leaked lock fails the test instead of hanging it
+            os.close(write_end)
+            os.read(read_end, 1)  # the parent has its copy and let go of the stripe's lock
+            other = payload(same_stripe, 700)  # not cached: it takes the stripe's lock
+            status = 0 if cache.get(same_stripe, 700, Fetcher(other)).to_pybytes() == other \
+                else 2
+        finally:
+            os._exit(status)
+    forking.set()
+    filler.join(60)
+    os.write(write_end, b"x")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_a_process_exiting_finishes_its_background_copies(tmp_path):
     import subprocess
     import sys

@@ -136,30 +136,39 @@ def _note_s3_clients(path, worker_id):
     fs_s3.S3Clients.client = client
 
 
-def test_fresh_workers_of_a_warm_epoch_use_the_loaders_check_and_no_s3_client(
+def test_fresh_workers_find_the_shards_and_the_check_the_loaders_process_made(
         logged, bucket_url, tmp_path):
-    """Workers started afresh each epoch (torch's default) find the epoch's manifest check
-    made by the loader's process just before it forked them, under the token they compute:
-    they make no request and ask for no S3 client (a forked worker cannot use the parent's
-    obstore runtime and would start s3fs, ~0.5 CPU s, for that one HEAD)."""
+    """Workers started afresh each epoch (torch's default), with a node-local cache: before
+    it forks them the loader's process checks the manifest under the token they compute and
+    fetches the shards into the cache in the order they need them, so they make no request
+    and ask for no S3 client, cold or warm (a forked worker cannot use its parent's obstore
+    runtime and would start s3fs, ~0.5 CPU s, to fetch). Without the cache they fetch the
+    shards themselves (which shows the note-taking works)."""
     import functools
 
-    ds = sc.Dataset.range(300).map(example).snapshot(
-        bucket_url, progress=False, shard_size=64 << 10, local_cache=str(tmp_path / "cache"),
-        lease_ttl=600)
-    assert sum(1 for _ in ds) == 300  # build
+    def loader(**kw):
+        ds = sc.Dataset.range(300).map(example).snapshot(
+            bucket_url, progress=False, shard_size=64 << 10, lease_ttl=600, **kw)
+        return ds, torch.utils.data.DataLoader(
+            ds.batch(32).to_torch(), batch_size=None, num_workers=2, persistent_workers=False,
+            worker_init_fn=functools.partial(_note_s3_clients, str(notes)))
+
     notes = tmp_path / "clients.txt"
-    loader = torch.utils.data.DataLoader(
-        ds.batch(32).to_torch(), batch_size=None, num_workers=2, persistent_workers=False,
-        worker_init_fn=functools.partial(_note_s3_clients, str(notes)))
-    assert epoch(loader) == list(range(300))  # cold: the workers fetch the shards
-    assert notes.exists()
+    ds, cached = loader(local_cache=str(tmp_path / "cache"))
+    assert sum(1 for _ in ds) == 300  # build
+    since = logged.mark()
+    assert epoch(cached) == list(range(300))  # cold
+    shards = [p for m, p in logged.requests(since) if m == "GET" and p.endswith(".arrow")]
+    assert shards and len(shards) == len(set(shards))  # each fetched once, by the loader
+    assert not notes.exists(), notes.read_text()
     for _ in range(2):
-        notes.unlink(missing_ok=True)
         since = logged.mark()
-        assert epoch(loader) == list(range(300))  # warm
+        assert epoch(cached) == list(range(300))  # warm
         assert [m for m, _ in logged.requests(since)] == ["HEAD"]
         assert not notes.exists(), notes.read_text()
+    _, uncached = loader()
+    assert epoch(uncached) == list(range(300))
+    assert set(notes.read_text().splitlines()) == {"worker 0", "worker 1"}
 
 
 READER = r'''
@@ -175,10 +184,9 @@ def note(path, worker_id):
     with open(path, "a") as f:
         f.write(f"{'s3fs' in sys.modules}\n")
 
-url, cache, notes = sys.argv[1:4]
-ds = sc.Dataset.range(200).map(example).snapshot(url, progress=False, shard_size=64 << 10,
-                                                 local_cache=cache)
-if sys.argv[4] == "build":
+url, notes = sys.argv[1:3]
+ds = sc.Dataset.range(200).map(example).snapshot(url, progress=False, shard_size=64 << 10)
+if sys.argv[3] == "build":
     assert sum(1 for _ in ds) == 200
     sys.exit(0)
 import functools
@@ -191,17 +199,17 @@ print(f"parent before the loader: {before}")
 
 
 def test_workers_forked_to_read_s3_inherit_the_s3fs_import(logged, bucket_url, tmp_path):
-    """A forked worker cannot use its parent's obstore runtime and reads through s3fs; the
-    loader's process imports s3fs before it forks them (once), so that no worker pays the
-    import (~0.3-0.5 CPU s each). In fresh processes, which had not imported s3fs."""
+    """A forked worker cannot use its parent's obstore runtime and reads through s3fs (here
+    without a node-local cache, which the loader's process would fill for them); the loader's
+    process imports s3fs before it forks them (once), so that no worker pays the import
+    (~0.3-0.5 CPU s each). In fresh processes, which had not imported s3fs."""
     import subprocess
     import sys
 
     script = tmp_path / "reader.py"
     script.write_text(READER)
     env = {**os.environ, **logged.server.env}
-    args = [sys.executable, str(script), bucket_url, str(tmp_path / "cache"),
-            str(tmp_path / "notes")]
+    args = [sys.executable, str(script), bucket_url, str(tmp_path / "notes")]
     subprocess.run(args + ["build"], env=env, check=True, timeout=300)
     done = subprocess.run(args + ["read"], env=env, check=True, timeout=300,
                           capture_output=True, text=True)
