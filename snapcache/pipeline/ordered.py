@@ -20,22 +20,20 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
-import itertools
 import secrets
 import time
 from typing import Any, Callable, Iterator, Sequence
 
 from snapcache.errors import LeaseTimeoutError
 from snapcache.pipeline import ops, streams
+from snapcache.pipeline.shares import first_needs, read_share, resume_ranges, share_of_state
 from snapcache.runtime.batch import stack
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
 from snapcache.store import batched_read
 from snapcache.store.fs import Storage
 from snapcache.store.order import EpochOrder, Share, ranges_length
 from snapcache.store.ordered_read import layout_of, ordered_pieces
-from snapcache.store.manifest import Manifest
 from snapcache.store.reader import SnapshotReader
-from snapcache.store.protocol import stream_shards
 
 STATE_FORMAT = "snapcache-iterator"
 STATE_VERSION = 1
@@ -242,92 +240,22 @@ def check_state(state: Any) -> dict:
     return state
 
 
-def resume_ranges(state: dict) -> list[list[int]]:
-    """What remains of the state's epoch for the whole job, assuming every stream consumed
-    as much as the state's (lockstep), or ``state["consumed_by_stream"]`` when given."""
-    share = _share_of_state(state)
-    consumed = state.get("consumed_by_stream") or [state["consumed"]] * share.streams
-    return [list(r) for r in share.remaining([min(c, share.count(k))
-                                              for k, c in enumerate(consumed)])]
-
-
-def _share_of_state(state: dict) -> Share:
-    bounds = state.get("bounds")
-    return Share(tuple(tuple(r) for r in state["ranges"]), state["streams"], state["stream"],
-                 state["chunk"], state["unit"], state.get("balance"),
-                 tuple(bounds) if bounds is not None else None)
-
-
-def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, window: int = 1,
-               unit: int = 1, balance: str | None = None) -> Share:
-    """Stream ``spec``'s share of a fresh epoch. Shuffled: chunks of the epoch's order,
-    round-robin. In order: one contiguous part per stream (whole units but the last's),
-    and when the snapshot was written by as many streams, the rows each wrote: in one epoch
-    some streams may still replay their own shards while others read the committed one."""
-    total = manifest.num_examples
-    if shuffled or spec.count == 1 or balance is not None:
-        return Share.of([(0, total)], spec.count, spec.index, window=window, unit=unit,
-                        balance=balance)
-    own = [stream_shards(manifest, k, spec.count) for k in range(spec.count)]
-    if all(o is not None for o in own):
-        bounds = [0]
-        for shards in own:
-            bounds.append(bounds[-1] + sum(s.rows for s in shards))  # type: ignore[union-attr]
-    else:
-        units = total // unit
-        bounds = [unit * (units * k // spec.count) for k in range(spec.count)] + [total]
-    return Share(((0, total),), spec.count, spec.index, unit=unit,
-                 chunk=max(unit, total // unit * unit), bounds=tuple(bounds))
-
-
-EXACT_READ_ORDER = 1 << 16
-"""Positions of each stream's share that :func:`shards_in_read_order` follows one by one; past
-them, a shuffle window's shards come in the window's block sequence (all are needed within the
-window's span)."""
-
-
 def shards_in_read_order(op: ops.Op, reader: SnapshotReader, epoch: int,
                          specs: Sequence[streams.StreamSpec], balance: str | None = None
                          ) -> list[int]:
     """The shards of ``reader``'s snapshot in the order streams ``specs``, reading a fresh epoch
-    of ``op`` together, first need them (their shares' first uses, taken in turn, exact over
-    the first :data:`EXACT_READ_ORDER` positions of each), then the rest in the manifest's
-    order: the order to fetch them in for those streams. The manifest's order where the
-    order is not known here (a pipeline this module does not run, an unseeded shuffle of one
-    stream)."""
-    everything = list(range(len(reader.manifest.shards)))
+    of ``op`` together, first need them (:func:`snapcache.pipeline.shares.first_needs`): the
+    order to fetch them in for those streams. The manifest's order where the order is not
+    known here (a pipeline this module does not run, an unseeded shuffle of one stream)."""
     shape = match(op)
-    if shape is None:
-        return everything
-    seed = shape.shuffle.seed if shape.shuffle is not None else None
-    if shape.shuffle is not None and seed is None and len(specs) == 1:
-        return everything
-    shuffled = seed is not None
+    seed = shape.shuffle.seed if shape is not None and shape.shuffle is not None else None
+    if shape is None or (shape.shuffle is not None and seed is None and len(specs) == 1):
+        return list(range(len(reader.manifest.shards)))
     order = EpochOrder(layout_of(reader.manifest), seed, epoch, shape.window)
-    shard_of = order.layout.shard
-    firsts: list[list[int]] = []
-    for spec in specs:
-        share = read_share(reader.manifest, spec, shuffled=shuffled, window=shape.window,
-                           unit=shape.unit, balance=balance)
-        seen: dict[int, None] = {}
-        exact = EXACT_READ_ORDER
-        for a, b in share.pieces():
-            if exact > 0:  # position by position
-                stop = min(b, a + exact)
-                exact -= stop - a
-                seen.update(dict.fromkeys(shard_of[order.locate(a, stop)[0]].tolist()))
-                a = stop
-            if a < b:  # the blocks of the windows the rest of the piece reads, in sequence
-                seen.update(dict.fromkeys(shard_of[order.blocks_in(a, b)].tolist()))
-        firsts.append(list(seen))
-    out: dict[int, None] = {}
-    for turn in itertools.zip_longest(*firsts):
-        for shard in turn:
-            if shard is not None:
-                out.setdefault(shard, None)
-    for shard in everything:
-        out.setdefault(shard, None)
-    return list(out)
+    return first_needs(order, [read_share(reader.manifest, spec, shuffled=seed is not None,
+                                          window=shape.window, unit=shape.unit,
+                                          balance=balance) for spec in specs],
+                       len(reader.manifest.shards))
 
 
 def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
@@ -420,7 +348,7 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
                 "batch size (or for another snapshot size); resume with the same pipeline")
         same = state["streams"] == spec.count and state.get("balance") == balance
         if same:  # each stream continues its own share (lockstep: as far as the state's)
-            share = dataclasses.replace(_share_of_state(state), index=spec.index)
+            share = dataclasses.replace(share_of_state(state), index=spec.index)
             by_stream = state.get("consumed_by_stream")
             skip = by_stream[spec.index] if by_stream else state["consumed"]
         else:

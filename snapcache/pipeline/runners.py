@@ -13,6 +13,7 @@ import secrets
 from typing import Any, Callable, Iterator
 
 from snapcache.pipeline import ops, ordered, plan, snapshot_exec, streams
+from snapcache.pipeline.shares import read_share
 from snapcache.pipeline.ops import batch as batch_op, shuffle as shuffle_op
 from snapcache.runtime.shuffle import epoch_rng
 from snapcache.store import batched_read
@@ -34,7 +35,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
     if shuffle is not None and seed is None and not local:
         seed = secrets.randbits(63)
     order = EpochOrder(layout_of(reader.manifest), None if local else seed, epoch, window)
-    share = ordered.read_share(reader.manifest, spec, shuffled=seed is not None, window=window,
+    share = read_share(reader.manifest, spec, shuffled=seed is not None, window=window,
                                unit=unit)
 
     def chunks() -> Iterator[dict]:

@@ -225,7 +225,7 @@ def _read(reader: SnapshotReader, op: ops.SnapshotOp, spec: streams.StreamSpec
           ) -> Iterator[Any]:
     """This stream's share of a committed snapshot: the rows it wrote, if the snapshot was
     written by as many streams, else chunks of its rows round-robin across the streams."""
-    from snapcache.pipeline.ordered import read_share
+    from snapcache.pipeline.shares import read_share
 
     with read_session(reader, op):
         order = EpochOrder(layout_of(reader.manifest), None, 0)

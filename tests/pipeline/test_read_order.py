@@ -1,5 +1,5 @@
 """The shards of a snapshot in the order cooperating streams first read them
-(``ordered.shards_in_read_order``: the order a DataLoader's process fetches them into the
+(``ordered.shards_in_read_order``, ``shares.first_needs``: the order a DataLoader's process fetches them into the
 node-local cache for its workers) are the order the streams really read them in."""
 
 from __future__ import annotations
