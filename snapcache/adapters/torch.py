@@ -229,7 +229,7 @@ _live: "weakref.WeakSet[TorchDataset]" = weakref.WeakSet()
 _checked_for: str | None = None  # the epoch token the last check before a fork was made for
 
 
-def _check_before_fork() -> None:
+def _check_before_fork() -> "TorchDataset | None":
     """Before a DataLoader forks the workers of an epoch, get them ready here, once
     (:func:`queries.prepare_workers <snapcache.pipeline.queries.prepare_workers>`): the
     snapshots' manifests checked under the epoch token the workers will compute
@@ -239,31 +239,36 @@ def _check_before_fork() -> None:
     runtime: each would otherwise start s3fs (~0.5 CPU s) for one HEAD, and fetch its shards
     through it. Found on the stack: the loader's iterator starting its workers holds the
     dataset, the base seed and the number of workers. Anything else (another fork, spawned
-    workers, a loader of another kind) leaves the workers to do it all themselves, as before."""
+    workers, a loader of another kind) leaves the workers to do it all themselves, as before.
+    The dataset if its snapshots are committed and their read leases held here."""
     global _checked_for
     if not _live:
-        return
+        return None
     starting = _starting_loader()
     if starting is None:
-        return
-    dataset, base_seed, workers = starting
+        return None
+    dataset, base_seed, workers, persistent = starting
     token = dataset._token(base_seed, dataset._epochs + 1)
     if token == _checked_for:  # the epoch's second worker
-        return
+        return None
     _checked_for = token
     try:
         rank, world_size = dataset._rank()
-        queries.prepare_workers(
+        held = queries.prepare_workers(
             dataset.dataset, token, epoch=dataset.epoch, balance=dataset.balance,
-            streams=[(rank * workers + w, world_size * workers) for w in range(workers)])
+            streams=[(rank * workers + w, world_size * workers) for w in range(workers)],
+            persistent=persistent)
     except Exception as e:  # never fail a fork; the workers then do it themselves
         log.debug("workers not prepared before fork: %r", e)
+        return None
+    return dataset if held else None
 
 
-def _starting_loader() -> tuple[TorchDataset, int, int] | None:
-    """(dataset, base seed, number of workers) of the DataLoader iterator on this thread's
-    stack that is starting its worker processes, if any (torch's and torchdata's hold them as
-    ``_dataset``, ``_base_seed`` and ``_num_workers``)."""
+def _starting_loader() -> tuple[TorchDataset, int, int, bool] | None:
+    """(dataset, base seed, number of workers, whether they are persistent) of the DataLoader
+    iterator on this thread's stack that is starting its worker processes, if any (torch's and
+    torchdata's hold them as ``_dataset``, ``_base_seed``, ``_num_workers`` and
+    ``_persistent_workers``)."""
     frame = sys._getframe(1)
     for _ in range(24):
         if frame is None:
@@ -274,15 +279,18 @@ def _starting_loader() -> tuple[TorchDataset, int, int] | None:
             base_seed = getattr(owner, "_base_seed", None)
             workers = getattr(owner, "_num_workers", None)
             if isinstance(base_seed, int) and isinstance(workers, int) and workers > 0:
-                return dataset, base_seed, workers
+                return dataset, base_seed, workers, \
+                    bool(getattr(owner, "_persistent_workers", True))
             return None
         frame = frame.f_back
     return None
 
 
 def _before_fork() -> None:
+    prepared = _check_before_fork()  # holds the read leases too (one manifest check)
+    if prepared is not None:
+        _not_held.discard(prepared)
     _hold_before_fork()
-    _check_before_fork()
 
 
 os.register_at_fork(before=_before_fork)

@@ -45,7 +45,8 @@ def hold_for_workers(dataset: Any) -> bool:
 
 
 def prepare_workers(dataset: Any, token: str, *, epoch: int,
-                    streams: Sequence[tuple[int, int]], balance: str | None = None) -> bool:
+                    streams: Sequence[tuple[int, int]], balance: str | None = None,
+                    persistent: bool = False) -> bool:
     """Get this process ready to fork DataLoader workers that read the epoch ``token`` of the
     pipeline as ``streams`` (``(index, count)`` each); a fork hook of the torch adapter:
 
@@ -58,8 +59,9 @@ def prepare_workers(dataset: Any, token: str, *, epoch: int,
       being fetched rather than fetching it again, and one that finds everything cached
       makes no request and starts no S3 client (a forked child cannot use this process's
       obstore runtime and would start s3fs);
-    - where the workers will still fetch shards themselves, s3fs is imported here once, for
-      them all to inherit.
+    - where the workers will still make requests themselves (they fetch shards: no cache, or
+      more than half of it; they are ``persistent``: they check the manifest of each later
+      epoch), s3fs is imported here once, for them all to inherit.
 
     True if every snapshot is committed and held."""
     from snapcache.pipeline.ordered import shards_in_read_order
@@ -84,7 +86,7 @@ def prepare_workers(dataset: Any, token: str, *, epoch: int,
                 covered = reader.prefetch([reader.manifest.shards[i] for i in order],
                                           started=len(streams))
                 _prefetching[reader.storage.url] = reader  # until the next epoch's
-    if not covered:
+    if persistent or not covered:
         for node in ops.lineage(dataset._op):
             if isinstance(node, ops.SnapshotOp):
                 check_root(node).before_fork()

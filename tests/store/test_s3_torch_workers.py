@@ -115,7 +115,11 @@ def test_a_loader_made_before_the_build_holds_one_lease_for_fresh_workers(logged
     loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None,
                                          num_workers=2, persistent_workers=False)
     assert epoch(loader) == list(range(200))  # the workers build it
+    since = logged.mark()
     assert epoch(loader) == list(range(200))  # read: fills the local cache
+    manifest = [m for m, p in logged.requests(since) if p.endswith("/manifest.json")]
+    assert manifest == ["GET", "HEAD"], manifest  # one check (new to the loader's process),
+    # one look after its lease was taken (was the snapshot purged meanwhile?)
     since = logged.mark()
     assert epoch(loader) == list(range(200))  # warm
     reqs = logged.requests(since)
@@ -184,13 +188,15 @@ def note(path, worker_id):
     with open(path, "a") as f:
         f.write(f"{'s3fs' in sys.modules}\n")
 
-url, notes = sys.argv[1:3]
-ds = sc.Dataset.range(200).map(example).snapshot(url, progress=False, shard_size=64 << 10)
-if sys.argv[3] == "build":
+url, notes, cache, persistent, mode = sys.argv[1:6]
+ds = sc.Dataset.range(200).map(example).snapshot(url, progress=False, shard_size=64 << 10,
+                                                 local_cache=None if cache == "-" else cache)
+if mode == "build":
     assert sum(1 for _ in ds) == 200
     sys.exit(0)
 import functools
 loader = torch.utils.data.DataLoader(ds.batch(32).to_torch(), batch_size=None, num_workers=2,
+                                     persistent_workers=persistent == "persistent",
                                      worker_init_fn=functools.partial(note, notes))
 before = "s3fs" in sys.modules
 assert sorted(int(i) for b in loader for i in b["i"]) == list(range(200))
@@ -198,20 +204,26 @@ print(f"parent before the loader: {before}")
 '''
 
 
-def test_workers_forked_to_read_s3_inherit_the_s3fs_import(logged, bucket_url, tmp_path):
-    """A forked worker cannot use its parent's obstore runtime and reads through s3fs (here
-    without a node-local cache, which the loader's process would fill for them); the loader's
-    process imports s3fs before it forks them (once), so that no worker pays the import
-    (~0.3-0.5 CPU s each). In fresh processes, which had not imported s3fs."""
+@pytest.mark.parametrize("cache,persistent,imported", [
+    (False, "afresh", True), (True, "persistent", True), (True, "afresh", False)])
+def test_workers_that_will_use_s3_inherit_the_s3fs_import(logged, bucket_url, tmp_path, cache,
+                                                          persistent, imported):
+    """A forked worker cannot use its parent's obstore runtime and reads through s3fs. Where
+    workers will make requests (no node-local cache: they fetch the shards; persistent: they
+    check the manifest of each later epoch), the loader's process imports s3fs before it forks
+    them (once), so that no worker pays the import (~0.3-0.5 CPU s each); where the loader's
+    process fetches everything for workers started afresh, it imports nothing. In fresh
+    processes, which had not imported s3fs."""
     import subprocess
     import sys
 
     script = tmp_path / "reader.py"
     script.write_text(READER)
     env = {**os.environ, **logged.server.env}
-    args = [sys.executable, str(script), bucket_url, str(tmp_path / "notes")]
+    args = [sys.executable, str(script), bucket_url, str(tmp_path / "notes"),
+            str(tmp_path / "cache") if cache else "-", persistent]
     subprocess.run(args + ["build"], env=env, check=True, timeout=300)
     done = subprocess.run(args + ["read"], env=env, check=True, timeout=300,
                           capture_output=True, text=True)
     assert "parent before the loader: False" in done.stdout, done.stdout + done.stderr
-    assert (tmp_path / "notes").read_text().split() == ["True", "True"]
+    assert (tmp_path / "notes").read_text().split() == [str(imported)] * 2
