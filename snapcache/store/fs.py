@@ -99,8 +99,8 @@ class Storage:
     def before_fork(self) -> None:
         """Get ready for children about to be forked to use this storage (a DataLoader's
         workers): on S3 through obstore, import s3fs here, which a forked child uses instead
-        (see :mod:`snapcache.store.fs_obstore`), so that each child inherits the import
-        rather than paying it (~0.3-0.5 CPU s a process)."""
+        (see :mod:`snapcache.store.fs_obstore`), and parse its S3 service model, so that each
+        child inherits them rather than paying for them (~0.5 CPU s a process)."""
         if self._s3 is not None:
             self._s3.before_fork()
 
