@@ -80,6 +80,8 @@ def prepare_workers(dataset: Any, token: str, *, epoch: int,
             held = held and committed is not None
             if node is last and committed is not None:
                 reader = open_reader(*committed, node.options)
+                if not reader.cached:  # local, or no node-local cache: nothing to fetch
+                    continue
                 order = shards_in_read_order(
                     dataset._op, reader, epoch,
                     [StreamSpec(index, count) for index, count in streams], balance)

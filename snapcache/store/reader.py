@@ -280,7 +280,7 @@ class SnapshotReader:
             self._maps[shard.path] = mapped
         if verify:
             actual = checksum(buffer, mapped if low_memory else None)
-            if actual != shard.checksum and self._cached:
+            if actual != shard.checksum and self.cached:
                 # The local copy may be what is damaged: drop it and check the original.
                 self.cache.discard(self._cache_key(shard))
                 buffer, mapped = self._load(shard, where)
@@ -369,7 +369,7 @@ class SnapshotReader:
         ``started`` copies hold their shards' locks (or ``timeout`` seconds), so that readers
         starting now find them under way. True if every shard is in the cache or on its way;
         False without a node-local cache."""
-        if not self._cached:
+        if not self.cached:
             return False
         assert self.cache is not None
         room, first = self.cache.limit_bytes // 2, []
@@ -405,12 +405,12 @@ class SnapshotReader:
                      use_cache: bool = True) -> tuple[Any, bool]:
         """(bytes ``[start, end)`` of ``shard``, whether they came from the node-local cache)."""
         try:
-            if use_cache and self._cached:
+            if use_cache and self.cached:
                 copy = self.cache.peek(self._cache_key(shard), shard.bytes)
                 if copy is not None:
                     return copy.slice(start, end - start), True
             data = self.storage.read_range(shard.path, start, end)
-            if self._cached:  # later record batches of it: from the local copy
+            if self.cached:  # later record batches of it: from the local copy
                 self._fill_cache(shard)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where}: the shard is missing "
@@ -426,9 +426,10 @@ class SnapshotReader:
         return f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
 
     @property
-    def _cached(self) -> bool:
+    def cached(self) -> bool:
         """Whether remote shards go through the node-local cache (never on local disk)."""
         return self.cache is not None and not self.storage.local
+
 
     def _cache_key(self, shard: ShardInfo) -> str:
         return f"{self.manifest.fingerprint}/{shard.path}"
@@ -446,7 +447,7 @@ class SnapshotReader:
     def _load(self, shard: ShardInfo, where: str) -> tuple[pa.Buffer, mmap.mmap | None]:
         mapped = None
         try:
-            if self._cached:
+            if self.cached:
                 buffer = self.cache.get(self._cache_key(shard), shard.bytes,
                                         lambda: self.storage.read_bytes(shard.path, shard.bytes),
                                         copy_in_background=True)
