@@ -430,7 +430,6 @@ class SnapshotReader:
         """Whether remote shards go through the node-local cache (never on local disk)."""
         return self.cache is not None and not self.storage.local
 
-
     def _cache_key(self, shard: ShardInfo) -> str:
         return f"{self.manifest.fingerprint}/{shard.path}"
 
