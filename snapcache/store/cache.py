@@ -114,7 +114,9 @@ class ShardCache:
         self.limit_bytes = limit_bytes
         self._root = os.path.join(self.directory, SUBDIR)
         os.makedirs(self._root, exist_ok=True)
-        self._lock = threading.Lock()
+        # re-entrant: a fork holds it (_before_fork), and another fork hook running after that
+        # one on the forking thread may still use the cache
+        self._lock = threading.RLock()
         self._key_locks: dict[str, list] = {}   # key -> [lock, number of users]
         self._node_fds: set[int] = set()         # lock files held (flock) by this process
         self._copier: ThreadPoolExecutor | None = None
@@ -296,7 +298,7 @@ class ShardCache:
         """A forked child has none of its parent's other threads: drop the locks they held
         (the node's lock files stay locked by the parent, whose descriptors are its own) and
         the background copier (the parent finishes its copies)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._key_locks = {}
         for fd in self._node_fds:
             try:

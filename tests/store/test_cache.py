@@ -478,3 +478,47 @@ def _copy_in_a_child(directory: str) -> None:
     cache.get("fp/child", 3000, Fetcher(payload("fp/child", 3000)), copy_in_background=True)
     if cached_keys(cache) != {"fp/child"}:
         os._exit(3)
+
+
+_HOOK_CACHE: list = []
+
+
+def _use_cache_before_fork():
+    for cache, key, size in _HOOK_CACHE:
+        cache.peek(key, size)  # takes the cache's lock on the forking thread
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_use_cache_before_fork)  # runs before the cache's own hook
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_hook_that_uses_the_cache_after_its_own_does_not_deadlock(tmp_path):
+    """The cache holds its lock across a fork; a hook running on the forking thread after
+    that (registered before the cache module, or a fork from inside one) may still use it."""
+    from snapcache.store import cache as cache_module
+
+    cache = ShardCache(tmp_path, 1 << 20)
+    data = payload("fp/s", 100)
+    cache.get("fp/s", 100, Fetcher(data))
+    forked = []
+
+    def fork():
+        cache_module._before_fork()  # as if the cache's hook had run first
+        try:
+            _use_cache_before_fork()
+        finally:
+            cache_module._after_fork_in_parent()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        forked.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+    _HOOK_CACHE.append((cache, "fp/s", 100))
+    try:
+        thread = threading.Thread(target=fork, daemon=True)
+        thread.start()
+        thread.join(60)
+    finally:
+        _HOOK_CACHE.clear()
+    assert forked == [0]
