@@ -125,6 +125,8 @@ class ShardFile:
         return batch
 
 _CHUNK = 16 << 20  # a multiple of every page size
+PREFETCH_THREADS = 4
+"""Shards :meth:`SnapshotReader.prefetch` copies at once."""
 PREFETCH_START_TIMEOUT = 10.0
 """Seconds :meth:`SnapshotReader.prefetch` waits at most for its first copies to start."""
 
@@ -363,31 +365,34 @@ class SnapshotReader:
     def prefetch(self, shards: Sequence[ShardInfo], *, started: int = 1,
                  timeout: float = PREFETCH_START_TIMEOUT) -> bool:
         """Copy ``shards`` that are not in the node-local cache yet into it, in this order, on
-        background threads (``started`` at once), for processes about to read them (a
-        DataLoader's workers: one that needs a shard being copied waits for the copy rather
-        than fetching it again); as far as half the cache's limit. Returns once the first
-        ``started`` copies hold their shards' locks (or ``timeout`` seconds), so that readers
-        starting now find them under way. True if every shard is in the cache or on its way;
-        False without a node-local cache."""
+        background threads, for ``started`` readers about to read them (a DataLoader's
+        workers: one that needs a shard being copied waits for the copy rather than fetching
+        it again); as far as half the cache's limit, at most :data:`PREFETCH_THREADS` at once
+        (each copy is held in memory whole). Returns once the first copies hold their shards'
+        locks (or ``timeout`` seconds), so that readers starting now find them under way. True
+        if the readers will fetch nothing themselves: every shard in the cache or on its way,
+        one copy started for each reader; False without a node-local cache."""
         if not self.cached:
             return False
         assert self.cache is not None
-        room, first = self.cache.limit_bytes // 2, []
+        threads = min(max(1, started), PREFETCH_THREADS)
+        room, first, queued = self.cache.limit_bytes // 2, [], 0
         for shard in shards:
             if self.cache.peek(self._cache_key(shard), shard.bytes) is not None:
                 continue
+            queued += 1
             room -= shard.bytes
             if room < 0:
                 return False
             if self._filler is None:
-                self._filler = _CacheFiller(self, threads=max(1, started))
+                self._filler = _CacheFiller(self, threads=threads)
             event = self._filler.fill(shard)
-            if event is not None and len(first) < started:
+            if event is not None and len(first) < threads:
                 first.append(event)
         deadline = time.monotonic() + timeout
         for event in first:
             event.wait(max(0.0, deadline - time.monotonic()))
-        return True
+        return queued <= threads or started <= threads
 
     def wait_for_cache(self, timeout: float | None = None) -> bool:
         """Wait until the shards being copied into the node-local cache in the background

@@ -133,3 +133,25 @@ def test_without_a_local_cache_nothing_is_copied(remote, monkeypatch):
     fetches = Fetches(reader.storage, monkeypatch)
     assert not reader.prefetch(reader.manifest.shards)
     assert fetches.paths == []
+
+
+def test_at_most_a_few_copies_at_once_and_more_readers_are_told(remote, tmp_path, monkeypatch):
+    """Each copy is held in memory whole: at most PREFETCH_THREADS at once. With more readers
+    than that, some may find their first shard not under way yet: ``prefetch`` says so
+    (False), unless nothing is left to copy."""
+    from snapcache.store import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "PREFETCH_THREADS", 2)
+    cache = ShardCache(tmp_path / "cache", 1 << 30)
+    reader = open_reader(remote, cache)
+    shards = reader.manifest.shards
+    release = threading.Event()
+    fetches = Fetches(reader.storage, monkeypatch, hold=release)
+    assert not reader.prefetch(shards, started=3)
+    assert sorted(fetches.paths) == sorted([shards[0].path, shards[1].path])  # two at once
+    release.set()
+    assert reader.wait_for_cache(60) and len(fetches.paths) == len(shards)
+    assert reader.prefetch(shards, started=3)  # everything there: nobody fetches
+    fresh = open_reader(remote, ShardCache(tmp_path / "other", 1 << 30))
+    assert fresh.prefetch(shards[:2], started=3)  # as many to copy as at once: all under way
+    assert fresh.wait_for_cache(60)
