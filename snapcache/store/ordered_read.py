@@ -178,29 +178,17 @@ class BlockDecoder:
                 row - starts[j])
 
     def decode(self, block: int) -> Any:
-        index, file_reader, starts, first = self._first_row(block)
-        rows = int(self.layout.rows[block])
-        pieces = []
-        # bisect: np.searchsorted would convert the list at every call (quadratic a shard)
-        j = max(0, bisect.bisect_right(starts, first) - 1)
-        damage = None
-        while rows > sum(p.num_rows for p in pieces):
-            try:
-                batch = self.record_batch(index, file_reader, starts, j)
-            except CorruptSnapshotError as e:
-                if not pieces:
-                    raise
-                damage = e  # the rows before the damaged record batch still come out
-                break
-            lo = max(0, first - starts[j])
-            hi = min(batch.num_rows, first + rows - starts[j])
-            pieces.append(batch.slice(lo, hi - lo) if (lo, hi) != (0, batch.num_rows)
-                          else batch)
-            j += 1
-        if damage is not None:
-            return Damaged(self._finish((index,), pieces), sum(p.num_rows for p in pieces),
-                           damage)
-        return self._finish((index,), pieces)
+        pieces: list[pa.RecordBatch] = []
+        try:
+            for piece in self._slices(block, 0, int(self.layout.rows[block])):
+                pieces.append(piece)
+        except CorruptSnapshotError as e:
+            if not pieces:
+                raise
+            # the rows before the damaged record batch still come out
+            return Damaged(self._finish((int(self.layout.shard[block]),), pieces),
+                           sum(p.num_rows for p in pieces), e)
+        return self._finish((int(self.layout.shard[block]),), pieces)
 
     def decode_spans(self, spans: tuple[Span, ...]) -> Any:
         """Rows ``[lo, hi)`` of each ``(block, lo, hi)``, laid end to end as columns (a part of
@@ -208,20 +196,26 @@ class BlockDecoder:
         alone but for its tensors' shapes, then one concatenation, one shape check and one
         conversion for them all (in ``mode="rows"``, examples). Raises on any damage without
         saying which rows are sound: the caller decodes the blocks one by one to find out."""
-        pieces, shards = [], set()
-        for block, lo, hi in spans:
-            index, file_reader, starts, first = self._first_row(block)
-            shards.add(index)
-            a, b = first + lo, first + hi
-            j = max(0, bisect.bisect_right(starts, a) - 1)
-            while a < b:
-                batch = self.record_batch(index, file_reader, starts, j, whole=False)
-                lo_j, hi_j = a - starts[j], min(b, starts[j + 1]) - starts[j]
-                pieces.append(batch if (lo_j, hi_j) == (0, batch.num_rows)
-                              else batch.slice(lo_j, hi_j - lo_j))
-                a = starts[j + 1]
-                j += 1
-        return self._finish(shards, pieces, shapes=True)
+        pieces = [piece for block, lo, hi in spans
+                  for piece in self._slices(block, lo, hi, whole=False)]
+        return self._finish({int(self.layout.shard[block]) for block, _, _ in spans}, pieces,
+                            shapes=True)
+
+    def _slices(self, block: int, lo: int, hi: int, whole: bool = True
+                ) -> Iterator[pa.RecordBatch]:
+        """Rows ``[lo, hi)`` of ``block``, a slice of each record batch holding some, in order,
+        each batch read and checked as it comes (:meth:`record_batch`)."""
+        index, file_reader, starts, first = self._first_row(block)
+        a, b = first + lo, first + hi
+        # bisect: np.searchsorted would convert the list at every call (quadratic a shard)
+        j = max(0, bisect.bisect_right(starts, a) - 1)
+        while a < b:
+            batch = self.record_batch(index, file_reader, starts, j, whole)
+            lo_j, hi_j = a - starts[j], min(b, starts[j + 1]) - starts[j]
+            yield batch if (lo_j, hi_j) == (0, batch.num_rows) \
+                else batch.slice(lo_j, hi_j - lo_j)
+            a = starts[j + 1]
+            j += 1
 
     def _finish(self, shards: Iterable[int], pieces: list, *, shapes: bool = False) -> Any:
         """Slices of record batches of ``shards`` as one batch, decoded (``shapes``: the

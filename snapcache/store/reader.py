@@ -357,10 +357,10 @@ class SnapshotReader:
             raise CorruptSnapshotError(f"{self.where(shard)} is corrupt: record batch {index}: "
                                        f"{e}. {way_out(self.storage)}") from None
 
-    def _fill_cache(self, shard: ShardInfo) -> threading.Event | None:
+    def _fill_cache(self, shard: ShardInfo) -> None:
         if self._filler is None:
             self._filler = _CacheFiller(self)
-        return self._filler.fill(shard)
+        self._filler.fill(shard)
 
     def prefetch(self, shards: Sequence[ShardInfo], *, started: int = 1,
                  timeout: float = PREFETCH_START_TIMEOUT) -> bool:
