@@ -236,7 +236,17 @@ def process_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
                     exhausted = True
                 if not chunk:
                     break
-                in_flight.append((position, pool.submit(_run_chunk, fn, chunk, position, prefix)))
+                try:
+                    future = pool.submit(_run_chunk, fn, chunk, position, prefix)
+                except BrokenProcessPool:
+                    # A worker died before this chunk went out: the chunks in flight end with
+                    # the same error and report it, after yielding what was computed before.
+                    if not in_flight:
+                        raise process_safety.died(prefix, list(processes.values()), label,
+                                                  position) from None
+                    exhausted = True
+                    break
+                in_flight.append((position, future))
                 processes.update(getattr(pool, "_processes", None) or {})
                 position += len(chunk)
             if not in_flight:

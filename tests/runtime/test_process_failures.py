@@ -59,6 +59,12 @@ def killed_at_37(x):
     return x
 
 
+def killed_at_0(x):
+    if x == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
 def _segments():
     try:
         return {n for n in os.listdir("/dev/shm") if n.startswith("snapcache_")}
@@ -105,6 +111,31 @@ def test_a_worker_killed_by_a_signal_is_reported_with_its_example():
         list(process_map(killed_at_37, range(100), workers=2, chunk_size=4,
                          label="map `killed_at_37`"))
     assert not [n for n in _segments() - before if "status" in n]
+
+
+def test_a_worker_death_seen_when_submitting_is_reported_with_its_example(monkeypatch):
+    """The pool can break between two submissions, and the next submit then raises
+    BrokenProcessPool: that must give the same report as a death seen by a chunk's result."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    original = ProcessPoolExecutor.submit
+    calls = []
+
+    def submit(self, fn, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:                    # wait until the pool has seen the worker die
+            deadline = time.monotonic() + 60
+            while not self._broken and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert self._broken
+        return original(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", submit)
+    with pytest.raises(UserFunctionError, match=r"worker died: signal 9 \(SIGKILL\) while "
+                                                r"computing example #0"):
+        list(process_map(killed_at_0, range(10), workers=1, chunk_size=1,
+                         label="map `killed_at_0`"))
+    assert len(calls) == 2
 
 
 PARENT = """
