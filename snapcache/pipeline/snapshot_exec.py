@@ -10,6 +10,7 @@ import os
 import time
 import warnings
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 from snapcache.errors import (
@@ -271,12 +272,23 @@ def hold_for_workers(op: ops.SnapshotOp) -> tuple[Storage, Manifest] | None:
 def _hold(storage: Storage, manifest: Manifest, op: ops.SnapshotOp) -> None:
     try:
         fresh = hold_read(storage, ttl=op.options.coordination.lease_ttl, holder=op)
-        if fresh:
-            _touch_last_used(storage)
     except OSError as e:  # read-only storage: reading still works, purge just cannot see us
         log.debug("cannot record the read of %s: %s", storage.url, e)
-        fresh = False
-    if fresh and not storage.exists(manifest_file(manifest)):
+        return
+    if not fresh:
+        return
+    # The record of use and the check that the snapshot is still there do not depend on each
+    # other: on an object store they go out together (one round trip of the first batch's
+    # wait instead of two).
+    if storage.local:
+        _touch_last_used(storage)
+        present = storage.exists(manifest_file(manifest))
+    else:
+        with ThreadPoolExecutor(1, thread_name_prefix="snapcache-last-used") as pool:
+            touched = pool.submit(_touch_last_used, storage)
+            present = storage.exists(manifest_file(manifest))
+        touched.result()
+    if not present:
         # A purge removed the snapshot between our reading its manifest and taking the lease.
         raise CorruptSnapshotError(
             f"snapshot {storage.url} was purged while it was being opened; iterate "
@@ -337,12 +349,17 @@ def _partial_manifest(resume: StreamRecord, fingerprint: str) -> Manifest:
 
 
 def _touch_last_used(storage: Storage) -> None:
+    """Record the use (``snapcache ls`` shows it), at most every :data:`LAST_USED_INTERVAL`
+    seconds a process; a failure is only logged (reads go on)."""
     url = storage.url
     now = time.monotonic()
     if now - _last_used.get(url, -1e9) < LAST_USED_INTERVAL:
         return
     _last_used[url] = now
-    record_last_use(storage)
+    try:
+        record_last_use(storage)
+    except OSError as e:
+        log.debug("cannot record the use of %s: %s", storage.url, e)
 
 
 def _warn_randomness(op: ops.SnapshotOp, labelled) -> None:
