@@ -175,6 +175,7 @@ class SnapshotReader:
         self._validator = BatchValidator(self.schema) if self.schema is not None else None
         self._maps: dict[str, mmap.mmap] = {}   # low-memory shards being read
         self._filler: _CacheFiller | None = None
+        self._early: dict[str, Future] = {}     # remote shards fetched ahead (fetch_early)
 
     @classmethod
     def open(cls, storage: Storage, **kwargs: Any) -> "SnapshotReader":
@@ -426,6 +427,36 @@ class SnapshotReader:
                                        f"{way_out(self.storage)}")
         return data, False
 
+    def fetch_early(self, shard: ShardInfo) -> None:
+        """Start fetching remote ``shard`` on a background thread now, for this reader's first
+        read of it: its GET then overlaps the requests a read makes before its first shard
+        (the read lease). The bytes are used only by that read, which checks them against the
+        manifest like any others. Into the node-local cache when there is one (the read waits
+        for the copy under way); else held until the read takes them, or
+        :meth:`drop_early`. Nothing on local disk."""
+        if self.storage.local:
+            return
+        if self.cached:
+            self.prefetch([shard], started=1)
+            return
+        if shard.path in self._early:
+            return
+        future: Future = Future()
+        future.set_running_or_notify_cancel()
+
+        def fetch() -> None:
+            try:
+                future.set_result(self.storage.read_bytes(shard.path, shard.bytes))
+            except BaseException as e:  # noqa: BLE001 - raised again by the read that uses it
+                future.set_exception(e)
+
+        self._early[shard.path] = future
+        threading.Thread(target=fetch, name="snapcache-fetch-early", daemon=True).start()
+
+    def drop_early(self) -> None:
+        """Forget the shards :meth:`fetch_early` fetched that no read took."""
+        self._early.clear()
+
     def where(self, shard: ShardInfo) -> str:
         """How errors name ``shard``: ``snapshot <id> shard '<path>'``."""
         return f"snapshot {self.manifest.fingerprint[:12]} shard {shard.path!r}"
@@ -456,7 +487,11 @@ class SnapshotReader:
                                         lambda: self.storage.read_bytes(shard.path, shard.bytes),
                                         copy_in_background=True)
             else:
-                buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
+                early = self._early.pop(shard.path, None)
+                if early is not None:
+                    buffer = pa.py_buffer(early.result())
+                else:
+                    buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)}). "
                                        f"{way_out(self.storage)}") from None

@@ -297,3 +297,93 @@ def test_a_builds_protocol_makes_the_same_few_requests_through_both_clients(
     for method, _ in logged.requests(since):
         kinds[method] = kinds.get(method, 0) + 1
     assert kinds == BUILD_REQUESTS, logged.requests(since)
+
+
+def _fresh_process_state():
+    """As in a new process: no manifest known, no read lease held."""
+    from snapcache.store import fs, protocol
+
+    protocol.release_all()
+    fs._PARSED.clear()
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "local-cache"])
+def test_a_cold_reads_first_shard_is_fetched_while_the_read_lease_is_taken(
+        logged, bucket_url, tmp_path, monkeypatch, cached):
+    """The first shard's GET goes out beside the read lease's requests, not after them; it is
+    the only GET of that shard, and the epoch reads back whole. The lease's PUT waits here
+    (at most 60 s) until a GET of a shard has started on another thread: without the early
+    fetch nothing starts one, and the test fails."""
+    import threading
+
+    from snapcache.store.fs import Storage
+
+    options = {"local_cache": str(tmp_path / "cache")} if cached else {}
+    ds = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
+                                                     shard_size=256 << 10, **options)
+    assert sum(1 for _ in ds) == 200
+    _fresh_process_state()
+    shard_fetch_started = threading.Event()
+    read_bytes, write_atomic = Storage.read_bytes, Storage.write_atomic
+
+    def reading(self, rel, *args, **kwargs):
+        if str(rel).endswith(".arrow"):
+            shard_fetch_started.set()
+        return read_bytes(self, rel, *args, **kwargs)
+
+    waited = []
+
+    def writing(self, rel, *args, **kwargs):
+        if str(rel).startswith("reader-") and threading.current_thread() is main:
+            waited.append(shard_fetch_started.wait(60))
+        return write_atomic(self, rel, *args, **kwargs)
+
+    main = threading.current_thread()
+    monkeypatch.setattr(Storage, "read_bytes", reading)
+    monkeypatch.setattr(Storage, "write_atomic", writing)
+    again = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
+                                                        shard_size=256 << 10, **options)
+    since = logged.mark()
+    rows = [int(i) for b in again.batch(32) for i in b["i"]]
+    assert rows == list(range(200))
+    assert waited == [True]
+    gets = shard_gets(logged.requests(since))
+    assert len(gets) > 1 and sorted(gets) == sorted(set(gets)), gets  # none fetched twice
+
+
+def test_a_purge_between_the_manifest_and_the_read_lease_is_said_and_drops_the_early_fetch(
+        logged, bucket_url, monkeypatch):
+    """A purge that removes the snapshot after the reader read its manifest and before its
+    read lease is visible: the read says so (the bytes fetched early are never used), and
+    nothing of them stays held."""
+    from snapcache.errors import CorruptSnapshotError
+    from snapcache.store import reader as reader_module
+    from snapcache.store.fs import Storage
+
+    ds = sc.Dataset.range(100).map(example).snapshot(bucket_url, progress=False,
+                                                     shard_size=256 << 10)
+    assert sum(1 for _ in ds) == 100
+    _fresh_process_state()
+    readers = []
+    init = reader_module.SnapshotReader.__init__
+
+    def keep(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        readers.append(self)
+
+    write_atomic = Storage.write_atomic
+
+    def purged_first(self, rel, *args, **kwargs):
+        if str(rel).startswith("reader-"):  # what a purge does, just before the lease lands
+            for name in self.fs.ls(self.root, detail=False):
+                if not name.rsplit("/", 1)[-1].startswith("reader-"):
+                    self.fs.rm(name)
+        return write_atomic(self, rel, *args, **kwargs)
+
+    monkeypatch.setattr(reader_module.SnapshotReader, "__init__", keep)
+    monkeypatch.setattr(Storage, "write_atomic", purged_first)
+    again = sc.Dataset.range(100).map(example).snapshot(bucket_url, progress=False,
+                                                        shard_size=256 << 10)
+    with pytest.raises(CorruptSnapshotError, match="purged while it was being opened"):
+        next(iter(again.batch(10)))
+    assert readers and all(not r._early for r in readers)

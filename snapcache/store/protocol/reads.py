@@ -153,6 +153,14 @@ def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
     return fresh
 
 
+def holds_read(storage: Storage) -> bool:
+    """Whether a read of ``storage`` now would take no new lease: this process holds a live
+    one, or was forked from one that does (:func:`held_by_parent`)."""
+    with _lock:
+        held = _held.get((os.getpid(), storage.url))
+    return (held is not None and held.alive) or held_by_parent(storage)
+
+
 def held_by_parent(storage: Storage) -> bool:
     """Whether this process was forked from one that held a read lease on ``storage`` (and
     holds it still, while the pipeline it forked us to read lives): a DataLoader worker of a
