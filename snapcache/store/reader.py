@@ -431,22 +431,17 @@ class SnapshotReader:
         """Start fetching remote ``shard`` on a background thread now, for this reader's first
         read of it: its GET then overlaps the requests a read makes before its first shard
         (the read lease). The bytes are used only by that read, which checks them against the
-        manifest like any others. Into the node-local cache when there is one (the read waits
-        for the copy under way); else held until the read takes them, or
-        :meth:`drop_early`. Nothing on local disk."""
-        if self.storage.local:
-            return
-        if self.cached:
-            self.prefetch([shard], started=1)
-            return
-        if shard.path in self._early:
+        manifest like any others; held until it takes them, or :meth:`drop_early`. Through the
+        node-local cache when there is one, as the read itself would (one download a node).
+        Nothing on local disk."""
+        if self.storage.local or shard.path in self._early:
             return
         future: Future = Future()
         future.set_running_or_notify_cancel()
 
         def fetch() -> None:
             try:
-                future.set_result(self.storage.read_bytes(shard.path, shard.bytes))
+                future.set_result(self._fetch(shard))
             except BaseException as e:  # noqa: BLE001 - raised again by the read that uses it
                 future.set_exception(e)
 
@@ -482,16 +477,13 @@ class SnapshotReader:
     def _load(self, shard: ShardInfo, where: str) -> tuple[pa.Buffer, mmap.mmap | None]:
         mapped = None
         try:
-            if self.cached:
-                buffer = self.cache.get(self._cache_key(shard), shard.bytes,
-                                        lambda: self.storage.read_bytes(shard.path, shard.bytes),
-                                        copy_in_background=True)
+            early = self._early.pop(shard.path, None)
+            if early is not None:
+                buffer = early.result()
+            elif self.storage.local:
+                buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
             else:
-                early = self._early.pop(shard.path, None)
-                if early is not None:
-                    buffer = pa.py_buffer(early.result())
-                else:
-                    buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
+                buffer = self._fetch(shard)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)}). "
                                        f"{way_out(self.storage)}") from None
@@ -500,6 +492,14 @@ class SnapshotReader:
                 f"{where} has {buffer.size} bytes, the manifest says {shard.bytes}. "
                 f"{way_out(self.storage)}")
         return buffer, mapped
+
+    def _fetch(self, shard: ShardInfo) -> pa.Buffer:
+        """A remote shard's bytes: through the node-local cache if there is one."""
+        if self.cached:
+            return self.cache.get(self._cache_key(shard), shard.bytes,  # type: ignore[union-attr]
+                                  lambda: self.storage.read_bytes(shard.path, shard.bytes),
+                                  copy_in_background=True)
+        return self.storage.map_file(shard.path, shard.bytes)[0]
 
     def check_shard(self, shard: ShardInfo) -> None:
         """Verify one shard completely: size, checksum, rows, schema, and every record batch
