@@ -1,0 +1,185 @@
+"""The first batch of a fresh process reading a snapshot on S3, each request delayed as a
+distant server's would be: the requests before the first shard overlapped (this code) against
+made in a row (the same code with the overlap switched off, in the same run).
+
+    python -m benchmarks.bench_first_batch [--scale 1.0] [--runs 7] [--write-doc]
+
+The snapshots are built straight on the loopback moto server; the reading processes reach it
+through ``benchmarks/latency_proxy.py``, which holds each request for the given time (the
+answers pass at once). A fresh process reads its manifest (one GET), takes its read lease (a
+PUT), records the use (a PUT) and checks that no purge removed the snapshot meanwhile (a HEAD),
+then gets its first shard. Overlapped, the shard's GET goes out beside the lease's requests and
+the last-use PUT beside the HEAD (``SnapshotReader.fetch_early``,
+``snapshot_exec._hold``); in a row, each waits for the one before (``fetch_early`` a no-op and
+``_hold``'s two requests one after the other). Each process is timed from building the
+pipeline object (after its imports) to its first batch and to the end of its epoch; the two
+settings alternate process by process; medians of ``--runs`` processes each.
+
+Needs moto's server (the test extras); nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+
+from benchmarks.report import command_line, load_average, markers, publish
+
+START, END = markers("first-batch-benchmark")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DELAYS = (0.0, 0.01, 0.025)
+"""Seconds each request is held: the loopback server itself, and 10 and 25 ms (a request to
+S3 in the same region takes ~10-30 ms to its first byte)."""
+BATCH = 256
+
+CHILD = r"""
+import json, sys, time
+from concurrent.futures import Future
+
+import snapcache as sc
+from benchmarks.workloads import MAKERS
+
+url, workload, n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if mode == "in a row":
+    from snapcache.pipeline import snapshot_exec
+    from snapcache.store.reader import SnapshotReader
+
+    class Serial:  # _hold's pool: each request waits for the one before
+        def __init__(self, *args, **kwargs):
+            pass
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return False
+        def submit(self, fn, *args, **kwargs):
+            future = Future()
+            future.set_result(fn(*args, **kwargs))
+            return future
+
+    snapshot_exec.ThreadPoolExecutor = Serial
+    SnapshotReader.fetch_early = lambda self, shard: None
+started = time.perf_counter()
+ds = sc.Dataset.range(n).map(MAKERS[workload]).snapshot(url, progress=False).batch(%d)
+it = iter(ds)
+rows = len(next(iter(next(it).values())))
+first = time.perf_counter() - started
+rows += sum(len(next(iter(b.values()))) for b in it)
+assert rows == n, rows
+print(json.dumps({"first": first, "epoch": time.perf_counter() - started}))
+""" % BATCH
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _proxy(endpoint: str, delay: float) -> tuple[subprocess.Popen, str]:
+    target = urllib.parse.urlparse(endpoint)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.latency_proxy", str(port),
+                             target.hostname or "127.0.0.1", str(target.port), str(delay)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _read(url: str, workload: str, n: int, mode: str, endpoint: str, server_endpoint: str
+          ) -> dict:
+    env = {k: v.replace(server_endpoint, endpoint) for k, v in os.environ.items()}
+    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in env.get("PYTHONPATH", "").split(
+        os.pathsep) if p])
+    out = subprocess.run([sys.executable, "-c", CHILD, url, workload, str(n), mode],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    if out.returncode:
+        raise RuntimeError(f"reading process failed: {out.stderr.strip()[-2000:]}")
+    import json
+
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure(server, bucket: str, sizes: dict, runs: int) -> dict:
+    import snapcache as sc
+    from benchmarks.workloads import MAKERS
+
+    results = {}
+    for workload, n in sizes.items():
+        url = f"s3://{bucket}/{workload}"
+        for _ in sc.Dataset.range(n).map(MAKERS[workload]).snapshot(url, progress=False):
+            pass  # built straight on the server, not through the proxy
+        for delay in DELAYS:
+            proxy, endpoint = _proxy(server.endpoint, delay) if delay else (None,
+                                                                            server.endpoint)
+            try:
+                modes = ["in a row", "overlapped"]
+                got: dict[str, list[dict]] = {m: [] for m in modes}
+                for r in range(runs):
+                    for mode in (modes if r % 2 else modes[::-1]):
+                        got[mode].append(_read(url, workload, n, mode, endpoint,
+                                               server.endpoint))
+            finally:
+                if proxy is not None:
+                    proxy.kill()
+                    proxy.wait()
+            results[(workload, delay)] = {
+                mode: {"first": statistics.median(r["first"] for r in rs),
+                       "epoch": statistics.median(r["epoch"] for r in rs),
+                       "firsts": [r["first"] for r in rs]}
+                for mode, rs in got.items()}
+            print(f"  {workload} {delay * 1e3:.0f} ms {results[(workload, delay)]}",
+                  file=sys.stderr, flush=True)
+    return results
+
+
+def render(args, sizes, results, elapsed, load) -> str:
+    L = [START, "## First batch on S3: the start-up requests overlapped\n"]
+    L.append(f"`python -m benchmarks.bench_first_batch --scale {args.scale} --runs {args.runs} "
+             f"--write-doc` (took {elapsed:.0f} s; 2-core machine, 1-minute load average "
+             f"{load[0]} at the start and {load[1]} at the end). A fresh process reads a "
+             "snapshot on the loopback moto server through a proxy that holds each request "
+             "for the time in the second column (0: the server directly). Its requests before "
+             "the first shard: the manifest's GET, the read lease's PUT, the last-use PUT and "
+             "the manifest's HEAD (the check against a purge). *In a row*: each waits for the "
+             "one before, then the first shard's GET (this code with the overlap switched "
+             "off); *overlapped*: the first shard's GET goes out beside the lease's requests "
+             "and the last-use PUT beside the HEAD. Milliseconds from building the pipeline "
+             "object (after the imports) to its first batch of 256 and to the end of the "
+             f"epoch, medians of {args.runs} processes a setting, the settings alternating.\n")
+    L.append("| workload | request held | first batch ms in a row | first batch ms overlapped "
+             "| saved | epoch ms in a row / overlapped |")
+    L.append("|---|---|---|---|---|---|")
+    for (workload, delay), r in results.items():
+        row, over = r["in a row"], r["overlapped"]
+        L.append(f"| {workload} ({sizes[workload]:,}) | {delay * 1e3:.0f} ms | "
+                 f"{row['first'] * 1e3:.1f} | {over['first'] * 1e3:.1f} | "
+                 f"{(row['first'] - over['first']) * 1e3:.1f} ms | "
+                 f"{row['epoch'] * 1e3:.0f} / {over['epoch'] * 1e3:.0f} |")
+    L.append(END)
+    return "\n".join(L)
+
+
+def main(argv=None):
+    parser = command_line(__doc__, scale=1.0)
+    parser.add_argument("--runs", type=int, default=7,
+                        help="reading processes a setting and row (default 7)")
+    args = parser.parse_args(argv)
+    from benchmarks.loopback_s3 import loopback_s3
+
+    sizes = {"image": max(20, int(200 * args.scale)),
+             "token": max(2_000, int(20_000 * args.scale))}
+    start_load, started = load_average(), time.perf_counter()
+    with loopback_s3() as (server, bucket, _):
+        results = measure(server, bucket, sizes, args.runs)
+    section = render(args, sizes, results, time.perf_counter() - started,
+                     (start_load, load_average()))
+    publish(section, START, END, write=args.write)
+
+
+if __name__ == "__main__":
+    main()
