@@ -474,7 +474,9 @@ NOTES = """
 - **A warm epoch's requests.** The held pipeline's epoch makes one request, a HEAD of the
   manifest (has it changed?). Its read lease is taken once per process and snapshot, renewed
   in the background (every `lease_ttl / 4`), and released when the pipeline object is
-  collected or at exit; the last-use record is written with it. With DataLoader workers the
+  collected or at exit; the last-use record is written with it (beside the manifest's HEAD
+  that follows a new lease, while the first shard's GET is already under way:
+  `benchmarks/bench_first_batch.py`). With DataLoader workers the
   epoch's workers on a node share that one check (`snapcache/store/checks.py`: a node-local
   record named by the epoch's token, under `flock`), and the loader's process holds the read
   lease for its workers (`to_torch`, or before it forks the next epoch's workers), so the
