@@ -61,6 +61,8 @@ if mode == "in a row":
             future.set_result(fn(*args, **kwargs))
             return future
 
+    # what is switched off must exist, or both settings would measure the same code
+    assert hasattr(snapshot_exec, "ThreadPoolExecutor") and hasattr(SnapshotReader, "fetch_early")
     snapshot_exec.ThreadPoolExecutor = Serial
     SnapshotReader.fetch_early = lambda self, shard: None
 started = time.perf_counter()
