@@ -435,37 +435,19 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
              ) -> OrderedIterator:
     """The iterator over ``share`` after ``skip``, holding a read lease until it is closed."""
     from snapcache.pipeline.snapshot_exec import read_session
-    from snapcache.store.protocol import holds_read
 
-    if not reader.storage.local and not holds_read(reader.storage):
-        first = _first_shard(order, share, skip)  # its GET goes out beside the lease's requests
-        if first is not None:
-            reader.fetch_early(reader.manifest.shards[first])
-    session = read_session(reader, shape.snapshot)
-    try:
-        session.__enter__()
-    except BaseException:
-        reader.drop_early()
-        raise
+    session = read_session(reader, shape.snapshot, order, share, skip)
+    session.__enter__()
     items, runs = _items(shape, reader, order, share, skip, epoch, local_shuffle)
     closed = []
 
     def on_close() -> None:
         if not closed:
             closed.append(True)
-            reader.drop_early()
             session.__exit__(None, None, None)
 
     return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close,
                            runs=runs)
-
-
-def _first_shard(order: EpochOrder, share: Share, skip: int) -> int | None:
-    """The shard of the first position ``share`` reads after ``skip``, if any."""
-    for a, b in share.pieces(skip):
-        if a < b:
-            return int(order.layout.shard[order.locate(a, a + 1)[0][0]])
-    return None
 
 
 def _closing_items(items: Iterator[tuple[int, Any]], on_close: Callable[[], None]

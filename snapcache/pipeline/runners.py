@@ -39,7 +39,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
                                unit=unit)
 
     def chunks() -> Iterator[dict]:
-        with snapshot_exec.read_session(reader, snapshot):
+        with snapshot_exec.read_session(reader, snapshot, order, share):
             pieces = ordered_pieces(reader, order, share.pieces(), mode="columns",
                                     piece=max(1024, unit))
             try:

@@ -20,12 +20,12 @@ from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as _open
-from snapcache.store.order import EpochOrder
+from snapcache.store.order import EpochOrder, Share
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 from snapcache.runtime.progress import EpochProgress
 from snapcache.store.protocol import (
-    StreamRecord, best_progress, commit_fields, discard, held_by_parent, hold_read, negotiate,
-    record_last_use, try_commit)
+    StreamRecord, best_progress, commit_fields, discard, held_by_parent, hold_read, holds_read,
+    negotiate, record_last_use, try_commit)
 from snapcache.store.options import WriteOptions
 from snapcache.store.protocol.versions import manifest_file
 from snapcache.store.writer import SnapshotWriter
@@ -228,26 +228,49 @@ def _read(reader: SnapshotReader, op: ops.SnapshotOp, spec: streams.StreamSpec
     written by as many streams, else chunks of its rows round-robin across the streams."""
     from snapcache.pipeline.shares import read_share
 
-    with read_session(reader, op):
-        order = EpochOrder(layout_of(reader.manifest), None, 0)
-        share = read_share(reader.manifest, spec, shuffled=False)
+    order = EpochOrder(layout_of(reader.manifest), None, 0)
+    share = read_share(reader.manifest, spec, shuffled=False)
+    with read_session(reader, op, order, share):
         for _, _, rows in ordered_pieces(reader, order, share.pieces(), mode="rows"):
             yield from rows
 
 
 @contextlib.contextmanager
-def read_session(reader: SnapshotReader, op: ops.SnapshotOp) -> Iterator[None]:
+def read_session(reader: SnapshotReader, op: ops.SnapshotOp, order: EpochOrder | None = None,
+                 share: Share | None = None, skip: int = 0) -> Iterator[None]:
     """Read under a lease, so ``purge`` keeps the snapshot. The process keeps its lease
     (renewed in the background) for as long as the snapshot op ``op`` can read again, and
     releases it at exit: later epochs make no lease request. A process forked from one that
     holds the lease (a DataLoader worker of a loader made after the snapshot was committed,
-    see :func:`hold_for_workers`) takes none: its parent's covers its reads."""
+    see :func:`hold_for_workers`) takes none: its parent's covers its reads.
+
+    With the epoch's ``order`` and the ``share`` it reads (after ``skip``): on an object
+    store, a read that takes a new lease starts the GET of its first shard before the lease's
+    requests, beside them (:func:`fetch_first_early`); what no read took is dropped at the
+    end of the session."""
     storage = reader.storage
-    if held_by_parent(storage):
+    if order is not None and share is not None:
+        fetch_first_early(reader, order, share, skip)
+    try:
+        if not held_by_parent(storage):
+            _hold(storage, reader.manifest, op)
         yield
+    finally:
+        reader.drop_early()
+
+
+def fetch_first_early(reader: SnapshotReader, order: EpochOrder, share: Share,
+                      skip: int = 0) -> None:
+    """On an object store, when this read will take a new read lease: start the GET of the
+    first shard ``share`` reads (after ``skip``) now (:meth:`SnapshotReader.fetch_early`),
+    so that it overlaps the lease's requests."""
+    if reader.storage.local or holds_read(reader.storage):
         return
-    _hold(storage, reader.manifest, op)
-    yield
+    for a, b in share.pieces(skip):
+        if a < b:
+            reader.fetch_early(reader.manifest.shards[int(order.layout.shard[
+                order.locate(a, a + 1)[0][0]])])
+            return
 
 
 def hold_for_workers(op: ops.SnapshotOp) -> tuple[Storage, Manifest] | None:
