@@ -52,6 +52,14 @@ def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, 
                  chunk=max(unit, total // unit * unit), bounds=tuple(bounds))
 
 
+def first_shard(order: EpochOrder, share: Share, skip: int = 0) -> int | None:
+    """The shard of the first position ``share`` reads after ``skip``; None if it reads none."""
+    for a, b in share.pieces(skip):
+        if a < b:
+            return int(order.layout.shard[order.locate(a, a + 1)[0][0]])
+    return None
+
+
 EXACT_READ_ORDER = 1 << 16
 """Positions of each stream's share that :func:`first_needs` follows one by one; past them, a
 shuffle window's shards come in the window's block sequence (all are needed within the

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 from snapcache.errors import (
     CorruptSnapshotError, LeaseLostError, OptionConflictWarning, RandomnessWarning, StoreError)
 from snapcache.pipeline import interrupt, ops, streams
+from snapcache.pipeline.shares import first_shard, read_share
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
@@ -226,8 +227,6 @@ def _read(reader: SnapshotReader, op: ops.SnapshotOp, spec: streams.StreamSpec
           ) -> Iterator[Any]:
     """This stream's share of a committed snapshot: the rows it wrote, if the snapshot was
     written by as many streams, else chunks of its rows round-robin across the streams."""
-    from snapcache.pipeline.shares import read_share
-
     order = EpochOrder(layout_of(reader.manifest), None, 0)
     share = read_share(reader.manifest, spec, shuffled=False)
     with read_session(reader, op, order, share):
@@ -266,11 +265,9 @@ def fetch_first_early(reader: SnapshotReader, order: EpochOrder, share: Share,
     so that it overlaps the lease's requests."""
     if reader.storage.local or holds_read(reader.storage):
         return
-    for a, b in share.pieces(skip):
-        if a < b:
-            reader.fetch_early(reader.manifest.shards[int(order.layout.shard[
-                order.locate(a, a + 1)[0][0]])])
-            return
+    first = first_shard(order, share, skip)
+    if first is not None:
+        reader.fetch_early(reader.manifest.shards[first])
 
 
 def hold_for_workers(op: ops.SnapshotOp) -> tuple[Storage, Manifest] | None:
