@@ -39,7 +39,7 @@ from snapcache.fingerprint.units import (
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest, ShardInfo
+from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest
 from snapcache.store.protocol import WriteLease, commit_fields, versions
 from snapcache.store.protocol.negotiate import Poll
 from snapcache.store.protocol.versions import SegmentRecord as Segment

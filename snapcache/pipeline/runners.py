@@ -10,9 +10,9 @@ and fall back to the generic runners otherwise.
 from __future__ import annotations
 
 import secrets
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-from snapcache.pipeline import ops, ordered, plan, snapshot_exec, streams
+from snapcache.pipeline import ops, ordered, snapshot_exec, streams
 from snapcache.pipeline.shares import read_share
 from snapcache.pipeline.ops import batch as batch_op, shuffle as shuffle_op
 from snapcache.runtime.shuffle import epoch_rng

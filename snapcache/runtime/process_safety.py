@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
 
 from snapcache.errors import UserFunctionError
 

@@ -27,7 +27,6 @@ import pyarrow as pa
 import xxhash
 
 from snapcache import lifecycle
-from snapcache.errors import CorruptSnapshotError
 from snapcache.machine import available_cpus, memory_budget
 from snapcache.store.codec import Decoder, Schema
 from snapcache.store.manifest import ShardInfo
