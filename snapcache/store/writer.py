@@ -284,7 +284,7 @@ class SnapshotWriter:
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._uploads: Uploads | None = None  # remote: finished shards uploading
         self._state = "open"
-        self._batch_target = self.options.batch_target
+        self._batch_target = self.options.first_batch_target  # the default's after the first
         self._batch_rows: int | None = None
 
     @property
@@ -460,6 +460,8 @@ class SnapshotWriter:
         assert self._encoder is not None
         raw = self._encoder.nbytes
         batch = self._encoder.flush()
+        if self._batch_target != self.options.batch_target:  # the first was cut small
+            self._batch_target, self._batch_rows = self.options.batch_target, None
         schema = self._schema_json()
         while True:
             try:

@@ -241,3 +241,22 @@ def test_fast_batched_path_holds_a_read_lease_and_records_use(tmp_path):
             time.monotonic() < deadline:
         time.sleep(0.01)
     assert not any(n.startswith("reader-") for n in os.listdir(os.path.join(root, folder)))
+
+
+@pytest.mark.parametrize("record_batch_size, want", [
+    (4 << 20, (256, 1024, 1024, 696)),     # the first cut at FIRST_RECORD_BATCH (1 MiB)
+    (64 << 10, (16,) * 187 + (8,)),        # already smaller: every record batch alike
+])
+def test_a_streams_first_record_batch_is_cut_small(root, record_batch_size, want):
+    """A read's first batch waits for its whole record batch to be read, checked and decoded:
+    the writer cuts a stream's first record batch at FIRST_RECORD_BATCH, the rest at
+    ``record_batch_size`` (powers of two of rows, so batches still line up)."""
+    from snapcache.store.options import FIRST_RECORD_BATCH
+
+    assert FIRST_RECORD_BATCH == 1 << 20
+    ds = sc.Dataset.range(3000).map(lambda i: np.full(1024, i, np.int32)).snapshot(
+        root, record_batch_size=record_batch_size, compression="none", progress=False)
+    assert [int(x[0]) for x in ds] == list(range(3000))          # the writing epoch
+    (shard,) = committed_reader(root).manifest.shards
+    assert shard.batch_rows == want
+    assert [int(b[0, 0]) for b in ds.batch(256)] == list(range(0, 3000, 256))
