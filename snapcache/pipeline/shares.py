@@ -52,11 +52,15 @@ def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, 
                  chunk=max(unit, total // unit * unit), bounds=tuple(bounds))
 
 
-def first_shard(order: EpochOrder, share: Share, skip: int = 0) -> int | None:
-    """The shard of the first position ``share`` reads after ``skip``; None if it reads none."""
+def first_block(order: EpochOrder, share: Share, skip: int = 0
+                ) -> tuple[int, int | None] | None:
+    """(shard, first record batch) of the block of the first position ``share`` reads after
+    ``skip`` (record batch None for a block that is a whole shard); None if it reads none."""
     for a, b in share.pieces(skip):
         if a < b:
-            return int(order.layout.shard[order.locate(a, a + 1)[0][0]])
+            block = order.locate(a, a + 1)[0][0]
+            batch = int(order.layout.batch[block])
+            return int(order.layout.shard[block]), (batch if batch >= 0 else None)
     return None
 
 

@@ -107,7 +107,11 @@ def runs_of(layout: Layout, row_bytes: Sequence[float]) -> Layout:
     small ones (64 KiB record batches: 1,563 blocks an epoch of 200,000 token rows). Rows keep
     their positions (an unshuffled epoch's order is the rows in order whatever the blocks), so
     this changes no order and no saved state; shuffled reads keep the record batches as blocks
-    (their order is drawn over them). ``layout`` itself when nothing merges."""
+    (their order is drawn over them). A shard's first record batch stays a block of its own:
+    a read starting at a shard has its first batch once that record batch alone is read and
+    decoded (on S3, from the bytes :meth:`SnapshotReader.fetch_early
+    <snapcache.store.reader.SnapshotReader.fetch_early>` fetched of it alone, while the rest
+    of the shard downloads). ``layout`` itself when nothing merges."""
     found = _runs.get(layout)
     if found is not None:
         return found
@@ -117,7 +121,7 @@ def runs_of(layout: Layout, row_bytes: Sequence[float]) -> Layout:
     for b in range(layout.num_blocks):
         i, j, o, n = (int(layout.shard[b]), int(layout.batch[b]), int(layout.offset[b]),
                       int(layout.rows[b]))
-        if rows and j >= 0 and o == 0 and shard[-1] == i and batch[-1] >= 0 and \
+        if rows and j >= 0 and o == 0 and shard[-1] == i and batch[-1] > 0 and \
                 last_batch + 1 == j and size + n * per_row[i] <= RUN_BYTES:
             rows[-1] += n
             size += n * per_row[i]

@@ -129,6 +129,29 @@ PREFETCH_THREADS = 4
 """Shards :meth:`SnapshotReader.prefetch` copies at once."""
 PREFETCH_START_TIMEOUT = 10.0
 """Seconds :meth:`SnapshotReader.prefetch` waits at most for its first copies to start."""
+EARLY_BATCH_SHARD_BYTES = 16 << 20
+"""Remote shards at least this large have the record batch a fresh read needs first fetched
+alone beside them (:meth:`SnapshotReader.fetch_early`). One S3 connection delivers ~100 MB/s:
+a default 64 MB shard takes ~0.6 s, the extra request ~10-30 ms. Measured through a proxy
+holding each request 25 ms and passing 100 MB/s a connection, a fresh process's first batch of
+token rows from one 35 MB shard came after 126 against 504 ms; from shards of 6-10 MB the extra
+request cost as much as it saved (``benchmarks/bench_first_batch.py``)."""
+
+
+def _in_background(fetch: Any) -> Future:
+    """A future of ``fetch()``, called on a new daemon thread (its exception, if any, is raised
+    by ``result()``)."""
+    future: Future = Future()
+    future.set_running_or_notify_cancel()
+
+    def run() -> None:
+        try:
+            future.set_result(fetch())
+        except BaseException as e:  # noqa: BLE001 - raised again by the read that uses it
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="snapcache-fetch-early", daemon=True).start()
+    return future
 
 
 def checksum(buffer: Any, mapped: mmap.mmap | None = None) -> str:
@@ -176,6 +199,7 @@ class SnapshotReader:
         self._maps: dict[str, mmap.mmap] = {}   # low-memory shards being read
         self._filler: _CacheFiller | None = None
         self._early: dict[str, Future] = {}     # remote shards fetched ahead (fetch_early)
+        self._early_batches: dict[tuple[str, int], Future] = {}  # their first record batch
 
     @classmethod
     def open(cls, storage: Storage, **kwargs: Any) -> "SnapshotReader":
@@ -427,30 +451,67 @@ class SnapshotReader:
                                        f"{way_out(self.storage)}")
         return data, False
 
-    def fetch_early(self, shard: ShardInfo) -> None:
+    def fetch_early(self, shard: ShardInfo, batch: int | None = None) -> None:
         """Start fetching remote ``shard`` on a background thread now, for this reader's first
         read of it: its GET then overlaps the requests a read makes before its first shard
         (the read lease). The bytes are used only by that read, which checks them against the
         manifest like any others; held until it takes them, or :meth:`drop_early`. Through the
         node-local cache when there is one, as the read itself would (one download a node).
-        Nothing on local disk."""
+        Nothing on local disk.
+
+        ``batch``: the record batch of it the read needs first. When the shard is not in the
+        node-local cache, is at least :data:`EARLY_BATCH_SHARD_BYTES` and that record batch at
+        most a quarter of it, a ranged GET of that record batch alone goes out too: the read's
+        first batch then waits for those bytes (checked against that record batch's own
+        checksum, :meth:`early_batch`), not for the whole shard."""
         if self.storage.local or shard.path in self._early:
             return
-        future: Future = Future()
-        future.set_running_or_notify_cancel()
+        self._early[shard.path] = _in_background(lambda: self._fetch(shard))
+        if batch is not None and self._fetch_alone_pays(shard, batch):
+            start, end = shard.batch_offsets[batch], shard.batch_offsets[batch + 1]
+            self._early_batches[(shard.path, batch)] = _in_background(
+                lambda: self.storage.read_range(shard.path, start, end))
 
-        def fetch() -> None:
-            try:
-                future.set_result(self._fetch(shard))
-            except BaseException as e:  # noqa: BLE001 - raised again by the read that uses it
-                future.set_exception(e)
+    def _fetch_alone_pays(self, shard: ShardInfo, batch: int) -> bool:
+        if not shard.batch_index or self._arrow_schema is None or \
+                not 0 <= batch < len(shard.batch_rows) or shard.bytes < EARLY_BATCH_SHARD_BYTES:
+            return False
+        if 4 * (shard.batch_offsets[batch + 1] - shard.batch_offsets[batch]) > shard.bytes:
+            return False
+        return not (self.cached and self.cache.peek(  # type: ignore[union-attr]
+            self._cache_key(shard), shard.bytes) is not None)
 
-        self._early[shard.path] = future
-        threading.Thread(target=fetch, name="snapcache-fetch-early", daemon=True).start()
+    def has_early_batch(self, shard: ShardInfo) -> bool:
+        """Whether :meth:`fetch_early` fetched a record batch of ``shard`` alone that no read
+        took yet."""
+        return any(path == shard.path for path, _ in list(self._early_batches))
+
+    def early_batch(self, shard: ShardInfo, index: int) -> pa.RecordBatch | None:
+        """Record batch ``index`` of ``shard`` from the bytes :meth:`fetch_early` fetched of it
+        alone, once: checked against that record batch's checksum in the manifest, decoded
+        and validated (:meth:`batch_from_bytes`). None if it fetched none or the GET failed
+        (the read then takes it from the whole shard, which says what is wrong)."""
+        future = self._early_batches.pop((shard.path, index), None)
+        if future is None:
+            return None
+        try:
+            data = future.result()
+        except OSError as e:
+            log.debug("%s record batch %d fetched alone: %s; read from the whole shard",
+                      self.where(shard), index, e)
+            return None
+        expected = shard.batch_offsets[index + 1] - shard.batch_offsets[index]
+        if len(data) != expected:
+            raise CorruptSnapshotError(
+                f"{self.where(shard)} record batch {index}: the shard is shorter than the "
+                f"manifest says. {way_out(self.storage)}")
+        return self.batch_from_bytes(shard, index, data)
 
     def drop_early(self) -> None:
-        """Forget the shards :meth:`fetch_early` fetched that no read took."""
+        """Forget the shards (and record batches) :meth:`fetch_early` fetched that no read
+        took."""
         self._early.clear()
+        self._early_batches.clear()
 
     def where(self, shard: ShardInfo) -> str:
         """How errors name ``shard``: ``snapshot <id> shard '<path>'``."""

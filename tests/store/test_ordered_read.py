@@ -190,8 +190,11 @@ def test_unshuffled_reads_decode_runs_and_still_check_every_record_batch(root, m
         assert got == list(range(3000))
         assert sorted(asked) == list(range(runs.num_blocks))
     shard = reader.manifest.shards[0]
-    target = len(shard.batch_offsets) // 2  # a record batch inside the first run
-    assert target > 1
+    # a record batch inside a run (the shard's first record batch is a block of its own)
+    second_run = runs.start[1]
+    target = next(j for j in range(1, len(shard.batch_rows))
+                  if sum(shard.batch_rows[:j]) > second_run)
+    assert target >= 2
     path = os.path.join(reader.storage.full(""), shard.path)
     with open(path, "r+b") as f:
         f.seek(shard.batch_offsets[target] + (shard.batch_offsets[target + 1] -

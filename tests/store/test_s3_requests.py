@@ -96,8 +96,11 @@ def example(i):
     return {"x": np.random.default_rng(i).integers(0, 256, 4096, dtype=np.uint8), "i": i}
 
 
-def shard_gets(requests):
-    return [path for method, path in requests if method == "GET" and path.endswith(".arrow")]
+def shard_gets(requests, ranged=False):
+    """The paths of the whole-shard GETs among ``requests`` (method, path, status); with
+    ``ranged``, of the ranged ones (206: a record batch fetched alone) instead."""
+    return [path for method, path, status in requests
+            if method == "GET" and path.endswith(".arrow") and (status == PARTIAL) == ranged]
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["examples", "batches"])
@@ -171,7 +174,7 @@ def test_processes_sharing_a_local_cache_download_each_shard_once(logged, bucket
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [e for _, e in outs]
     assert [int(o) for o, _ in outs] == [sum(range(400))] * 3
-    gets = shard_gets(logged.requests(since))
+    gets = shard_gets(logged.requests(since, status=True))
     assert sorted(gets) == sorted(set(gets)), gets  # no shard fetched twice
     assert len(gets) == len(shards)
 
@@ -353,8 +356,11 @@ def test_a_cold_reads_first_shard_is_fetched_while_the_read_lease_is_taken(
         rows = [int(e["i"]) for e in again.shuffle(50, seed=1).shuffle(50, seed=2)]
         assert sorted(rows) == list(range(200))
     assert waited == [True]
-    gets = shard_gets(logged.requests(since))
+    reqs = logged.requests(since, status=True)
+    gets = shard_gets(reqs)
     assert len(gets) > 1 and sorted(gets) == sorted(set(gets)), gets  # none fetched twice
+    # shards this small come whole: no record batch fetched alone (see the test below)
+    assert shard_gets(reqs, ranged=True) == []
 
 
 def test_a_purge_between_the_manifest_and_the_read_lease_is_said_and_drops_the_early_fetch(
@@ -392,4 +398,96 @@ def test_a_purge_between_the_manifest_and_the_read_lease_is_said_and_drops_the_e
                                                         shard_size=256 << 10)
     with pytest.raises(CorruptSnapshotError, match="purged while it was being opened"):
         next(iter(again.batch(10)))
-    assert readers and all(not r._early for r in readers)
+    assert readers and all(not r._early and not r._early_batches for r in readers)
+
+
+def _again(bucket_url, **options):
+    return sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
+                                                       shard_size=256 << 10, **options)
+
+
+@pytest.fixture
+def early_batches(monkeypatch):
+    """Shards of any size have their first record batch fetched alone (by default only those
+    of EARLY_BATCH_SHARD_BYTES and more: these tests' shards are 256 KB)."""
+    from snapcache.store import reader as reader_module
+
+    monkeypatch.setattr(reader_module, "EARLY_BATCH_SHARD_BYTES", 0)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "local-cache"])
+def test_a_cold_reads_first_batch_comes_before_its_whole_shard(logged, bucket_url, tmp_path,
+                                                               monkeypatch, cached,
+                                                               early_batches):
+    """The record batch a fresh read needs first is fetched alone (a ranged GET) beside its
+    whole shard, and the first batch is decoded from it. Here every whole-shard GET waits (at
+    most 60 s) until the first batch is out: if the first batch needed a whole shard, the wait
+    would time out and the test fail. The epoch then reads back whole, in order."""
+    import threading
+
+    from snapcache.store.fs import Storage
+
+    options = {"local_cache": str(tmp_path / "cache")} if cached else {}
+    assert sum(1 for _ in _again(bucket_url, **options)) == 200
+    _fresh_process_state()
+    first_out, waited = threading.Event(), []
+    read_bytes = Storage.read_bytes
+
+    def whole(self, rel, *args, **kwargs):
+        if str(rel).endswith(".arrow"):
+            waited.append(first_out.wait(60))
+        return read_bytes(self, rel, *args, **kwargs)
+
+    monkeypatch.setattr(Storage, "read_bytes", whole)
+    since = logged.mark()
+    it = iter(_again(bucket_url, **options).batch(8))
+    first = next(it)
+    first_out.set()
+    rows = [int(i) for i in first["i"]] + [int(i) for b in it for i in b["i"]]
+    assert rows == list(range(200))
+    assert waited and all(waited), waited
+    reqs = logged.requests(since, status=True)
+    assert len(shard_gets(reqs, ranged=True)) == 1
+    gets = shard_gets(reqs)
+    assert sorted(gets) == sorted(set(gets)), gets  # no shard fetched whole twice
+
+
+def test_a_flipped_byte_in_the_record_batch_fetched_alone_is_refused_naming_it(
+        logged, bucket_url, early_batches):
+    """The record batch fetched alone is checked against its own checksum before any of its
+    rows is used: a flipped byte in it is an error naming the shard and the record batch, and
+    no row comes out before it."""
+    assert sum(1 for _ in _again(bucket_url)) == 200
+    snap = sc.open_snapshot(bucket_url)
+    shard = snap.shards[0]
+    fs = logged.server.filesystem()
+    key = f"{snap.url.removeprefix('s3://')}/{shard.path}"
+    data = bytearray(fs.cat(key))
+    data[shard.batch_offsets[0] + 100] ^= 0x10
+    fs.pipe(key, bytes(data))
+    _fresh_process_state()
+    seen = []
+    with pytest.raises(sc.CorruptSnapshotError, match="record batch 0 is corrupt: checksum") \
+            as info:
+        for batch in _again(bucket_url).batch(8):
+            seen.append(batch)
+    assert seen == [] and shard.path in str(info.value)
+
+
+def test_a_failed_ranged_get_of_the_first_record_batch_reads_it_from_the_whole_shard(
+        logged, bucket_url, monkeypatch, early_batches):
+    """The record batch fetched alone is only a head start: when its GET fails, the read
+    takes that record batch from the whole shard, as without it."""
+    from snapcache.store.fs import Storage
+
+    assert sum(1 for _ in _again(bucket_url)) == 200
+    _fresh_process_state()
+    failed = []
+
+    def refused(self, rel, start, end):
+        failed.append(rel)
+        raise ConnectionResetError("connection reset by peer")
+
+    monkeypatch.setattr(Storage, "read_range", refused)
+    rows = [int(i) for b in _again(bucket_url).batch(8) for i in b["i"]]
+    assert rows == list(range(200)) and len(failed) == 1
