@@ -8,10 +8,11 @@ The snapshots are built straight on the loopback moto server; the reading proces
 through ``benchmarks/latency_proxy.py``, which holds each request for the given time (the
 answers pass at once). A fresh process reads its manifest (one GET), takes its read lease (a
 PUT), records the use (a PUT) and checks that no purge removed the snapshot meanwhile (a HEAD),
-then gets its first shard. Overlapped, the shard's GET goes out beside the lease's requests and
-the last-use PUT beside the HEAD (``SnapshotReader.fetch_early``,
+then gets its first shard. Overlapped, the shard's GET goes out beside the lease's requests, with
+a ranged GET of the record batch read first (the first batch is decoded from it, not from the
+whole shard), and the last-use PUT beside the HEAD (``SnapshotReader.fetch_early``,
 ``snapshot_exec._hold``); in a row, each waits for the one before (``fetch_early`` a no-op and
-``_hold``'s two requests one after the other). Each process is timed from building the
+``_hold``'s two requests one after the other), and the first batch waits for its whole shard. Each process is timed from building the
 pipeline object (after its imports) to its first batch and to the end of its epoch; the two
 settings alternate process by process; medians of ``--runs`` processes each.
 
@@ -32,10 +33,18 @@ from benchmarks.report import command_line, load_average, markers, publish
 
 START, END = markers("first-batch-benchmark")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DELAYS = (0.0, 0.01, 0.025)
-"""Seconds each request is held: the loopback server itself, and 10 and 25 ms (a request to
-S3 in the same region takes ~10-30 ms to its first byte)."""
+NETWORKS = ((0.0, 0), (0.01, 0), (0.025, 0), (0.025, 100))
+"""(seconds each request is held, MB/s a connection at most or 0): the loopback server itself;
+10 and 25 ms (a request to S3 in the same region takes ~10-30 ms to its first byte); and 25 ms
+with each connection's answers at 100 MB/s, about what one S3 connection delivers."""
+MODES = ("in a row", "whole shard first", "overlapped")
+"""The settings compared, each in its own processes: the overlap switched off; overlapped but
+the first batch decoded from the whole shard (no record batch fetched alone); this code."""
 BATCH = 256
+LARGE = "token, one 35 MB shard"
+"""120,000 token rows (62 MB decoded, one lz4 shard of 35 MB): a shard above
+``reader.EARLY_BATCH_SHARD_BYTES``, whose first batch waits for its first record batch alone
+(fetched beside the shard), not for the whole shard."""
 
 CHILD = r"""
 import json, sys, time
@@ -45,6 +54,11 @@ import snapcache as sc
 from benchmarks.workloads import MAKERS
 
 url, workload, n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if mode == "whole shard first":
+    from snapcache.store.reader import SnapshotReader
+
+    fetch_early = SnapshotReader.fetch_early
+    SnapshotReader.fetch_early = lambda self, shard, batch=None: fetch_early(self, shard)
 if mode == "in a row":
     from snapcache.pipeline import snapshot_exec
     from snapcache.store.reader import SnapshotReader
@@ -64,7 +78,7 @@ if mode == "in a row":
     # what is switched off must exist, or both settings would measure the same code
     assert hasattr(snapshot_exec, "ThreadPoolExecutor") and hasattr(SnapshotReader, "fetch_early")
     snapshot_exec.ThreadPoolExecutor = Serial
-    SnapshotReader.fetch_early = lambda self, shard: None
+    SnapshotReader.fetch_early = lambda self, shard, batch=None: None
 started = time.perf_counter()
 ds = sc.Dataset.range(n).map(MAKERS[workload]).snapshot(url, progress=False).batch(%d)
 it = iter(ds)
@@ -82,11 +96,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _proxy(endpoint: str, delay: float) -> tuple[subprocess.Popen, str]:
+def _proxy(endpoint: str, delay: float, rate: float) -> tuple[subprocess.Popen, str]:
     target = urllib.parse.urlparse(endpoint)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.latency_proxy", str(port),
-                             target.hostname or "127.0.0.1", str(target.port), str(delay)],
+                             target.hostname or "127.0.0.1", str(target.port), str(delay),
+                             str(rate)],
                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc, f"http://127.0.0.1:{port}"
@@ -111,30 +126,30 @@ def measure(server, bucket: str, sizes: dict, runs: int) -> dict:
     from benchmarks.workloads import MAKERS
 
     results = {}
-    for workload, n in sizes.items():
-        url = f"s3://{bucket}/{workload}"
+    for label, n in sizes.items():
+        workload = label.split(",")[0]  # "token, one 35 MB shard": the token maker
+        url = f"s3://{bucket}/{workload}-{n}"
         for _ in sc.Dataset.range(n).map(MAKERS[workload]).snapshot(url, progress=False):
             pass  # built straight on the server, not through the proxy
-        for delay in DELAYS:
-            proxy, endpoint = _proxy(server.endpoint, delay) if delay else (None,
-                                                                            server.endpoint)
+        for network in NETWORKS:
+            proxy, endpoint = _proxy(server.endpoint, *network) if any(network) else (
+                None, server.endpoint)
             try:
-                modes = ["in a row", "overlapped"]
-                got: dict[str, list[dict]] = {m: [] for m in modes}
+                got: dict[str, list[dict]] = {m: [] for m in MODES}
                 for r in range(runs):
-                    for mode in (modes if r % 2 else modes[::-1]):
+                    for mode in (MODES if r % 2 else MODES[::-1]):
                         got[mode].append(_read(url, workload, n, mode, endpoint,
                                                server.endpoint))
             finally:
                 if proxy is not None:
                     proxy.kill()
                     proxy.wait()
-            results[(workload, delay)] = {
+            results[(label, network)] = {
                 mode: {"first": statistics.median(r["first"] for r in rs),
                        "epoch": statistics.median(r["epoch"] for r in rs),
                        "firsts": [r["first"] for r in rs]}
                 for mode, rs in got.items()}
-            print(f"  {workload} {delay * 1e3:.0f} ms {results[(workload, delay)]}",
+            print(f"  {label} {network} {results[(label, network)]}",
                   file=sys.stderr, flush=True)
     return results
 
@@ -145,23 +160,31 @@ def render(args, sizes, results, elapsed, load) -> str:
              f"--write-doc` (took {elapsed:.0f} s; 2-core machine, 1-minute load average "
              f"{load[0]} at the start and {load[1]} at the end). A fresh process reads a "
              "snapshot on the loopback moto server through a proxy that holds each request "
-             "for the time in the second column (0: the server directly). Its requests before "
-             "the first shard: the manifest's GET, the read lease's PUT, the last-use PUT and "
-             "the manifest's HEAD (the check against a purge). *In a row*: each waits for the "
-             "one before, then the first shard's GET (this code with the overlap switched "
-             "off); *overlapped*: the first shard's GET goes out beside the lease's requests "
-             "and the last-use PUT beside the HEAD. Milliseconds from building the pipeline "
-             "object (after the imports) to its first batch of 256 and to the end of the "
-             f"epoch, medians of {args.runs} processes a setting, the settings alternating.\n")
-    L.append("| workload | request held | first batch ms in a row | first batch ms overlapped "
-             "| saved | epoch ms in a row / overlapped |")
-    L.append("|---|---|---|---|---|---|")
-    for (workload, delay), r in results.items():
-        row, over = r["in a row"], r["overlapped"]
-        L.append(f"| {workload} ({sizes[workload]:,}) | {delay * 1e3:.0f} ms | "
-                 f"{row['first'] * 1e3:.1f} | {over['first'] * 1e3:.1f} | "
-                 f"{(row['first'] - over['first']) * 1e3:.1f} ms | "
-                 f"{row['epoch'] * 1e3:.0f} / {over['epoch'] * 1e3:.0f} |")
+             "for the time in the second column (0: the server directly) and, where a rate is "
+             "given, passes each connection's answers at most at that rate. Its requests "
+             "before the first shard: the manifest's GET, the read lease's PUT, the last-use "
+             "PUT and the manifest's HEAD (the check against a purge). *In a row*: each waits "
+             "for the one before, then the first shard's GET (this code with the overlap "
+             "switched off); *whole shard first*: the first shard's GET goes out beside the "
+             "lease's requests and the last-use PUT beside the HEAD, and the first batch is "
+             "decoded from the whole shard; *overlapped* (this code): as that, with a ranged "
+             "GET of the record batch read first beside them, which the first batch is "
+             "decoded from. A stream's first record batch is cut at 1 MiB: 1,024 token rows, "
+             "but only 16 images, so a first batch of 256 images still needs the next record "
+             "batch. Milliseconds from building the pipeline object (after the imports) to its "
+             f"first batch of 256 and to the end of the epoch, medians of {args.runs} "
+             "processes a setting, the settings alternating.\n")
+    L.append("| workload | request held | first batch ms in a row | whole shard first | "
+             "overlapped | saved | epoch ms in a row / whole shard first / overlapped |")
+    L.append("|---|---|---|---|---|---|---|")
+    for (workload, (delay, rate)), r in results.items():
+        row, whole, over = (r[m] for m in MODES)
+        network = f"{delay * 1e3:.0f} ms" + (f", {rate} MB/s" if rate else "")
+        L.append(f"| {workload} ({sizes[workload]:,}) | {network} | "
+                 f"{row['first'] * 1e3:.1f} | {whole['first'] * 1e3:.1f} | "
+                 f"{over['first'] * 1e3:.1f} | {(row['first'] - over['first']) * 1e3:.1f} ms | "
+                 f"{row['epoch'] * 1e3:.0f} / {whole['epoch'] * 1e3:.0f} / "
+                 f"{over['epoch'] * 1e3:.0f} |")
     L.append(END)
     return "\n".join(L)
 
@@ -174,7 +197,8 @@ def main(argv=None):
     from benchmarks.loopback_s3 import loopback_s3
 
     sizes = {"image": max(20, int(200 * args.scale)),
-             "token": max(2_000, int(20_000 * args.scale))}
+             "token": max(2_000, int(20_000 * args.scale)),
+             LARGE: max(2_000, int(120_000 * args.scale))}
     start_load, started = load_average(), time.perf_counter()
     with loopback_s3() as (server, bucket, _):
         results = measure(server, bucket, sizes, args.runs)
