@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from snapcache.errors import LeaseTimeoutError
 from snapcache.pipeline import ops, streams
-from snapcache.pipeline.shares import first_needs, read_share, resume_ranges, share_of_state
+from snapcache.pipeline.shares import (
+    first_needs, piece_rows, read_share, resume_ranges, share_of_state)
 from snapcache.runtime.batch import stack
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
 from snapcache.store import batched_read
@@ -466,7 +467,7 @@ def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share
 
     columnar = shape.columnar and batched_read.supports_batched(reader.schema)
     pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
-                            else "rows", piece=max(1024, shape.unit))
+                            else "rows", piece=piece_rows(share.unit))
     if columnar:
         batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
         return _columnar(shape, reader, pieces, skip, local_shuffle, batch), batch is None

@@ -13,7 +13,7 @@ import secrets
 from typing import Any, Iterator
 
 from snapcache.pipeline import ops, ordered, snapshot_exec, streams
-from snapcache.pipeline.shares import read_share
+from snapcache.pipeline.shares import piece_rows, read_share
 from snapcache.pipeline.ops import batch as batch_op, shuffle as shuffle_op
 from snapcache.runtime.shuffle import epoch_rng
 from snapcache.store import batched_read
@@ -41,7 +41,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
     def chunks() -> Iterator[dict]:
         with snapshot_exec.read_session(reader, snapshot, order, share):
             pieces = ordered_pieces(reader, order, share.pieces(), mode="columns",
-                                    piece=max(1024, unit))
+                                    piece=piece_rows(share.unit))
             try:
                 columns = (c for _, _, c in pieces)
                 if local:  # unseeded, several streams: each shuffles its own share

@@ -52,15 +52,24 @@ def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, 
                  chunk=max(unit, total // unit * unit), bounds=tuple(bounds))
 
 
+def piece_rows(unit: int) -> int:
+    """Positions a read of a share of ``unit`` takes at a time (``ordered_pieces``' ``piece``):
+    its first batch comes once that many are decoded."""
+    return max(1024, unit)
+
+
 def first_block(order: EpochOrder, share: Share, skip: int = 0
                 ) -> tuple[int, int | None] | None:
-    """(shard, first record batch) of the block of the first position ``share`` reads after
-    ``skip`` (record batch None for a block that is a whole shard); None if it reads none."""
+    """(shard, record batch) of the first position ``share`` reads after ``skip``; the record
+    batch is None unless it holds the whole first piece (:func:`piece_rows`) of the read, the
+    positions its first batch waits for. None if the share reads nothing."""
     for a, b in share.pieces(skip):
         if a < b:
-            block = order.locate(a, a + 1)[0][0]
+            blocks = order.locate(a, min(b, a + piece_rows(share.unit)))[0]
+            block = int(blocks[0])
             batch = int(order.layout.batch[block])
-            return int(order.layout.shard[block]), (batch if batch >= 0 else None)
+            alone = batch >= 0 and bool((blocks == block).all())
+            return int(order.layout.shard[block]), (batch if alone else None)
     return None
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from snapcache.errors import (
     CorruptSnapshotError, LeaseLostError, OptionConflictWarning, RandomnessWarning, StoreError)
 from snapcache.pipeline import interrupt, ops, streams
-from snapcache.pipeline.shares import first_block, read_share
+from snapcache.pipeline.shares import first_block, piece_rows, read_share
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
@@ -230,7 +230,8 @@ def _read(reader: SnapshotReader, op: ops.SnapshotOp, spec: streams.StreamSpec
     order = EpochOrder(layout_of(reader.manifest), None, 0)
     share = read_share(reader.manifest, spec, shuffled=False)
     with read_session(reader, op, order, share):
-        for _, _, rows in ordered_pieces(reader, order, share.pieces(), mode="rows"):
+        for _, _, rows in ordered_pieces(reader, order, share.pieces(), mode="rows",
+                                         piece=piece_rows(share.unit)):
             yield from rows
 
 

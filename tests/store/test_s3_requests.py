@@ -401,9 +401,18 @@ def test_a_purge_between_the_manifest_and_the_read_lease_is_said_and_drops_the_e
     assert readers and all(not r._early and not r._early_batches for r in readers)
 
 
+ROWS = 30_000
+
+
+def small(i):
+    """72 bytes of noise and the index: 2,048 rows in a stream's first record batch of 1 MiB
+    shards (256 KB), more than a read's first piece of 1,024 positions."""
+    return {"x": np.frombuffer(np.random.default_rng(i).bytes(64), np.uint8), "i": i}
+
+
 def _again(bucket_url, **options):
-    return sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
-                                                       shard_size=256 << 10, **options)
+    return sc.Dataset.range(ROWS).map(small).snapshot(bucket_url, progress=False,
+                                                      shard_size=1 << 20, **options)
 
 
 @pytest.fixture
@@ -428,7 +437,7 @@ def test_a_cold_reads_first_batch_comes_before_its_whole_shard(logged, bucket_ur
     from snapcache.store.fs import Storage
 
     options = {"local_cache": str(tmp_path / "cache")} if cached else {}
-    assert sum(1 for _ in _again(bucket_url, **options)) == 200
+    assert sum(1 for _ in _again(bucket_url, **options)) == ROWS
     _fresh_process_state()
     first_out, waited = threading.Event(), []
     read_bytes = Storage.read_bytes
@@ -440,11 +449,11 @@ def test_a_cold_reads_first_batch_comes_before_its_whole_shard(logged, bucket_ur
 
     monkeypatch.setattr(Storage, "read_bytes", whole)
     since = logged.mark()
-    it = iter(_again(bucket_url, **options).batch(8))
+    it = iter(_again(bucket_url, **options).batch(64))
     first = next(it)
     first_out.set()
     rows = [int(i) for i in first["i"]] + [int(i) for b in it for i in b["i"]]
-    assert rows == list(range(200))
+    assert rows == list(range(ROWS))
     assert waited and all(waited), waited
     reqs = logged.requests(since, status=True)
     assert len(shard_gets(reqs, ranged=True)) == 1
@@ -457,7 +466,7 @@ def test_a_flipped_byte_in_the_record_batch_fetched_alone_is_refused_naming_it(
     """The record batch fetched alone is checked against its own checksum before any of its
     rows is used: a flipped byte in it is an error naming the shard and the record batch, and
     no row comes out before it."""
-    assert sum(1 for _ in _again(bucket_url)) == 200
+    assert sum(1 for _ in _again(bucket_url)) == ROWS
     snap = sc.open_snapshot(bucket_url)
     shard = snap.shards[0]
     fs = logged.server.filesystem()
@@ -469,7 +478,7 @@ def test_a_flipped_byte_in_the_record_batch_fetched_alone_is_refused_naming_it(
     seen = []
     with pytest.raises(sc.CorruptSnapshotError, match="record batch 0 is corrupt: checksum") \
             as info:
-        for batch in _again(bucket_url).batch(8):
+        for batch in _again(bucket_url).batch(64):
             seen.append(batch)
     assert seen == [] and shard.path in str(info.value)
 
@@ -480,7 +489,7 @@ def test_a_failed_ranged_get_of_the_first_record_batch_reads_it_from_the_whole_s
     takes that record batch from the whole shard, as without it."""
     from snapcache.store.fs import Storage
 
-    assert sum(1 for _ in _again(bucket_url)) == 200
+    assert sum(1 for _ in _again(bucket_url)) == ROWS
     _fresh_process_state()
     failed = []
 
@@ -489,5 +498,22 @@ def test_a_failed_ranged_get_of_the_first_record_batch_reads_it_from_the_whole_s
         raise ConnectionResetError("connection reset by peer")
 
     monkeypatch.setattr(Storage, "read_range", refused)
-    rows = [int(i) for b in _again(bucket_url).batch(8) for i in b["i"]]
-    assert rows == list(range(200)) and len(failed) == 1
+    rows = [int(i) for b in _again(bucket_url).batch(64) for i in b["i"]]
+    assert rows == list(range(ROWS)) and len(failed) == 1
+
+
+def test_no_record_batch_is_fetched_alone_when_the_first_piece_needs_more(logged, bucket_url,
+                                                                          early_batches):
+    """A read's first batch waits for its first piece (1,024 positions): when the record batch
+    read first holds fewer rows (16 rows of 4 KB here), fetching it alone would gain nothing,
+    so only the whole shard is fetched."""
+    ds = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
+                                                     shard_size=256 << 10)
+    assert sum(1 for _ in ds) == 200
+    _fresh_process_state()
+    since = logged.mark()
+    again = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
+                                                        shard_size=256 << 10)
+    assert [int(i) for b in again.batch(8) for i in b["i"]] == list(range(200))
+    reqs = logged.requests(since, status=True)
+    assert shard_gets(reqs) and shard_gets(reqs, ranged=True) == []
