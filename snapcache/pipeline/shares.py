@@ -9,7 +9,7 @@ from typing import Sequence
 
 from snapcache.pipeline import streams
 from snapcache.store.manifest import Manifest
-from snapcache.store.order import EpochOrder, Share
+from snapcache.store.order import PIECE_ROWS, EpochOrder, Share
 from snapcache.store.protocol import stream_shards
 
 
@@ -55,7 +55,7 @@ def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, 
 def piece_rows(unit: int) -> int:
     """Positions a read of a share of ``unit`` takes at a time (``ordered_pieces``' ``piece``):
     its first batch comes once that many are decoded."""
-    return max(1024, unit)
+    return max(PIECE_ROWS, unit)
 
 
 def first_block(order: EpochOrder, share: Share, skip: int = 0

@@ -27,8 +27,8 @@ def _positive_bytes(value: object, name: str) -> None:
 
 
 FIRST_RECORD_BATCH = 1 * _MiB
-"""Target uncompressed bytes of a stream's first record batch
-(:attr:`WriteOptions.first_batch_target`)."""
+"""Target uncompressed bytes of a stream's first record batch (see
+:func:`snapcache.store.writer.first_batch_rows`)."""
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,6 @@ class WriteOptions:
         """Target bytes of one record batch: ``record_batch_size``, and at most a quarter of a
         shard (a shard holds several record batches)."""
         return min(self.record_batch_size, max(1, self.shard_size // 4))
-
-    @property
-    def first_batch_target(self) -> int:
-        """Target bytes of a stream's first record batch: at most :data:`FIRST_RECORD_BATCH`.
-        A read's first batch waits for its whole record batch to be read, checked and decoded:
-        a fresh process reading cold token rows from local disk got its first batch after 7 ms
-        instead of 14 ms with it (``docs/benchmarks.md``, cold local disk)."""
-        return min(self.batch_target, FIRST_RECORD_BATCH)
 
     def __post_init__(self) -> None:
         if self.compression is None:  # as every peer spells "no compression"

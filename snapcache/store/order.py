@@ -93,6 +93,9 @@ class Layout:
         return len(self.rows)
 
 
+PIECE_ROWS = 1024
+"""Positions an ordered read takes at a time, at least (``ordered_pieces``' ``piece``): its
+first batch comes once they are decoded."""
 RUN_BYTES = 4 << 20
 """An unshuffled read decodes runs of consecutive small record batches of a shard, up to about
 this many decoded bytes, as one block (:func:`runs_of`)."""

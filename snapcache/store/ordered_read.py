@@ -27,7 +27,7 @@ from snapcache.store.batched_read import as_columns, open_sequential, read_budge
 from snapcache.store.gather import (ASSEMBLE_BLOCK_BYTES, ASSEMBLE_BLOCKS, Span, Window,
                                     blocks_of, gather)
 from snapcache.store.manifest import Manifest
-from snapcache.store.order import EpochOrder, Layout, runs_of
+from snapcache.store.order import PIECE_ROWS, EpochOrder, Layout, runs_of
 
 log = logging.getLogger(__name__)
 if TYPE_CHECKING:
@@ -272,7 +272,7 @@ def _ignore_failure(future: Future) -> None:
 
 
 def ordered_pieces(reader: "SnapshotReader", order: EpochOrder,
-                   ranges: Iterable[tuple[int, int]], *, mode: str, piece: int = 1024,
+                   ranges: Iterable[tuple[int, int]], *, mode: str, piece: int = PIECE_ROWS,
                    threads: int | None = None, budget: int | None = None
                    ) -> Iterator[tuple[int, int, Any]]:
     """``(start, stop, rows)`` for the positions of ``ranges`` in order, at most ``piece``

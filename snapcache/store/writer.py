@@ -20,7 +20,8 @@ import pyarrow as pa
 import xxhash
 
 from snapcache.errors import LeaseLostError, StoreError
-from snapcache.store.options import WriteOptions
+from snapcache.store.options import FIRST_RECORD_BATCH, WriteOptions
+from snapcache.store.order import PIECE_ROWS
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
 from snapcache.store.fs import Storage
@@ -48,6 +49,17 @@ def batch_rows(example_bytes: int, target_bytes: int, most: int = 1 << 16) -> in
     """
     rows = max(1, target_bytes // max(1, example_bytes))
     return min(most, 1 << (rows.bit_length() - 1))
+
+
+def first_batch_rows(example_bytes: int, target_bytes: int) -> int:
+    """Rows of a stream's first record batch: those of :data:`FIRST_RECORD_BATCH` bytes, but
+    at least :data:`PIECE_ROWS` (all a read's first batch waits for, so that it can come from
+    that record batch alone) and at most the other record batches' (``target_bytes``). A
+    power of two like them: batches of up to 1,024 rows still line up with every record
+    batch. Token rows (520 B): 1,024 rows, against 16,384 in the others; images of 49 KB:
+    256, as the others."""
+    rows = batch_rows(example_bytes, target_bytes)
+    return min(rows, max(PIECE_ROWS, batch_rows(example_bytes, FIRST_RECORD_BATCH)))
 
 
 def _payload_bytes(example: Any) -> int:
@@ -284,8 +296,9 @@ class SnapshotWriter:
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._uploads: Uploads | None = None  # remote: finished shards uploading
         self._state = "open"
-        self._batch_target = self.options.first_batch_target  # the default's after the first
+        self._batch_target = self.options.batch_target
         self._batch_rows: int | None = None
+        self._first_batch = True  # cut at first_batch_rows
 
     @property
     def run_id(self) -> str:
@@ -320,7 +333,8 @@ class SnapshotWriter:
         self._encoder.add(example, index=self._count)
         self._count += 1
         if self._batch_rows is None:
-            self._batch_rows = batch_rows(self._encoder.nbytes, self._batch_target)
+            rows = first_batch_rows if self._first_batch else batch_rows
+            self._batch_rows = rows(self._encoder.nbytes, self._batch_target)
         if self._encoder.num_rows >= self._batch_rows or \
                 self._encoder.nbytes >= 2 * self._batch_target:
             self._send_batch()
@@ -460,8 +474,8 @@ class SnapshotWriter:
         assert self._encoder is not None
         raw = self._encoder.nbytes
         batch = self._encoder.flush()
-        if self._batch_target != self.options.batch_target:  # the first was cut small
-            self._batch_target, self._batch_rows = self.options.batch_target, None
+        if self._first_batch:  # the next ones at the target's rows
+            self._first_batch, self._batch_rows = False, None
         schema = self._schema_json()
         while True:
             try:

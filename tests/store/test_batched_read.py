@@ -243,20 +243,25 @@ def test_fast_batched_path_holds_a_read_lease_and_records_use(tmp_path):
     assert not any(n.startswith("reader-") for n in os.listdir(os.path.join(root, folder)))
 
 
-@pytest.mark.parametrize("record_batch_size, want", [
-    (4 << 20, (256, 1024, 1024, 696)),     # the first cut at FIRST_RECORD_BATCH (1 MiB)
-    (64 << 10, (16,) * 187 + (8,)),        # already smaller: every record batch alike
+@pytest.mark.parametrize("row_bytes, record_batch_size, n, want", [
+    (1024, 4 << 20, 6000, (1024, 4096, 880)),      # the first cut at FIRST_RECORD_BATCH (1 MiB)
+    (4096, 4 << 20, 3000, (1024, 1024, 952)),      # but at least PIECE_ROWS (1,024) rows
+    (4096, 64 << 10, 3000, (16,) * 187 + (8,)),    # and at most the others' rows
 ])
-def test_a_streams_first_record_batch_is_cut_small(root, record_batch_size, want):
+def test_a_streams_first_record_batch_is_cut_small(root, row_bytes, record_batch_size, n,
+                                                   want):
     """A read's first batch waits for its whole record batch to be read, checked and decoded:
-    the writer cuts a stream's first record batch at FIRST_RECORD_BATCH, the rest at
-    ``record_batch_size`` (powers of two of rows, so batches still line up)."""
+    the writer cuts a stream's first record batch at FIRST_RECORD_BATCH, at least PIECE_ROWS
+    rows (a read's first piece) and at most the rest's (``record_batch_size``); powers of two
+    of rows all, so batches of up to 1,024 rows still line up with every record batch."""
     from snapcache.store.options import FIRST_RECORD_BATCH
+    from snapcache.store.order import PIECE_ROWS
 
-    assert FIRST_RECORD_BATCH == 1 << 20
-    ds = sc.Dataset.range(3000).map(lambda i: np.full(1024, i, np.int32)).snapshot(
+    assert (FIRST_RECORD_BATCH, PIECE_ROWS) == (1 << 20, 1024)
+    ds = sc.Dataset.range(n).map(lambda i: np.full(row_bytes // 4, i, np.int32)).snapshot(
         root, record_batch_size=record_batch_size, compression="none", progress=False)
-    assert [int(x[0]) for x in ds] == list(range(3000))          # the writing epoch
+    assert [int(x[0]) for x in ds] == list(range(n))          # the writing epoch
     (shard,) = committed_reader(root).manifest.shards
     assert shard.batch_rows == want
-    assert [int(b[0, 0]) for b in ds.batch(256)] == list(range(0, 3000, 256))
+    assert all(end % min(256, want[0]) == 0 for end in np.cumsum(want)[:-1])
+    assert [int(b[0, 0]) for b in ds.batch(256)] == list(range(0, n, 256))
