@@ -134,7 +134,7 @@ EARLY_BATCH_SHARD_BYTES = 16 << 20
 alone beside them (:meth:`SnapshotReader.fetch_early`). One S3 connection delivers ~100 MB/s:
 a default 64 MB shard takes ~0.6 s, the extra request ~10-30 ms. Measured through a proxy
 holding each request 25 ms and passing 100 MB/s a connection, a fresh process's first batch of
-token rows from one 35 MB shard came after 129 against 495 ms; from shards of 6-10 MB the extra
+token rows from one 35 MB shard came after 126 against 499 ms; from shards of 6-10 MB the extra
 request cost as much as it saved (``benchmarks/bench_first_batch.py``)."""
 
 
