@@ -41,6 +41,9 @@ MODES = ("in a row", "whole shard first", "overlapped")
 """The settings compared, each in its own processes: the overlap switched off; overlapped but
 the first batch decoded from the whole shard (no record batch fetched alone); this code."""
 BATCH = 256
+LARGE_IMAGES = "image, one 61 MB shard"
+"""1,250 images (61 MB, stored raw): a shard above ``reader.EARLY_BATCH_SHARD_BYTES`` whose first
+record batch (256 images, 12.6 MB) is a whole first batch of 256."""
 LARGE = "token, one 35 MB shard"
 """120,000 token rows (62 MB decoded, one lz4 shard of 35 MB): a shard above
 ``reader.EARLY_BATCH_SHARD_BYTES``, whose first batch waits for its first record batch alone
@@ -170,10 +173,10 @@ def render(args, sizes, results, elapsed, load) -> str:
              "decoded from the whole shard; *overlapped* (this code): as that, with a ranged "
              "GET of the record batch read first beside them, which the first batch is "
              "decoded from, where the shard is 16 MiB or more and that record batch holds the "
-             "read's first piece of 1,024 positions (a stream's first record batch is cut at "
-             "1 MiB, at least 1,024 rows and at most the others': 1,024 token rows, 256 "
-             "images like the rest): here only the 35 MB shard's; the "
-             "other rows run the same code in both columns. Milliseconds from building the "
+             "whole first batch (a stream's first record batch is cut at 1 MiB, at least "
+             "1,024 rows and at most the others': 1,024 token rows, 256 images like the rest): "
+             "here the two one-shard rows; the other rows run the same code in both "
+             "overlapped columns. Milliseconds from building the "
              "pipeline object (after the imports) to its "
              f"first batch of 256 and to the end of the epoch, medians of {args.runs} "
              "processes a setting, the settings alternating.\n")
@@ -201,6 +204,7 @@ def main(argv=None):
 
     sizes = {"image": max(20, int(200 * args.scale)),
              "token": max(2_000, int(20_000 * args.scale)),
+             LARGE_IMAGES: max(300, int(1_250 * args.scale)),
              LARGE: max(2_000, int(120_000 * args.scale))}
     start_load, started = load_average(), time.perf_counter()
     with loopback_s3() as (server, bucket, _):

@@ -61,11 +61,13 @@ def piece_rows(unit: int) -> int:
 def first_block(order: EpochOrder, share: Share, skip: int = 0
                 ) -> tuple[int, int | None] | None:
     """(shard, record batch) of the first position ``share`` reads after ``skip``; the record
-    batch is None unless it holds the whole first piece (:func:`piece_rows`) of the read, the
-    positions its first batch waits for. None if the share reads nothing."""
+    batch is None unless it holds every position the read's first batch waits for: its first
+    unit (a batch) in order, where a piece is cut at the end of a block, else its first piece
+    (:func:`piece_rows`: a shuffle window's pieces mix blocks). None if it reads nothing."""
+    need = share.unit if order.window == 1 else piece_rows(share.unit)
     for a, b in share.pieces(skip):
         if a < b:
-            blocks = order.locate(a, min(b, a + piece_rows(share.unit)))[0]
+            blocks = order.locate(a, min(b, a + need))[0]
             block = int(blocks[0])
             batch = int(order.layout.batch[block])
             alone = batch >= 0 and bool((blocks == block).all())

@@ -133,9 +133,11 @@ EARLY_BATCH_SHARD_BYTES = 16 << 20
 """Remote shards at least this large have the record batch a fresh read needs first fetched
 alone beside them (:meth:`SnapshotReader.fetch_early`). One S3 connection delivers ~100 MB/s:
 a default 64 MB shard takes ~0.6 s, the extra request ~10-30 ms. Measured through a proxy
-holding each request 25 ms and passing 100 MB/s a connection, a fresh process's first batch of
-token rows from one 35 MB shard came after 126 against 499 ms; from shards of 6-10 MB the extra
-request cost as much as it saved (``benchmarks/bench_first_batch.py``)."""
+holding each request 25 ms and passing 100 MB/s a connection, a fresh process's first batch
+came after 130 against 491 ms (token rows, one 35 MB shard) and 446 against 1,247 ms (256
+images, one 61 MB shard: their first record batch, 12.6 MB, is then fetched twice); from
+shards of 6-10 MB the extra request cost as much as it saved
+(``benchmarks/bench_first_batch.py``)."""
 
 
 def _in_background(fetch: Any) -> Future:

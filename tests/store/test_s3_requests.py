@@ -502,11 +502,14 @@ def test_a_failed_ranged_get_of_the_first_record_batch_reads_it_from_the_whole_s
     assert rows == list(range(ROWS)) and len(failed) == 1
 
 
-def test_no_record_batch_is_fetched_alone_when_the_first_piece_needs_more(logged, bucket_url,
-                                                                          early_batches):
-    """A read's first batch waits for its first piece (1,024 positions): when the record batch
-    read first holds fewer rows (16 rows of 4 KB here), fetching it alone would gain nothing,
-    so only the whole shard is fetched."""
+@pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "shuffled"])
+def test_no_record_batch_is_fetched_alone_when_the_first_batch_needs_more(logged, bucket_url,
+                                                                          early_batches,
+                                                                          shuffled):
+    """Fetching the record batch read first alone gains nothing when the first batch needs
+    more than it: in order, a batch of 64 rows from record batches of 16 (4 KB rows); shuffled,
+    a first piece of 1,024 positions drawn from many record batches. Only the whole shard is
+    fetched then."""
     ds = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
                                                      shard_size=256 << 10)
     assert sum(1 for _ in ds) == 200
@@ -514,6 +517,7 @@ def test_no_record_batch_is_fetched_alone_when_the_first_piece_needs_more(logged
     since = logged.mark()
     again = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
                                                         shard_size=256 << 10)
-    assert [int(i) for b in again.batch(8) for i in b["i"]] == list(range(200))
+    again = again.shuffle(50, seed=1).batch(8) if shuffled else again.batch(64)
+    assert sorted(int(i) for b in again for i in b["i"]) == list(range(200))
     reqs = logged.requests(since, status=True)
     assert shard_gets(reqs) and shard_gets(reqs, ranged=True) == []
