@@ -201,7 +201,7 @@ class SnapshotReader:
         self._maps: dict[str, mmap.mmap] = {}   # low-memory shards being read
         self._filler: _CacheFiller | None = None
         self._early: dict[str, Future] = {}     # remote shards fetched ahead (fetch_early)
-        self._early_batches: dict[tuple[str, int], Future] = {}  # their first record batch
+        self._early_batches: dict[str, tuple[int, Future]] = {}  # a record batch of them alone
 
     @classmethod
     def open(cls, storage: Storage, **kwargs: Any) -> "SnapshotReader":
@@ -472,8 +472,8 @@ class SnapshotReader:
         self._early[shard.path] = _in_background(lambda: self._fetch(shard))
         if batch is not None and self._fetch_alone_pays(shard, batch):
             start, end = shard.batch_offsets[batch], shard.batch_offsets[batch + 1]
-            self._early_batches[(shard.path, batch)] = _in_background(
-                lambda: self.storage.read_range(shard.path, start, end))
+            self._early_batches[shard.path] = (batch, _in_background(
+                lambda: self.storage.read_range(shard.path, start, end)))
 
     def _fetch_alone_pays(self, shard: ShardInfo, batch: int) -> bool:
         if not shard.batch_index or self._arrow_schema is None or \
@@ -487,16 +487,18 @@ class SnapshotReader:
     def has_early_batch(self, shard: ShardInfo) -> bool:
         """Whether :meth:`fetch_early` fetched a record batch of ``shard`` alone that no read
         took yet."""
-        return any(path == shard.path for path, _ in list(self._early_batches))
+        return shard.path in self._early_batches
 
     def early_batch(self, shard: ShardInfo, index: int) -> pa.RecordBatch | None:
         """Record batch ``index`` of ``shard`` from the bytes :meth:`fetch_early` fetched of it
         alone, once: checked against that record batch's checksum in the manifest, decoded
         and validated (:meth:`batch_from_bytes`). None if it fetched none or the GET failed
         (the read then takes it from the whole shard, which says what is wrong)."""
-        future = self._early_batches.pop((shard.path, index), None)
-        if future is None:
+        early = self._early_batches.get(shard.path)
+        if early is None or early[0] != index or \
+                self._early_batches.pop(shard.path, None) is not early:
             return None
+        future = early[1]
         try:
             data = future.result()
         except OSError as e:

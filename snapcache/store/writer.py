@@ -298,7 +298,7 @@ class SnapshotWriter:
         self._state = "open"
         self._batch_target = self.options.batch_target
         self._batch_rows: int | None = None
-        self._first_batch = True  # cut at first_batch_rows
+        self._first_rows = 0  # the stream's first record batch's (first_batch_rows), until sent
 
     @property
     def run_id(self) -> str:
@@ -333,9 +333,9 @@ class SnapshotWriter:
         self._encoder.add(example, index=self._count)
         self._count += 1
         if self._batch_rows is None:
-            rows = first_batch_rows if self._first_batch else batch_rows
-            self._batch_rows = rows(self._encoder.nbytes, self._batch_target)
-        if self._encoder.num_rows >= self._batch_rows or \
+            self._batch_rows = batch_rows(self._encoder.nbytes, self._batch_target)
+            self._first_rows = first_batch_rows(self._encoder.nbytes, self._batch_target)
+        if self._encoder.num_rows >= (self._first_rows or self._batch_rows) or \
                 self._encoder.nbytes >= 2 * self._batch_target:
             self._send_batch()
 
@@ -474,8 +474,7 @@ class SnapshotWriter:
         assert self._encoder is not None
         raw = self._encoder.nbytes
         batch = self._encoder.flush()
-        if self._first_batch:  # the next ones at the target's rows
-            self._first_batch, self._batch_rows = False, None
+        self._first_rows = 0  # the next ones at the target's rows
         schema = self._schema_json()
         while True:
             try:
