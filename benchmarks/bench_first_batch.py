@@ -10,8 +10,8 @@ answers pass at once). A fresh process reads its manifest (one GET), takes its r
 PUT), records the use (a PUT) and checks that no purge removed the snapshot meanwhile (a HEAD),
 then gets its first shard. Overlapped, the shard's GET goes out beside the lease's requests, with
 a ranged GET of the record batch read first (the first batch is decoded from it, not from the
-whole shard), and the last-use PUT beside the HEAD (``SnapshotReader.fetch_early``,
-``snapshot_exec._hold``); in a row, each waits for the one before (``fetch_early`` a no-op and
+whole shard), and the last-use PUT beside the HEAD (``EarlyFetches.start``,
+``snapshot_exec._hold``); in a row, each waits for the one before (``EarlyFetches.start`` a no-op and
 ``_hold``'s two requests one after the other), and the first batch waits for its whole shard. Each process is timed from building the
 pipeline object (after its imports) to its first batch and to the end of its epoch; the two
 settings alternate process by process; medians of ``--runs`` processes each.
@@ -42,11 +42,11 @@ MODES = ("in a row", "whole shard first", "overlapped")
 the first batch decoded from the whole shard (no record batch fetched alone); this code."""
 BATCH = 256
 LARGE_IMAGES = "image, one 61 MB shard"
-"""1,250 images (61 MB, stored raw): a shard above ``reader.EARLY_BATCH_SHARD_BYTES`` whose first
+"""1,250 images (61 MB, stored raw): a shard above ``early_fetch.EARLY_BATCH_SHARD_BYTES`` whose first
 record batch (256 images, 12.6 MB) is a whole first batch of 256."""
 LARGE = "token, one 35 MB shard"
 """120,000 token rows (62 MB decoded, one lz4 shard of 35 MB): a shard above
-``reader.EARLY_BATCH_SHARD_BYTES``, whose first batch waits for its first record batch alone
+``early_fetch.EARLY_BATCH_SHARD_BYTES``, whose first batch waits for its first record batch alone
 (fetched beside the shard), not for the whole shard."""
 
 CHILD = r"""
@@ -58,13 +58,13 @@ from benchmarks.workloads import MAKERS
 
 url, workload, n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 if mode == "whole shard first":
-    from snapcache.store.reader import SnapshotReader
+    from snapcache.store.early_fetch import EarlyFetches
 
-    fetch_early = SnapshotReader.fetch_early
-    SnapshotReader.fetch_early = lambda self, shard, batch=None: fetch_early(self, shard)
+    start_early = EarlyFetches.start
+    EarlyFetches.start = lambda self, shard, batch=None: start_early(self, shard)
 if mode == "in a row":
     from snapcache.pipeline import snapshot_exec
-    from snapcache.store.reader import SnapshotReader
+    from snapcache.store.early_fetch import EarlyFetches
 
     class Serial:  # _hold's pool: each request waits for the one before
         def __init__(self, *args, **kwargs):
@@ -79,9 +79,9 @@ if mode == "in a row":
             return future
 
     # what is switched off must exist, or both settings would measure the same code
-    assert hasattr(snapshot_exec, "ThreadPoolExecutor") and hasattr(SnapshotReader, "fetch_early")
+    assert hasattr(snapshot_exec, "ThreadPoolExecutor") and hasattr(EarlyFetches, "start")
     snapshot_exec.ThreadPoolExecutor = Serial
-    SnapshotReader.fetch_early = lambda self, shard, batch=None: None
+    EarlyFetches.start = lambda self, shard, batch=None: None
 started = time.perf_counter()
 ds = sc.Dataset.range(n).map(MAKERS[workload]).snapshot(url, progress=False).batch(%d)
 it = iter(ds)

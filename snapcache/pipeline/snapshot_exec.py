@@ -256,20 +256,21 @@ def read_session(reader: SnapshotReader, op: ops.SnapshotOp, order: EpochOrder |
             _hold(storage, reader.manifest, op)
         yield
     finally:
-        reader.drop_early()
+        reader.early.clear()
 
 
 def fetch_first_early(reader: SnapshotReader, order: EpochOrder, share: Share,
                       skip: int = 0) -> None:
     """On an object store, when this read will take a new read lease: start the GET of the
     first shard ``share`` reads (after ``skip``) now, and of the record batch of it read first
-    (:meth:`SnapshotReader.fetch_early`), so that they overlap the lease's requests."""
+    (:meth:`EarlyFetches.start <snapcache.store.early_fetch.EarlyFetches.start>`), so that
+    they overlap the lease's requests."""
     if reader.storage.local or holds_read(reader.storage):
         return
     first = first_block(order, share, skip)
     if first is not None:
         shard, batch = first
-        reader.fetch_early(reader.manifest.shards[shard], batch)
+        reader.early.start(reader.manifest.shards[shard], batch)
 
 
 def hold_for_workers(op: ops.SnapshotOp) -> tuple[Storage, Manifest] | None:

@@ -27,7 +27,6 @@ import pyarrow as pa
 import xxhash
 
 from snapcache import lifecycle
-from snapcache.errors import CorruptSnapshotError
 from snapcache.machine import available_cpus, memory_budget
 from snapcache.store.codec import Decoder, Schema
 from snapcache.store.manifest import ShardInfo
@@ -258,16 +257,16 @@ def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: b
     if reader.storage.local and shard.batch_index and shard.batch_offsets is not None \
             and reader.schema is not None:
         return BatchedShard(reader, shard, low_memory=low_memory, ahead=ahead)
-    if not reader.storage.local and reader.has_early_batch(shard):
+    if not reader.storage.local and reader.early.has_batch(shard):
         return EarlyBatchShard(reader, shard, low_memory=low_memory)
     return reader.open_shard(shard, low_memory=low_memory)
 
 
 class EarlyBatchShard:
-    """A remote shard of which :meth:`SnapshotReader.fetch_early
-    <snapcache.store.reader.SnapshotReader.fetch_early>` fetched the record batch a read needs
+    """A remote shard of which :meth:`EarlyFetches.start
+    <snapcache.store.early_fetch.EarlyFetches.start>` fetched the record batch a read needs
     first alone, beside the whole shard: that record batch comes from its own bytes, checked
-    against its own checksum (:meth:`~snapcache.store.reader.SnapshotReader.early_batch`),
+    against its own checksum (:meth:`~snapcache.store.early_fetch.EarlyFetches.batch`),
     while the whole shard is still downloading; every other from the whole shard, opened and
     checked whole (:meth:`~snapcache.store.reader.SnapshotReader.open_shard`) when first
     needed. A read's first batch then waits for one record batch, not a whole shard. Same
@@ -280,23 +279,15 @@ class EarlyBatchShard:
         self._lock = threading.Lock()
 
     def get_batch(self, index: int, whole: bool = True) -> pa.RecordBatch:
-        batch = self._reader.early_batch(self._shard, index)
+        batch = self._reader.early.batch(self._shard, index)
         if batch is not None:
             return batch
         return self._open().get_batch(index, whole)
 
     def _open(self) -> Any:
-        from snapcache.store.reader import way_out
-
         with self._lock:
             if self._whole is None:
-                opened = self._reader.open_shard(self._shard, low_memory=self._low_memory)
-                if opened.num_record_batches != self.num_record_batches:
-                    raise CorruptSnapshotError(
-                        f"{self._reader.where(self._shard)} has {opened.num_record_batches} "
-                        f"record batches, the manifest lists {self.num_record_batches}. "
-                        f"{way_out(self._reader.storage)}")
-                self._whole = opened
+                self._whole = self._reader.open_shard(self._shard, low_memory=self._low_memory)
             return self._whole
 
 

@@ -66,17 +66,11 @@ class _Shards:
             # from this process as they are hashed and after each block is decoded.
             file_reader = open_sequential(self.reader, shard, low_memory=self.low_memory(shard),
                                           ahead=self.ahead)
-            where = self.reader.where(shard)
-            count = file_reader.num_record_batches
-            if shard.batch_rows is not None:
-                if count != len(shard.batch_rows):
-                    raise CorruptSnapshotError(
-                        f"{where} has {count} record batches, the manifest lists "
-                        f"{len(shard.batch_rows)}. Delete the snapshot folder "
-                        f"({self.reader.storage.url}) to rebuild it")
+            if shard.batch_rows is not None:  # the file has as many (open_shard checks)
                 sizes = list(shard.batch_rows)
             else:  # older snapshots: learn the record batches' sizes by decoding them once
-                sizes = [file_reader.get_batch(i).num_rows for i in range(count)]
+                sizes = [file_reader.get_batch(i).num_rows
+                         for i in range(file_reader.num_record_batches)]
             starts = [0]
             for size in sizes:
                 starts.append(starts[-1] + size)

@@ -32,6 +32,7 @@ from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
 from snapcache.store.cache import ShardCache, shared_cache
 from snapcache.store.codec import Decoder, Schema
+from snapcache.store.early_fetch import EarlyFetches
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
 from snapcache.store.options import ReadOptions
@@ -129,33 +130,6 @@ PREFETCH_THREADS = 4
 """Shards :meth:`SnapshotReader.prefetch` copies at once."""
 PREFETCH_START_TIMEOUT = 10.0
 """Seconds :meth:`SnapshotReader.prefetch` waits at most for its first copies to start."""
-EARLY_BATCH_SHARD_BYTES = 16 << 20
-"""Remote shards at least this large have the record batch a fresh read needs first fetched
-alone beside them (:meth:`SnapshotReader.fetch_early`). One S3 connection delivers ~100 MB/s:
-a default 64 MB shard takes ~0.6 s, the extra request ~10-30 ms. Measured through a proxy
-holding each request 25 ms and passing 100 MB/s a connection, a fresh process's first batch
-came after 130 against 491 ms (token rows, one 35 MB shard) and 446 against 1,247 ms (256
-images, one 61 MB shard: their first record batch, 12.6 MB, is then fetched twice); from
-shards of 6-10 MB the extra request cost as much as it saved
-(``benchmarks/bench_first_batch.py``)."""
-
-
-def _in_background(fetch: Any) -> Future:
-    """A future of ``fetch()``, called on a new daemon thread (its exception, if any, is raised
-    by ``result()``)."""
-    future: Future = Future()
-    future.set_running_or_notify_cancel()
-
-    def run() -> None:
-        try:
-            future.set_result(fetch())
-        except BaseException as e:  # noqa: BLE001 - raised again by the read that uses it
-            future.set_exception(e)
-
-    threading.Thread(target=run, name="snapcache-fetch-early", daemon=True).start()
-    return future
-
-
 def checksum(buffer: Any, mapped: mmap.mmap | None = None) -> str:
     """``xxh3_64:<hex>`` of ``buffer``. With its memory map, hash in chunks and drop each
     chunk's pages from this process once hashed (the page cache keeps them), so verifying a
@@ -200,8 +174,7 @@ class SnapshotReader:
         self._validator = BatchValidator(self.schema) if self.schema is not None else None
         self._maps: dict[str, mmap.mmap] = {}   # low-memory shards being read
         self._filler: _CacheFiller | None = None
-        self._early: dict[str, Future] = {}     # remote shards fetched ahead (fetch_early)
-        self._early_batches: dict[str, tuple[int, Future]] = {}  # a record batch of them alone
+        self.early = EarlyFetches(self)  # remote shards fetched ahead of a fresh read
 
     @classmethod
     def open(cls, storage: Storage, **kwargs: Any) -> "SnapshotReader":
@@ -271,7 +244,8 @@ class SnapshotReader:
 
     def open_shard(self, shard: ShardInfo, *, verify: bool | None = None,
                    low_memory: bool = False) -> ShardFile:
-        """Load one shard and check it against the manifest; raise CorruptSnapshotError if not.
+        """Load one shard and check it against the manifest (bytes, checksum, rows, record
+        batches, schema); raise CorruptSnapshotError if not.
 
         ``low_memory``: a local shard's pages are dropped from this process as soon as they are
         hashed, and again by :meth:`release_pages` as its batches are decoded, so that resident
@@ -291,6 +265,10 @@ class SnapshotReader:
         if rows != shard.rows:
             raise CorruptSnapshotError(f"{where} has {rows} rows, the manifest says "
                                        f"{shard.rows}. {way_out(self.storage)}")
+        if shard.batch_rows is not None and reader.num_record_batches != len(shard.batch_rows):
+            raise CorruptSnapshotError(
+                f"{where} has {reader.num_record_batches} record batches, the manifest lists "
+                f"{len(shard.batch_rows)}. {way_out(self.storage)}")
         if self._arrow_schema is not None and not reader.schema.equals(self._arrow_schema):
             raise CorruptSnapshotError(f"{where} does not have the manifest's schema. "
                                        f"{way_out(self.storage)}")
@@ -448,75 +426,19 @@ class SnapshotReader:
             raise CorruptSnapshotError(f"{where}: the shard is missing "
                                        f"({self.storage.url_of(shard.path)}). "
                                        f"{way_out(self.storage)}") from None
-        if len(data) != end - start:
-            raise CorruptSnapshotError(f"{where}: the shard is shorter than the manifest says. "
-                                       f"{way_out(self.storage)}")
+        self.check_length(where, data, end - start)
         return data, False
 
-    def fetch_early(self, shard: ShardInfo, batch: int | None = None) -> None:
-        """Start fetching remote ``shard`` on a background thread now, for this reader's first
-        read of it: its GET then overlaps the requests a read makes before its first shard
-        (the read lease). The bytes are used only by that read, which checks them against the
-        manifest like any others; held until it takes them, or :meth:`drop_early`. Through the
-        node-local cache when there is one, as the read itself would (one download a node).
-        Nothing on local disk.
-
-        ``batch``: the record batch of it the read needs first (a read gives it when that
-        record batch holds all its first batch waits for). When the shard is not in the
-        node-local cache, is at least :data:`EARLY_BATCH_SHARD_BYTES` and that record batch at
-        most a quarter of it, a ranged GET of that record batch alone goes out too: the read's
-        first batch then waits for those bytes (checked against that record batch's own
-        checksum, :meth:`early_batch`), not for the whole shard."""
-        if self.storage.local or shard.path in self._early:
-            return
-        self._early[shard.path] = _in_background(lambda: self._fetch(shard))
-        if batch is not None and self._fetch_alone_pays(shard, batch):
-            start, end = shard.batch_offsets[batch], shard.batch_offsets[batch + 1]
-            self._early_batches[shard.path] = (batch, _in_background(
-                lambda: self.storage.read_range(shard.path, start, end)))
-
-    def _fetch_alone_pays(self, shard: ShardInfo, batch: int) -> bool:
-        if not shard.batch_index or self._arrow_schema is None or \
-                not 0 <= batch < len(shard.batch_rows) or shard.bytes < EARLY_BATCH_SHARD_BYTES:
-            return False
-        if 4 * (shard.batch_offsets[batch + 1] - shard.batch_offsets[batch]) > shard.bytes:
-            return False
-        return not (self.cached and self.cache.peek(  # type: ignore[union-attr]
-            self._cache_key(shard), shard.bytes) is not None)
-
-    def has_early_batch(self, shard: ShardInfo) -> bool:
-        """Whether :meth:`fetch_early` fetched a record batch of ``shard`` alone that no read
-        took yet."""
-        return shard.path in self._early_batches
-
-    def early_batch(self, shard: ShardInfo, index: int) -> pa.RecordBatch | None:
-        """Record batch ``index`` of ``shard`` from the bytes :meth:`fetch_early` fetched of it
-        alone, once: checked against that record batch's checksum in the manifest, decoded
-        and validated (:meth:`batch_from_bytes`). None if it fetched none or the GET failed
-        (the read then takes it from the whole shard, which says what is wrong)."""
-        early = self._early_batches.get(shard.path)
-        if early is None or early[0] != index or \
-                self._early_batches.pop(shard.path, None) is not early:
-            return None
-        future = early[1]
-        try:
-            data = future.result()
-        except OSError as e:
-            log.debug("%s record batch %d fetched alone: %s; read from the whole shard",
-                      self.where(shard), index, e)
-            return None
-        expected = shard.batch_offsets[index + 1] - shard.batch_offsets[index]
+    def check_length(self, where: str, data: Any, expected: int) -> None:
+        """CorruptSnapshotError unless the range read as ``where`` is ``expected`` bytes."""
         if len(data) != expected:
-            raise CorruptSnapshotError(
-                f"{self.where(shard)} record batch {index}: the shard is shorter than the "
-                f"manifest says. {way_out(self.storage)}")
-        return self.batch_from_bytes(shard, index, data)
+            raise CorruptSnapshotError(f"{where}: the shard is shorter than the manifest says. "
+                                       f"{way_out(self.storage)}")
 
-    def drop_early(self) -> None:
-        """Forget the shards (and record batches) :meth:`fetch_early` fetched that no read
-        took."""
-        self._early.clear()
-        self._early_batches.clear()
+    def in_cache(self, shard: ShardInfo) -> bool:
+        """Whether remote ``shard`` is in the node-local cache now."""
+        return self.cached and self.cache.peek(  # type: ignore[union-attr]
+            self._cache_key(shard), shard.bytes) is not None
 
     def where(self, shard: ShardInfo) -> str:
         """How errors name ``shard``: ``snapshot <id> shard '<path>'``."""
@@ -543,13 +465,13 @@ class SnapshotReader:
     def _load(self, shard: ShardInfo, where: str) -> tuple[pa.Buffer, mmap.mmap | None]:
         mapped = None
         try:
-            early = self._early.pop(shard.path, None)
+            early = self.early.take_shard(shard)
             if early is not None:
                 buffer = early.result()
             elif self.storage.local:
                 buffer, mapped = self.storage.map_file(shard.path, shard.bytes)
             else:
-                buffer = self._fetch(shard)
+                buffer = self.fetch_shard(shard)
         except FileNotFoundError:
             raise CorruptSnapshotError(f"{where} is missing ({self.storage.url_of(shard.path)}). "
                                        f"{way_out(self.storage)}") from None
@@ -559,7 +481,7 @@ class SnapshotReader:
                 f"{way_out(self.storage)}")
         return buffer, mapped
 
-    def _fetch(self, shard: ShardInfo) -> pa.Buffer:
+    def fetch_shard(self, shard: ShardInfo) -> pa.Buffer:
         """A remote shard's bytes: through the node-local cache if there is one."""
         if self.cached:
             return self.cache.get(self._cache_key(shard), shard.bytes,  # type: ignore[union-attr]

@@ -142,6 +142,22 @@ def crafted_shapes(storage, codec: str, row: int) -> None:
     replace_shard(storage, _arrow_file(batches, codec))
 
 
+def resplit(storage, codec: str) -> None:
+    """Rewrite the shard with the same rows cut into two record batches, as a snapshot from
+    before the record batch index (the manifest keeps its one ``batch_rows`` entry, without
+    offsets): the file's record batches then disagree with the manifest's."""
+    with open(shard_path(storage), "rb") as f:
+        table = pa.ipc.open_file(pa.py_buffer(f.read())).read_all()
+    half = table.num_rows // 2
+    batches = [b for part in (table.slice(0, half), table.slice(half))
+               for b in part.combine_chunks().to_batches()]
+    replace_shard(storage, _arrow_file(batches, codec))
+    doc = json.loads(storage.read_bytes("manifest.json"))
+    doc["shards"][0].pop("batch_offsets", None), doc["shards"][0].pop("batch_checksums", None)
+    with open(os.path.join(storage.url, "manifest.json"), "w") as f:
+        json.dump(doc, f)
+
+
 def forged_lengths(storage, how: str) -> None:
     """Change the uncompressed length that precedes every zstd frame in the body (IPC body
     compression: int64 length, then the frame) to ``how``: "huge", "short" or "long"."""
@@ -199,7 +215,8 @@ def outcome(case: str, action) -> dict:
 
 def run_case(workdir: str, case: str) -> list[dict]:
     """``case`` is ``kind:codec:arg:verify[:rows]``; kinds: offsets (arg column/mode),
-    zstd-length (arg how), shapes (arg row), fuzz (arg seed, 60 rounds); ``rows``: read by
+    zstd-length (arg how), shapes (arg row), resplit (arg unused), fuzz (arg seed, 60
+    rounds); ``rows``: read by
     random access only."""
     kind, codec, arg, verify, *how = case.split(":")
     verify_flag, only_rows = verify == "verify", how == ["rows"]
@@ -212,6 +229,8 @@ def run_case(workdir: str, case: str) -> list[dict]:
         forged_lengths(storage, arg)
     elif kind == "shapes":
         crafted_shapes(storage, codec, int(arg))
+    elif kind == "resplit":
+        resplit(storage, codec)
     if kind != "fuzz":
         return [outcome(case, lambda: read_everything(storage, verify_flag, only_rows))]
     with open(shard_path(storage), "rb") as f:

@@ -71,6 +71,14 @@ def test_a_tensor_shape_disagreeing_with_its_list_is_corrupt(tmp_path, codec):
         assert "shapes disagree" in result["message"], result
 
 
+@pytest.mark.parametrize("codec", ["none", "lz4"])
+def test_a_shard_cut_into_other_record_batches_than_the_manifest_lists_is_corrupt(tmp_path,
+                                                                                  codec):
+    cases = [f"resplit:{codec}:-:{verify}" for verify in ("verify", "noverify")]
+    for result in all_corrupt(tmp_path, cases):
+        assert "has 2 record batches, the manifest lists 1" in result["message"], result
+
+
 def test_forged_zstd_lengths_are_corrupt(tmp_path):
     cases = [f"zstd-length:zstd:{how}:{verify}{rows}" for how in ("huge", "short", "long")
              for verify in ("verify", "noverify") for rows in ("", ":rows")]

@@ -398,7 +398,7 @@ def test_a_purge_between_the_manifest_and_the_read_lease_is_said_and_drops_the_e
                                                         shard_size=256 << 10)
     with pytest.raises(CorruptSnapshotError, match="purged while it was being opened"):
         next(iter(again.batch(10)))
-    assert readers and all(not r._early and not r._early_batches for r in readers)
+    assert readers and all(not r.early.pending() for r in readers)
 
 
 ROWS = 30_000
@@ -419,9 +419,9 @@ def _again(bucket_url, **options):
 def early_batches(monkeypatch):
     """Shards of any size have their first record batch fetched alone (by default only those
     of EARLY_BATCH_SHARD_BYTES and more: these tests' shards are 256 KB)."""
-    from snapcache.store import reader as reader_module
+    from snapcache.store import early_fetch
 
-    monkeypatch.setattr(reader_module, "EARLY_BATCH_SHARD_BYTES", 0)
+    monkeypatch.setattr(early_fetch, "EARLY_BATCH_SHARD_BYTES", 0)
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "local-cache"])
