@@ -8,9 +8,10 @@ The snapshots are built straight on the loopback moto server; the reading proces
 through ``benchmarks/latency_proxy.py``, which holds each request for the given time (the
 answers pass at once). A fresh process reads its manifest (one GET), takes its read lease (a
 PUT), records the use (a PUT) and checks that no purge removed the snapshot meanwhile (a HEAD),
-then gets its first shard. Overlapped, the shard's GET goes out beside the lease's requests, with
-a ranged GET of the record batch read first (the first batch is decoded from it, not from the
-whole shard), and the last-use PUT beside the HEAD (``EarlyFetches.start``,
+then gets its first shard. Overlapped, the shard's GET goes out beside the lease's requests, its
+body taken as it streams in (the first batch is decoded from the record batch read first as soon
+as that has arrived, not from the whole shard), and the last-use PUT beside the HEAD
+(``EarlyFetches.start``,
 ``snapshot_exec._hold``); in a row, each waits for the one before (``EarlyFetches.start`` a no-op and
 ``_hold``'s two requests one after the other), and the first batch waits for its whole shard. Each process is timed from building the
 pipeline object (after its imports) to its first batch and to the end of its epoch; the two
@@ -39,15 +40,15 @@ NETWORKS = ((0.0, 0), (0.01, 0), (0.025, 0), (0.025, 100))
 with each connection's answers at 100 MB/s, about what one S3 connection delivers."""
 MODES = ("in a row", "whole shard first", "overlapped")
 """The settings compared, each in its own processes: the overlap switched off; overlapped but
-the first batch decoded from the whole shard (no record batch fetched alone); this code."""
+the first batch decoded from the whole shard (no record batch handed over ahead); this code."""
 BATCH = 256
 LARGE_IMAGES = "image, one 61 MB shard"
 """1,250 images (61 MB, stored raw): a shard above ``early_fetch.EARLY_BATCH_SHARD_BYTES`` whose first
 record batch (256 images, 12.6 MB) is a whole first batch of 256."""
 LARGE = "token, one 35 MB shard"
 """120,000 token rows (62 MB decoded, one lz4 shard of 35 MB): a shard above
-``early_fetch.EARLY_BATCH_SHARD_BYTES``, whose first batch waits for its first record batch alone
-(fetched beside the shard), not for the whole shard."""
+``early_fetch.EARLY_BATCH_SHARD_BYTES``, whose first batch waits for its first record batch
+(the first 0.3 MB of the shard's GET), not for the whole shard."""
 
 CHILD = r"""
 import json, sys, time
@@ -170,9 +171,10 @@ def render(args, sizes, results, elapsed, load) -> str:
              "for the one before, then the first shard's GET (this code with the overlap "
              "switched off); *whole shard first*: the first shard's GET goes out beside the "
              "lease's requests and the last-use PUT beside the HEAD, and the first batch is "
-             "decoded from the whole shard; *overlapped* (this code): as that, with a ranged "
-             "GET of the record batch read first beside them, which the first batch is "
-             "decoded from, where the shard is 16 MiB or more and that record batch holds the "
+             "decoded from the whole shard; *overlapped* (this code): as that, but the shard's "
+             "body is taken as it streams in and the first batch is decoded from the record "
+             "batch read first as soon as that has arrived, where the shard is 16 MiB or more, "
+             "that record batch ends in its first half and holds the "
              "whole first batch (a stream's first record batch is cut at 1 MiB, at least "
              "1,024 rows and at most the others': 1,024 token rows, 256 images like the rest): "
              "here the two one-shard rows; the other rows run the same code in both "

@@ -505,10 +505,11 @@ NOTES = """
   parsing the S3 service model), obstore's a few milliseconds (the start-up rows). Mosaic
   pays boto3's start-up inside its phases, on its upload or download thread; LitData imports
   boto3 with `import litdata` (outside the timed span) and transfers through obstore.
-- **What bounds the image build and cold read.** A cold image read waits for its first
-  64 MB shard whole (over loopback, bound by the server: its CPU column), verifies it (xxh3,
-  ~10 ms) and starts the next while the consumer is on the first; the local copy is written
-  in the background. A build computes the examples (the same for every system), uploads each
+- **What bounds the image build and cold read.** A cold image read gets each 64 MB shard in
+  one GET (over loopback, bound by the server: its CPU column), verifies it (xxh3, ~10 ms)
+  and starts the next while the consumer is on the first; the local copy is written in the
+  background. Its first batch waits only for the first shard's first record batch: that
+  GET's body is taken as it streams in (see "First batch on S3" below). A build computes the examples (the same for every system), uploads each
   shard while the next is encoded, and pays the protocol's fixed requests before and after.
 - **Checksums.** snapcache verifies each shard (xxh3) before use, Mosaic its shards (xxh64,
   `validate_hash`); LitData has no verification.

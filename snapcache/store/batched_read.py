@@ -264,10 +264,11 @@ def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: b
 
 class EarlyBatchShard:
     """A remote shard of which :meth:`EarlyFetches.start
-    <snapcache.store.early_fetch.EarlyFetches.start>` fetched the record batch a read needs
-    first alone, beside the whole shard: that record batch comes from its own bytes, checked
-    against its own checksum (:meth:`~snapcache.store.early_fetch.EarlyFetches.batch`),
-    while the whole shard is still downloading; every other from the whole shard, opened and
+    <snapcache.store.early_fetch.EarlyFetches.start>` hands over the record batch a read needs
+    first as soon as the shard's bytes up to its end have arrived: that record batch comes from
+    its own bytes, checked against its own checksum
+    (:meth:`~snapcache.store.early_fetch.EarlyFetches.batch`), while the rest of the shard is
+    still downloading; every other from the whole shard, opened and
     checked whole (:meth:`~snapcache.store.reader.SnapshotReader.open_shard`) when first
     needed. A read's first batch then waits for one record batch, not a whole shard. Same
     interface as :class:`~snapcache.store.reader.ShardFile`."""

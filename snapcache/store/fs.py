@@ -185,16 +185,24 @@ class Storage:
         return sorted(set(names))
 
     # -- reads ---------------------------------------------------------------------------------
-    def read_bytes(self, rel: str, size: int | None = None) -> bytes:
+    def read_bytes(self, rel: str, size: int | None = None,
+                   head: "tuple[int, Callable[[memoryview], None]] | None" = None) -> bytes:
         """The whole file, in one request on object stores (s3fs would first ask for its size:
         a HEAD, and a LIST when it is missing): a file rewritten meanwhile (a lease's heartbeat)
         reads as either version, never as a failed partial read. With its ``size`` known (a
         shard, from the manifest), a large file is fetched as concurrent ranged GETs, and the
-        result may be a read-only buffer of the bytes (obstore's, not copied) instead."""
+        result may be a read-only buffer of the bytes (obstore's, not copied) instead.
+
+        ``head``: ``(n, on_head)``, with ``size``: on S3 the file comes in one GET whose body
+        is taken as it streams in, and ``on_head`` is called with a view of its first ``n``
+        bytes as soon as they have arrived (a record batch a read needs first); elsewhere it
+        is not called."""
         if self.local:
             with open(self.full(rel), "rb") as f:
                 return f.read()
         path = self.full(rel)
+        if head is not None and size is not None and self._s3:
+            return self._s3.client().read_streaming(path, size, *head)
         if not self._s3:
             return self.fs.cat_file(path)
         return self._s3.client().read(path, size)

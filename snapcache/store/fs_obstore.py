@@ -36,7 +36,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 RANGE_BYTES = 64 << 20
 """A whole read of a file larger than this (size known) is ranged GETs of this size, in
@@ -175,6 +175,43 @@ def used_here() -> bool:
     return _RUNTIME_PID == os.getpid()
 
 
+STREAM_CHUNK = 1 << 20
+"""Bytes a streamed GET hands over at a time (:class:`Streamed`)."""
+
+
+class Streamed:
+    """The body of a GET of a file of ``size`` bytes, taken chunk by chunk into one buffer;
+    ``on_head`` is called once, with a view of the first ``head`` bytes, as soon as they are in
+    (a record batch a read needs first, while the rest still streams in; nothing is copied
+    for it). The buffer is never written again where that view looks. A body longer or
+    shorter than ``size`` comes back as what it holds, for the caller's size check to name;
+    ``on_head`` is then not called if it was not yet."""
+
+    def __init__(self, size: int, head: int, on_head: Callable[[memoryview], None]):
+        self._buffer = bytearray(size)
+        self._view = memoryview(self._buffer)
+        self._at = 0
+        self._extra: list[bytes] = []
+        self._head = head
+        self._on_head: Callable[[memoryview], None] | None = on_head
+
+    def add(self, chunk: Any) -> None:
+        n = len(chunk)
+        if self._extra or self._at + n > len(self._buffer):
+            self._extra.append(bytes(chunk))
+            return
+        self._view[self._at:self._at + n] = chunk
+        self._at += n
+        if self._on_head is not None and self._at >= self._head:
+            on_head, self._on_head = self._on_head, None
+            on_head(self._view[:self._head])
+
+    def result(self) -> "bytearray | bytes":
+        if self._extra or self._at != len(self._buffer):
+            return bytes(self._view[:self._at]) + b"".join(self._extra)
+        return self._buffer
+
+
 class S3Client:
     """Requests to one bucket through obstore. Paths are ``bucket/key`` as s3fs writes them;
     the methods raise FileNotFoundError, PermissionError, FileExistsError or ConnectionError
@@ -295,6 +332,20 @@ class S3Client:
             return result.bytes()
         except Exception as e:  # noqa: BLE001 - the body failed half-way
             raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e
+
+    def read_streaming(self, path: str, size: int, head: int,
+                       on_head: Callable[[memoryview], None]) -> "bytearray | bytes":
+        """The whole object (``size`` bytes said), one GET, its body taken as it streams in:
+        ``on_head`` is called with its first ``head`` bytes as soon as they have arrived
+        (:class:`Streamed`)."""
+        result = self._get(path)
+        streamed = Streamed(size, head, on_head)
+        try:
+            for chunk in result.stream(min_chunk_size=STREAM_CHUNK):
+                streamed.add(chunk)
+        except Exception as e:  # noqa: BLE001 - the body failed half-way
+            raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e
+        return streamed.result()
 
     def read_versioned(self, path: str) -> tuple[bytes, tuple]:
         """The whole object and (ETag, size) from one GET."""

@@ -112,9 +112,8 @@ def runs_of(layout: Layout, row_bytes: Sequence[float]) -> Layout:
     this changes no order and no saved state; shuffled reads keep the record batches as blocks
     (their order is drawn over them). A shard's first record batch stays a block of its own:
     a read starting at a shard has its first batch once that record batch alone is read and
-    decoded (on S3, from the bytes :meth:`EarlyFetches.start
-    <snapcache.store.early_fetch.EarlyFetches.start>` fetched of it alone, while the rest
-    of the shard downloads). ``layout`` itself when nothing merges."""
+    decoded (on S3, as soon as its bytes have arrived, while the rest of the shard downloads:
+    :meth:`EarlyFetches.start <snapcache.store.early_fetch.EarlyFetches.start>`). ``layout`` itself when nothing merges."""
     found = _runs.get(layout)
     if found is not None:
         return found

@@ -22,7 +22,7 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 import xxhash
@@ -481,13 +481,18 @@ class SnapshotReader:
                 f"{way_out(self.storage)}")
         return buffer, mapped
 
-    def fetch_shard(self, shard: ShardInfo) -> pa.Buffer:
-        """A remote shard's bytes: through the node-local cache if there is one."""
+    def fetch_shard(self, shard: ShardInfo,
+                    head: tuple[int, Callable[[memoryview], None]] | None = None) -> pa.Buffer:
+        """A remote shard's bytes: through the node-local cache if there is one. ``head``:
+        its first bytes handed over as they arrive (see :meth:`Storage.read_bytes
+        <snapcache.store.fs.Storage.read_bytes>`), if it is downloaded now."""
+        def fetch() -> Any:
+            return self.storage.read_bytes(shard.path, shard.bytes, head)
+
         if self.cached:
             return self.cache.get(self._cache_key(shard), shard.bytes,  # type: ignore[union-attr]
-                                  lambda: self.storage.read_bytes(shard.path, shard.bytes),
-                                  copy_in_background=True)
-        return self.storage.map_file(shard.path, shard.bytes)[0]
+                                  fetch, copy_in_background=True)
+        return pa.py_buffer(fetch())
 
     def check_shard(self, shard: ShardInfo) -> None:
         """Verify one shard completely: size, checksum, rows, schema, and every record batch

@@ -438,16 +438,23 @@ def test_a_cold_reads_first_batch_comes_before_its_whole_shard(logged, bucket_ur
 
     options = {"local_cache": str(tmp_path / "cache")} if cached else {}
     assert sum(1 for _ in _again(bucket_url, **options)) == ROWS
+    shards = sc.open_snapshot(bucket_url).shards
     _fresh_process_state()
     first_out, waited = threading.Event(), []
     read_bytes = Storage.read_bytes
 
-    def whole(self, rel, *args, **kwargs):
-        if str(rel).endswith(".arrow"):
-            waited.append(first_out.wait(60))
-        return read_bytes(self, rel, *args, **kwargs)
+    def gated(self, rel, size=None, head=None):
+        if head is not None:  # the rest of the shard waits until the first batch is out
+            n, on_head = head
 
-    monkeypatch.setattr(Storage, "read_bytes", whole)
+            def handed(view):
+                on_head(view)
+                waited.append(first_out.wait(60))
+
+            head = (n, handed)
+        return read_bytes(self, rel, size, head)
+
+    monkeypatch.setattr(Storage, "read_bytes", gated)
     since = logged.mark()
     it = iter(_again(bucket_url, **options).batch(64))
     first = next(it)
@@ -456,9 +463,9 @@ def test_a_cold_reads_first_batch_comes_before_its_whole_shard(logged, bucket_ur
     assert rows == list(range(ROWS))
     assert waited and all(waited), waited
     reqs = logged.requests(since, status=True)
-    assert len(shard_gets(reqs, ranged=True)) == 1
+    assert shard_gets(reqs, ranged=True) == []  # one GET a shard, no byte fetched twice
     gets = shard_gets(reqs)
-    assert sorted(gets) == sorted(set(gets)), gets  # no shard fetched whole twice
+    assert len(gets) == len(shards) and len(set(gets)) == len(gets), gets
 
 
 def test_a_flipped_byte_in_the_record_batch_fetched_alone_is_refused_naming_it(
@@ -483,23 +490,67 @@ def test_a_flipped_byte_in_the_record_batch_fetched_alone_is_refused_naming_it(
     assert seen == [] and shard.path in str(info.value)
 
 
-def test_a_failed_ranged_get_of_the_first_record_batch_reads_it_from_the_whole_shard(
+def test_a_first_record_batch_not_handed_over_ahead_comes_from_the_whole_shard(
         logged, bucket_url, monkeypatch, early_batches):
-    """The record batch fetched alone is only a head start: when its GET fails, the read
-    takes that record batch from the whole shard, as without it."""
+    """Handing over the record batch read first is only a head start: when the shard comes
+    otherwise (here: a download that does not stream), the read takes that record batch from
+    the whole shard, as without it."""
+    from snapcache.store.early_fetch import EarlyFetches
     from snapcache.store.fs import Storage
 
     assert sum(1 for _ in _again(bucket_url)) == ROWS
     _fresh_process_state()
-    failed = []
+    read_bytes, batch = Storage.read_bytes, EarlyFetches.batch
+    asked, given = [], []
 
-    def refused(self, rel, start, end):
-        failed.append(rel)
-        raise ConnectionResetError("connection reset by peer")
+    def whole(self, rel, size=None, head=None):
+        asked.append(head is not None)
+        return read_bytes(self, rel, size)
 
-    monkeypatch.setattr(Storage, "read_range", refused)
+    def taken(self, shard, index):
+        given.append(batch(self, shard, index))
+        return given[-1]
+
+    monkeypatch.setattr(Storage, "read_bytes", whole)
+    monkeypatch.setattr(EarlyFetches, "batch", taken)
     rows = [int(i) for b in _again(bucket_url).batch(64) for i in b["i"]]
-    assert rows == list(range(ROWS)) and len(failed) == 1
+    assert rows == list(range(ROWS))
+    assert True in asked and given and all(g is None for g in given)
+
+
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+@pytest.mark.parametrize("said", ["right", "short", "long"])
+def test_a_streamed_get_hands_over_its_head_once_and_returns_the_whole_file(
+        logged, bucket_url, monkeypatch, client, said):
+    """``read_streaming``: one GET whose body is taken in chunks into one buffer; the first
+    ``head`` bytes are handed over once, as a view, when they are in. A file of another size
+    than said comes back as it is (the reader's size check names it)."""
+    from snapcache.store import fs_obstore
+    from snapcache.store.fs import Storage
+
+    storage = Storage(bucket_url)
+    data = np.random.default_rng(0).bytes(1 << 20)
+    storage.upload("f.bin", data)
+    monkeypatch.setattr(fs_obstore, "STREAM_CHUNK", 64 << 10)
+    clients = storage._s3
+    streaming = clients.s3fs() if client == "s3fs" else clients.client()
+    if client == "obstore" and not isinstance(streaming, fs_obstore.S3Client):
+        pytest.skip("obstore is not usable here")
+    size = {"right": len(data), "short": len(data) - 1000, "long": len(data) + 1000}[said]
+    chunks, heads = [], []
+    add = fs_obstore.Streamed.add
+
+    def counted(self, chunk):
+        chunks.append(len(chunk))
+        add(self, chunk)
+
+    monkeypatch.setattr(fs_obstore.Streamed, "add", counted)
+    since = logged.mark()
+    got = streaming.read_streaming(storage.full("f.bin"), size, 300_000,
+                                   lambda view: heads.append((bytes(view), sum(chunks))))
+    assert bytes(got) == data and heads == [(data[:300_000], heads[0][1])]
+    assert heads[0][1] < len(data)  # handed over while the body was still coming
+    assert [m for m, _ in logged.requests(since)] == ["GET"]
 
 
 @pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "shuffled"])
