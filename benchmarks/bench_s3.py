@@ -508,8 +508,8 @@ NOTES = """
 - **What bounds the image build and cold read.** A cold image read gets each 64 MB shard in
   one GET (over loopback, bound by the server: its CPU column), verifies it (xxh3, ~10 ms)
   and starts the next while the consumer is on the first; the local copy is written in the
-  background. Its first batch waits only for the first shard's first record batch: that
-  GET's body is taken as it streams in (see "First batch on S3" below). A build computes the examples (the same for every system), uploads each
+  background. Its first shard's GET is taken as it streams in, each record batch decoded as
+  soon as it has arrived (see "First batch on S3" below). A build computes the examples (the same for every system), uploads each
   shard while the next is encoded, and pays the protocol's fixed requests before and after.
 - **Checksums.** snapcache verifies each shard (xxh3) before use, Mosaic its shards (xxh64,
   `validate_hash`); LitData has no verification.

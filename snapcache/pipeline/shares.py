@@ -58,20 +58,12 @@ def piece_rows(unit: int) -> int:
     return max(PIECE_ROWS, unit)
 
 
-def first_block(order: EpochOrder, share: Share, skip: int = 0
-                ) -> tuple[int, int | None] | None:
-    """(shard, record batch) of the first position ``share`` reads after ``skip``; the record
-    batch is None unless it holds every position the read's first batch waits for: its first
-    unit (a batch) in order, where a piece is cut at the end of a block, else its first piece
-    (:func:`piece_rows`: a shuffle window's pieces mix blocks). None if it reads nothing."""
-    need = share.unit if order.window == 1 else piece_rows(share.unit)
+def first_shard(order: EpochOrder, share: Share, skip: int = 0) -> int | None:
+    """The shard of the first position ``share`` reads after ``skip``; None if it reads
+    nothing."""
     for a, b in share.pieces(skip):
         if a < b:
-            blocks = order.locate(a, min(b, a + need))[0]
-            block = int(blocks[0])
-            batch = int(order.layout.batch[block])
-            alone = batch >= 0 and bool((blocks == block).all())
-            return int(order.layout.shard[block]), (batch if alone else None)
+            return int(order.layout.shard[int(order.locate(a, a + 1)[0][0])])
     return None
 
 

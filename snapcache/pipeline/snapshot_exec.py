@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from snapcache.errors import (
     CorruptSnapshotError, LeaseLostError, OptionConflictWarning, RandomnessWarning, StoreError)
 from snapcache.pipeline import interrupt, ops, streams
-from snapcache.pipeline.shares import first_block, piece_rows, read_share
+from snapcache.pipeline.shares import first_shard, piece_rows, read_share
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
@@ -262,15 +262,13 @@ def read_session(reader: SnapshotReader, op: ops.SnapshotOp, order: EpochOrder |
 def fetch_first_early(reader: SnapshotReader, order: EpochOrder, share: Share,
                       skip: int = 0) -> None:
     """On an object store, when this read will take a new read lease: start the GET of the
-    first shard ``share`` reads (after ``skip``) now, and of the record batch of it read first
-    (:meth:`EarlyFetches.start <snapcache.store.early_fetch.EarlyFetches.start>`), so that
-    they overlap the lease's requests."""
+    first shard ``share`` reads (after ``skip``) now, so that it overlaps the lease's requests
+    (:meth:`EarlyFetches.start <snapcache.store.early_fetch.EarlyFetches.start>`)."""
     if reader.storage.local or holds_read(reader.storage):
         return
-    first = first_block(order, share, skip)
-    if first is not None:
-        shard, batch = first
-        reader.early.start(reader.manifest.shards[shard], batch)
+    shard = first_shard(order, share, skip)
+    if shard is not None:
+        reader.early.start(reader.manifest.shards[shard])
 
 
 def hold_for_workers(op: ops.SnapshotOp) -> tuple[Storage, Manifest] | None:

@@ -15,6 +15,7 @@ explains how to pad them.
 from __future__ import annotations
 
 import collections
+import logging
 import mmap
 import os
 import threading
@@ -33,6 +34,8 @@ from snapcache.store.manifest import ShardInfo
 
 if TYPE_CHECKING:
     from snapcache.store.reader import ShardFile, SnapshotReader
+
+log = logging.getLogger(__name__)
 
 Columns = dict  # field name -> numpy array, all of one length
 
@@ -257,32 +260,42 @@ def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: b
     if reader.storage.local and shard.batch_index and shard.batch_offsets is not None \
             and reader.schema is not None:
         return BatchedShard(reader, shard, low_memory=low_memory, ahead=ahead)
-    if not reader.storage.local and reader.early.has_batch(shard):
+    if not reader.storage.local and reader.early.has_stream(shard):
         return EarlyBatchShard(reader, shard, low_memory=low_memory)
     return reader.open_shard(shard, low_memory=low_memory)
 
 
 class EarlyBatchShard:
-    """A remote shard of which :meth:`EarlyFetches.start
-    <snapcache.store.early_fetch.EarlyFetches.start>` hands over the record batch a read needs
-    first as soon as the shard's bytes up to its end have arrived: that record batch comes from
-    its own bytes, checked against its own checksum
-    (:meth:`~snapcache.store.early_fetch.EarlyFetches.batch`), while the rest of the shard is
-    still downloading; every other from the whole shard, opened and
-    checked whole (:meth:`~snapcache.store.reader.SnapshotReader.open_shard`) when first
-    needed. A read's first batch then waits for one record batch, not a whole shard. Same
+    """A remote shard streaming in for a read (:meth:`EarlyFetches.start
+    <snapcache.store.early_fetch.EarlyFetches.start>`): each record batch comes from its bytes
+    as soon as they have arrived, checked against its own checksum
+    (:meth:`SnapshotReader.batch_from_bytes
+    <snapcache.store.reader.SnapshotReader.batch_from_bytes>`), as a local shard's
+    (:class:`BatchedShard`), while the rest of the shard is still downloading. If the shard
+    comes otherwise (from the node-local cache, or its GET failed), from the whole shard,
+    opened and checked whole (:meth:`~snapcache.store.reader.SnapshotReader.open_shard`). A
+    read's first batch then waits for the bytes it needs, not for the whole shard. Same
     interface as :class:`~snapcache.store.reader.ShardFile`."""
 
     def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False):
         self._reader, self._shard, self._low_memory = reader, shard, low_memory
         self.num_record_batches = len(shard.batch_rows)
+        self._stream = reader.early.take_stream(shard)
         self._whole: Any = None
         self._lock = threading.Lock()
 
     def get_batch(self, index: int, whole: bool = True) -> pa.RecordBatch:
-        batch = self._reader.early.batch(self._shard, index)
-        if batch is not None:
-            return batch
+        stream = self._stream
+        if stream is not None:
+            start, end = self._shard.batch_offsets[index], self._shard.batch_offsets[index + 1]
+            arrived = stream.wait_for(end)
+            if arrived is not None:
+                if stream.complete:  # every record batch comes from it: no whole shard held
+                    self._reader.early.take_shard(self._shard)
+                return self._reader.batch_from_bytes(self._shard, index, arrived[start:end],
+                                                     whole=whole)
+            log.debug("%s did not stream in; read whole", self._reader.where(self._shard))
+            self._stream = None
         return self._open().get_batch(index, whole)
 
     def _open(self) -> Any:

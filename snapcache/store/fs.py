@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
 
+    from snapcache.store import fs_obstore
+
 _INSTALL_HINTS = {
     "s3": "s3fs (pip install 'snapcache[s3]')",
     "s3a": "s3fs (pip install 'snapcache[s3]')",
@@ -186,23 +188,22 @@ class Storage:
 
     # -- reads ---------------------------------------------------------------------------------
     def read_bytes(self, rel: str, size: int | None = None,
-                   head: "tuple[int, Callable[[memoryview], None]] | None" = None) -> bytes:
+                   into: "fs_obstore.Streamed | None" = None) -> bytes:
         """The whole file, in one request on object stores (s3fs would first ask for its size:
         a HEAD, and a LIST when it is missing): a file rewritten meanwhile (a lease's heartbeat)
         reads as either version, never as a failed partial read. With its ``size`` known (a
         shard, from the manifest), a large file is fetched as concurrent ranged GETs, and the
         result may be a read-only buffer of the bytes (obstore's, not copied) instead.
 
-        ``head``: ``(n, on_head)``, with ``size``: on S3 the file comes in one GET whose body
-        is taken as it streams in, and ``on_head`` is called with a view of its first ``n``
-        bytes as soon as they have arrived (a record batch a read needs first); elsewhere it
-        is not called."""
+        ``into`` (a :class:`~snapcache.store.fs_obstore.Streamed` of ``size`` bytes): on S3 the
+        file comes in one GET whose body is taken into it as it streams in, so that other
+        threads can read its first bytes meanwhile; elsewhere it is left empty."""
         if self.local:
             with open(self.full(rel), "rb") as f:
                 return f.read()
         path = self.full(rel)
-        if head is not None and size is not None and self._s3:
-            return self._s3.client().read_streaming(path, size, *head)
+        if into is not None and self._s3:
+            return self._s3.client().read_streaming(path, into)
         if not self._s3:
             return self.fs.cat_file(path)
         return self._s3.client().read(path, size)

@@ -36,7 +36,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 RANGE_BYTES = 64 << 20
 """A whole read of a file larger than this (size known) is ranged GETs of this size, in
@@ -180,20 +180,21 @@ STREAM_CHUNK = 1 << 20
 
 
 class Streamed:
-    """The body of a GET of a file of ``size`` bytes, taken chunk by chunk into one buffer;
-    ``on_head`` is called once, with a view of the first ``head`` bytes, as soon as they are in
-    (a record batch a read needs first, while the rest still streams in; nothing is copied
-    for it). The buffer is never written again where that view looks. A body longer or
-    shorter than ``size`` comes back as what it holds, for the caller's size check to name;
-    ``on_head`` is then not called if it was not yet."""
+    """The body of one GET of a file of ``size`` bytes, taken chunk by chunk into one buffer
+    that other threads read from as it fills: :meth:`wait_for` gives a view of the bytes up to
+    a point as soon as they are in (a remote shard's record batches while the rest of it
+    still downloads; nothing is copied for them). The buffer is never written again where a
+    view looks. A body longer or shorter than ``size`` comes back from :meth:`result` as what it
+    holds, for the caller's size check to name; the one that fills it calls :meth:`finish`
+    when it is done or failed, whatever happened."""
 
-    def __init__(self, size: int, head: int, on_head: Callable[[memoryview], None]):
+    def __init__(self, size: int):
         self._buffer = bytearray(size)
         self._view = memoryview(self._buffer)
         self._at = 0
         self._extra: list[bytes] = []
-        self._head = head
-        self._on_head: Callable[[memoryview], None] | None = on_head
+        self._done = False
+        self._cond = threading.Condition()
 
     def add(self, chunk: Any) -> None:
         n = len(chunk)
@@ -201,10 +202,26 @@ class Streamed:
             self._extra.append(bytes(chunk))
             return
         self._view[self._at:self._at + n] = chunk
-        self._at += n
-        if self._on_head is not None and self._at >= self._head:
-            on_head, self._on_head = self._on_head, None
-            on_head(self._view[:self._head])
+        with self._cond:
+            self._at += n
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole body is in, as long as said."""
+        return self._done and not self._extra and self._at == len(self._buffer)
+
+    def wait_for(self, end: int) -> memoryview | None:
+        """A view of bytes ``[0, end)`` once they are in; None if the body ended (or failed)
+        before them."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._at >= end or self._done)
+            return self._view[:end] if self._at >= end else None
 
     def result(self) -> "bytearray | bytes":
         if self._extra or self._at != len(self._buffer):
@@ -333,19 +350,16 @@ class S3Client:
         except Exception as e:  # noqa: BLE001 - the body failed half-way
             raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e
 
-    def read_streaming(self, path: str, size: int, head: int,
-                       on_head: Callable[[memoryview], None]) -> "bytearray | bytes":
-        """The whole object (``size`` bytes said), one GET, its body taken as it streams in:
-        ``on_head`` is called with its first ``head`` bytes as soon as they have arrived
-        (:class:`Streamed`)."""
+    def read_streaming(self, path: str, into: Streamed) -> "bytearray | bytes":
+        """The whole object, one GET, its body taken into ``into`` as it streams in (other
+        threads may read it meanwhile: :meth:`Streamed.wait_for`)."""
         result = self._get(path)
-        streamed = Streamed(size, head, on_head)
         try:
             for chunk in result.stream(min_chunk_size=STREAM_CHUNK):
-                streamed.add(chunk)
+                into.add(chunk)
         except Exception as e:  # noqa: BLE001 - the body failed half-way
             raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e
-        return streamed.result()
+        return into.result()
 
     def read_versioned(self, path: str) -> tuple[bytes, tuple]:
         """The whole object and (ETag, size) from one GET."""

@@ -228,23 +228,21 @@ class S3fsClient:
     def read_range(self, path: str, start: int, end: int) -> bytes:
         return self.fs.cat_file(path, start=start, end=end)
 
-    def read_streaming(self, path: str, size: int, head: int,
-                       on_head: Callable[[memoryview], None]) -> "bytearray | bytes":
+    def read_streaming(self, path: str, into: "fs_obstore.Streamed") -> "bytearray | bytes":
         """As :meth:`snapcache.store.fs_obstore.S3Client.read_streaming`."""
         bucket, key, _ = self.fs.split_path(path)
-        streamed = fs_obstore.Streamed(size, head, on_head)
 
         async def get() -> None:
             response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
             body = response["Body"]
             try:
                 while chunk := await body.read(fs_obstore.STREAM_CHUNK):
-                    streamed.add(chunk)
+                    into.add(chunk)
             finally:
                 body.close()
 
         fsspec.asyn.sync(self.fs.loop, get)
-        return streamed.result()
+        return into.result()
 
     def put(self, path: str, data: bytes) -> None:
         self.fs.pipe_file(path, data)

@@ -22,7 +22,7 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
 import xxhash
@@ -37,6 +37,9 @@ from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
 from snapcache.store.options import ReadOptions
 from snapcache.store.validate import BatchValidator
+
+if TYPE_CHECKING:
+    from snapcache.store.fs_obstore import Streamed
 
 
 def load_manifest(storage: Storage) -> Manifest | None:
@@ -481,13 +484,12 @@ class SnapshotReader:
                 f"{way_out(self.storage)}")
         return buffer, mapped
 
-    def fetch_shard(self, shard: ShardInfo,
-                    head: tuple[int, Callable[[memoryview], None]] | None = None) -> pa.Buffer:
-        """A remote shard's bytes: through the node-local cache if there is one. ``head``:
-        its first bytes handed over as they arrive (see :meth:`Storage.read_bytes
-        <snapcache.store.fs.Storage.read_bytes>`), if it is downloaded now."""
+    def fetch_shard(self, shard: ShardInfo, into: "Streamed | None" = None) -> pa.Buffer:
+        """A remote shard's bytes: through the node-local cache if there is one. ``into``: its
+        bytes taken as they stream in, if it is downloaded now (see :meth:`Storage.read_bytes
+        <snapcache.store.fs.Storage.read_bytes>`)."""
         def fetch() -> Any:
-            return self.storage.read_bytes(shard.path, shard.bytes, head)
+            return self.storage.read_bytes(shard.path, shard.bytes, into)
 
         if self.cached:
             return self.cache.get(self._cache_key(shard), shard.bytes,  # type: ignore[union-attr]

@@ -98,7 +98,7 @@ def example(i):
 
 def shard_gets(requests, ranged=False):
     """The paths of the whole-shard GETs among ``requests`` (method, path, status); with
-    ``ranged``, of the ranged ones (206: a record batch fetched alone) instead."""
+    ``ranged``, of the ranged ones (206: a record batch read alone) instead."""
     return [path for method, path, status in requests
             if method == "GET" and path.endswith(".arrow") and (status == PARTIAL) == ranged]
 
@@ -359,8 +359,7 @@ def test_a_cold_reads_first_shard_is_fetched_while_the_read_lease_is_taken(
     reqs = logged.requests(since, status=True)
     gets = shard_gets(reqs)
     assert len(gets) > 1 and sorted(gets) == sorted(set(gets)), gets  # none fetched twice
-    # shards this small come whole: no record batch fetched alone (see the test below)
-    assert shard_gets(reqs, ranged=True) == []
+    assert shard_gets(reqs, ranged=True) == []  # one GET a shard
 
 
 def test_a_purge_between_the_manifest_and_the_read_lease_is_said_and_drops_the_early_fetch(
@@ -417,62 +416,67 @@ def _again(bucket_url, **options):
 
 @pytest.fixture
 def early_batches(monkeypatch):
-    """Shards of any size have their first record batch fetched alone (by default only those
-    of EARLY_BATCH_SHARD_BYTES and more: these tests' shards are 256 KB)."""
+    """A fresh read's first shard streams in whatever its size (by default only from
+    EARLY_BATCH_SHARD_BYTES on: these tests' shards are 256 KB to 1 MiB)."""
     from snapcache.store import early_fetch
 
     monkeypatch.setattr(early_fetch, "EARLY_BATCH_SHARD_BYTES", 0)
 
 
-@pytest.mark.parametrize("cached", [False, True], ids=["no-cache", "local-cache"])
+def _several(bucket_url, **options):
+    """8,192 rows of 4 KB in two 16 MiB shards of four 4 MiB record batches each."""
+    return sc.Dataset.range(8192).map(example).snapshot(
+        bucket_url, progress=False, shard_size=16 << 20, record_batch_size=4 << 20, **options)
+
+
+@pytest.mark.parametrize("case", ["in-one", "in-one-local-cache", "in-two"])
 def test_a_cold_reads_first_batch_comes_before_its_whole_shard(logged, bucket_url, tmp_path,
-                                                               monkeypatch, cached,
+                                                               monkeypatch, case,
                                                                early_batches):
-    """The record batch a fresh read needs first is fetched alone (a ranged GET) beside its
-    whole shard, and the first batch is decoded from it. Here every whole-shard GET waits (at
-    most 60 s) until the first batch is out: if the first batch needed a whole shard, the wait
-    would time out and the test fail. The epoch then reads back whole, in order."""
+    """The first shard's GET is taken as it streams in, and each record batch is usable as
+    soon as its bytes have arrived: here the rest of the shard is held back (at most 60 s)
+    once three quarters of it are in, until the first batch is out, so if the first batch
+    needed the whole shard, the wait would time out and the test fail. The first batch is in
+    the first record batch (64 rows of 2,048), or in the first two (2,048 rows of 4 KB from
+    record batches of 1,024). The epoch then reads back whole, in order, with one GET a
+    shard."""
     import threading
 
-    from snapcache.store.fs import Storage
+    from snapcache.store import fs_obstore
 
-    options = {"local_cache": str(tmp_path / "cache")} if cached else {}
-    assert sum(1 for _ in _again(bucket_url, **options)) == ROWS
+    options = {"local_cache": str(tmp_path / "cache")} if case.endswith("cache") else {}
+    make, batch, rows = (_several, 2048, 8192) if case == "in-two" else (_again, 64, ROWS)
+    assert sum(1 for _ in make(bucket_url, **options)) == rows
     shards = sc.open_snapshot(bucket_url).shards
     _fresh_process_state()
     first_out, waited = threading.Event(), []
-    read_bytes = Storage.read_bytes
+    add = fs_obstore.Streamed.add
 
-    def gated(self, rel, size=None, head=None):
-        if head is not None:  # the rest of the shard waits until the first batch is out
-            n, on_head = head
+    def gated(self, chunk):
+        if not waited and self._at + len(chunk) > 0.75 * len(self._buffer):
+            waited.append(first_out.wait(60))
+        add(self, chunk)
 
-            def handed(view):
-                on_head(view)
-                waited.append(first_out.wait(60))
-
-            head = (n, handed)
-        return read_bytes(self, rel, size, head)
-
-    monkeypatch.setattr(Storage, "read_bytes", gated)
+    monkeypatch.setattr(fs_obstore.Streamed, "add", gated)
+    monkeypatch.setattr(fs_obstore, "STREAM_CHUNK", 64 << 10)  # finer than these shards
     since = logged.mark()
-    it = iter(_again(bucket_url, **options).batch(64))
+    it = iter(make(bucket_url, **options).batch(batch))
     first = next(it)
     first_out.set()
-    rows = [int(i) for i in first["i"]] + [int(i) for b in it for i in b["i"]]
-    assert rows == list(range(ROWS))
-    assert waited and all(waited), waited
+    got = [int(i) for i in first["i"]] + [int(i) for b in it for i in b["i"]]
+    assert got == list(range(rows))
+    assert waited == [True], waited
     reqs = logged.requests(since, status=True)
     assert shard_gets(reqs, ranged=True) == []  # one GET a shard, no byte fetched twice
     gets = shard_gets(reqs)
     assert len(gets) == len(shards) and len(set(gets)) == len(gets), gets
 
 
-def test_a_flipped_byte_in_the_record_batch_fetched_alone_is_refused_naming_it(
+def test_a_flipped_byte_in_a_record_batch_streaming_in_is_refused_naming_it(
         logged, bucket_url, early_batches):
-    """The record batch fetched alone is checked against its own checksum before any of its
-    rows is used: a flipped byte in it is an error naming the shard and the record batch, and
-    no row comes out before it."""
+    """A record batch of a shard streaming in is checked against its own checksum before any
+    of its rows is used: a flipped byte in it is an error naming the shard and the record
+    batch, and no row comes out before it."""
     assert sum(1 for _ in _again(bucket_url)) == ROWS
     snap = sc.open_snapshot(bucket_url)
     shard = snap.shards[0]
@@ -490,41 +494,41 @@ def test_a_flipped_byte_in_the_record_batch_fetched_alone_is_refused_naming_it(
     assert seen == [] and shard.path in str(info.value)
 
 
-def test_a_first_record_batch_not_handed_over_ahead_comes_from_the_whole_shard(
-        logged, bucket_url, monkeypatch, early_batches):
-    """Handing over the record batch read first is only a head start: when the shard comes
-    otherwise (here: a download that does not stream), the read takes that record batch from
-    the whole shard, as without it."""
+def test_a_shard_that_does_not_stream_in_is_read_whole(logged, bucket_url, monkeypatch,
+                                                       early_batches):
+    """Streaming is only a head start: when the shard comes otherwise (here: a download that
+    does not stream), the read takes its record batches from the whole shard, as without
+    it."""
     from snapcache.store.early_fetch import EarlyFetches
     from snapcache.store.fs import Storage
 
     assert sum(1 for _ in _again(bucket_url)) == ROWS
     _fresh_process_state()
-    read_bytes, batch = Storage.read_bytes, EarlyFetches.batch
-    asked, given = [], []
+    read_bytes, take_stream = Storage.read_bytes, EarlyFetches.take_stream
+    streams = []
 
-    def whole(self, rel, size=None, head=None):
-        asked.append(head is not None)
+    def whole(self, rel, size=None, into=None):
         return read_bytes(self, rel, size)
 
-    def taken(self, shard, index):
-        given.append(batch(self, shard, index))
-        return given[-1]
+    def taken(self, shard):
+        streams.append(take_stream(self, shard))
+        return streams[-1]
 
     monkeypatch.setattr(Storage, "read_bytes", whole)
-    monkeypatch.setattr(EarlyFetches, "batch", taken)
-    rows = [int(i) for b in _again(bucket_url).batch(64) for i in b["i"]]
-    assert rows == list(range(ROWS))
-    assert True in asked and given and all(g is None for g in given)
+    monkeypatch.setattr(EarlyFetches, "take_stream", taken)
+    got = [int(i) for b in _again(bucket_url).batch(64) for i in b["i"]]
+    assert got == list(range(ROWS))
+    [stream] = [s for s in streams if s is not None]
+    assert not stream.complete and stream.wait_for(1) is None
 
 
 @pytest.mark.parametrize("client", ["obstore", "s3fs"])
 @pytest.mark.parametrize("said", ["right", "short", "long"])
-def test_a_streamed_get_hands_over_its_head_once_and_returns_the_whole_file(
+def test_a_streamed_get_hands_over_its_bytes_as_they_arrive_and_returns_the_whole_file(
         logged, bucket_url, monkeypatch, client, said):
-    """``read_streaming``: one GET whose body is taken in chunks into one buffer; the first
-    ``head`` bytes are handed over once, as a view, when they are in. A file of another size
-    than said comes back as it is (the reader's size check names it)."""
+    """``read_streaming``: one GET whose body is taken in chunks into one buffer, whose first
+    bytes can be read (``wait_for``) as soon as they are in, before the rest. A file of
+    another size than said comes back as it is (the reader's size check names it)."""
     from snapcache.store import fs_obstore
     from snapcache.store.fs import Storage
 
@@ -537,38 +541,48 @@ def test_a_streamed_get_hands_over_its_head_once_and_returns_the_whole_file(
     if client == "obstore" and not isinstance(streaming, fs_obstore.S3Client):
         pytest.skip("obstore is not usable here")
     size = {"right": len(data), "short": len(data) - 1000, "long": len(data) + 1000}[said]
-    chunks, heads = [], []
+    added, seen = [], []
     add = fs_obstore.Streamed.add
 
     def counted(self, chunk):
-        chunks.append(len(chunk))
         add(self, chunk)
+        added.append(len(chunk))
+        if not seen and sum(added) >= 300_000:
+            seen.append((bytes(self.wait_for(300_000)), sum(added)))
 
     monkeypatch.setattr(fs_obstore.Streamed, "add", counted)
+    into = fs_obstore.Streamed(size)
     since = logged.mark()
-    got = streaming.read_streaming(storage.full("f.bin"), size, 300_000,
-                                   lambda view: heads.append((bytes(view), sum(chunks))))
-    assert bytes(got) == data and heads == [(data[:300_000], heads[0][1])]
-    assert heads[0][1] < len(data)  # handed over while the body was still coming
+    got = streaming.read_streaming(storage.full("f.bin"), into)
+    into.finish()
+    assert bytes(got) == data and seen[0][0] == data[:300_000]
+    assert seen[0][1] < len(data)  # there while the body was still coming
+    assert into.complete == (said == "right")
+    assert into.wait_for(size + 1) is None
     assert [m for m, _ in logged.requests(since)] == ["GET"]
 
 
-@pytest.mark.parametrize("shuffled", [False, True], ids=["in-order", "shuffled"])
-def test_no_record_batch_is_fetched_alone_when_the_first_batch_needs_more(logged, bucket_url,
-                                                                          early_batches,
-                                                                          shuffled):
-    """Fetching the record batch read first alone gains nothing when the first batch needs
-    more than it: in order, a batch of 64 rows from record batches of 16 (4 KB rows); shuffled,
-    a first piece of 1,024 positions drawn from many record batches. Only the whole shard is
-    fetched then."""
-    ds = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
-                                                     shard_size=256 << 10)
-    assert sum(1 for _ in ds) == 200
+def test_a_shuffled_cold_read_streams_its_first_shard_too(logged, bucket_url, monkeypatch,
+                                                         early_batches):
+    """A shuffled epoch's first shard streams in like an ordered one's (its first batch waits
+    for the record batches it draws from, as they arrive); every shard in one GET."""
+    from snapcache.store.early_fetch import EarlyFetches
+
+    assert sum(1 for _ in _several(bucket_url)) == 8192
     _fresh_process_state()
+    streams = []
+    take_stream = EarlyFetches.take_stream
+
+    def taken(self, shard):
+        streams.append(take_stream(self, shard))
+        return streams[-1]
+
+    monkeypatch.setattr(EarlyFetches, "take_stream", taken)
     since = logged.mark()
-    again = sc.Dataset.range(200).map(example).snapshot(bucket_url, progress=False,
-                                                        shard_size=256 << 10)
-    again = again.shuffle(50, seed=1).batch(8) if shuffled else again.batch(64)
-    assert sorted(int(i) for b in again for i in b["i"]) == list(range(200))
+    got = sorted(int(i) for b in _several(bucket_url).shuffle(2000, seed=1).batch(64)
+                 for i in b["i"])
+    assert got == list(range(8192))
+    assert [s.complete for s in streams if s is not None] == [True]
     reqs = logged.requests(since, status=True)
-    assert shard_gets(reqs) and shard_gets(reqs, ranged=True) == []
+    gets = shard_gets(reqs)
+    assert shard_gets(reqs, ranged=True) == [] and len(gets) == 2 == len(set(gets)), gets
