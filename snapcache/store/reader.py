@@ -430,14 +430,10 @@ class SnapshotReader:
             raise CorruptSnapshotError(f"{where}: the shard is missing "
                                        f"({self.storage.url_of(shard.path)}). "
                                        f"{way_out(self.storage)}") from None
-        self.check_length(where, data, end - start)
-        return data, False
-
-    def check_length(self, where: str, data: Any, expected: int) -> None:
-        """CorruptSnapshotError unless the range read as ``where`` is ``expected`` bytes."""
-        if len(data) != expected:
+        if len(data) != end - start:
             raise CorruptSnapshotError(f"{where}: the shard is shorter than the manifest says. "
                                        f"{way_out(self.storage)}")
+        return data, False
 
     def in_cache(self, shard: ShardInfo) -> bool:
         """Whether remote ``shard`` is in the node-local cache now."""
