@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
-from snapcache.store.fs_obstore import Streamed
+from snapcache.store.streamed import Streamed
 from snapcache.store.manifest import ShardInfo
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class EarlyFetches:
 
     def take_stream(self, shard: ShardInfo) -> Streamed | None:
         """Once: ``shard``'s bytes as they stream in (:meth:`Streamed.wait_for
-        <snapcache.store.fs_obstore.Streamed.wait_for>` gives None past what arrived if the
+        <snapcache.store.streamed.Streamed.wait_for>` gives None past what arrived if the
         shard came otherwise: from the node-local cache, or its GET failed); None if it does
         not stream."""
         return self._streams.pop(shard.path, None)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
 
-    from snapcache.store import fs_obstore
+    from snapcache.store.streamed import Streamed
 
 _INSTALL_HINTS = {
     "s3": "s3fs (pip install 'snapcache[s3]')",
@@ -188,14 +188,14 @@ class Storage:
 
     # -- reads ---------------------------------------------------------------------------------
     def read_bytes(self, rel: str, size: int | None = None,
-                   into: "fs_obstore.Streamed | None" = None) -> bytes:
+                   into: "Streamed | None" = None) -> bytes:
         """The whole file, in one request on object stores (s3fs would first ask for its size:
         a HEAD, and a LIST when it is missing): a file rewritten meanwhile (a lease's heartbeat)
         reads as either version, never as a failed partial read. With its ``size`` known (a
         shard, from the manifest), a large file is fetched as concurrent ranged GETs, and the
         result may be a read-only buffer of the bytes (obstore's, not copied) instead.
 
-        ``into`` (a :class:`~snapcache.store.fs_obstore.Streamed` of ``size`` bytes): on S3 the
+        ``into`` (a :class:`~snapcache.store.streamed.Streamed` of ``size`` bytes): on S3 the
         file comes in one GET whose body is taken into it as it streams in, so that other
         threads can read its first bytes meanwhile; elsewhere it is left empty."""
         if self.local:

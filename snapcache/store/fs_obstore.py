@@ -38,6 +38,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Mapping
 
+from snapcache.store import streamed
+from snapcache.store.streamed import Streamed
+
 RANGE_BYTES = 64 << 20
 """A whole read of a file larger than this (size known) is ranged GETs of this size, in
 parallel; a shard of the default size (64 MB) is one GET. (s3fs's is 32 MB: aiohttp reads one
@@ -175,60 +178,6 @@ def used_here() -> bool:
     return _RUNTIME_PID == os.getpid()
 
 
-STREAM_CHUNK = 1 << 20
-"""Bytes a streamed GET hands over at a time (:class:`Streamed`)."""
-
-
-class Streamed:
-    """The body of one GET of a file of ``size`` bytes, taken chunk by chunk into one buffer
-    that other threads read from as it fills: :meth:`wait_for` gives a view of the bytes up to
-    a point as soon as they are in (a remote shard's record batches while the rest of it
-    still downloads; nothing is copied for them). The buffer is never written again where a
-    view looks. A body longer or shorter than ``size`` comes back from :meth:`result` as what it
-    holds, for the caller's size check to name; the one that fills it calls :meth:`finish`
-    when it is done or failed, whatever happened."""
-
-    def __init__(self, size: int):
-        self._buffer = bytearray(size)
-        self._view = memoryview(self._buffer)
-        self._at = 0
-        self._extra: list[bytes] = []
-        self._done = False
-        self._cond = threading.Condition()
-
-    def add(self, chunk: Any) -> None:
-        n = len(chunk)
-        if self._extra or self._at + n > len(self._buffer):
-            self._extra.append(bytes(chunk))
-            return
-        self._view[self._at:self._at + n] = chunk
-        with self._cond:
-            self._at += n
-            self._cond.notify_all()
-
-    def finish(self) -> None:
-        with self._cond:
-            self._done = True
-            self._cond.notify_all()
-
-    @property
-    def complete(self) -> bool:
-        """Whether the whole body is in, as long as said."""
-        return self._done and not self._extra and self._at == len(self._buffer)
-
-    def wait_for(self, end: int) -> memoryview | None:
-        """A view of bytes ``[0, end)`` once they are in; None if the body ended (or failed)
-        before them."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._at >= end or self._done)
-            return self._view[:end] if self._at >= end else None
-
-    def result(self) -> "bytearray | bytes":
-        if self._extra or self._at != len(self._buffer):
-            return bytes(self._view[:self._at]) + b"".join(self._extra)
-        return self._buffer
-
-
 class S3Client:
     """Requests to one bucket through obstore. Paths are ``bucket/key`` as s3fs writes them;
     the methods raise FileNotFoundError, PermissionError, FileExistsError or ConnectionError
@@ -352,10 +301,11 @@ class S3Client:
 
     def read_streaming(self, path: str, into: Streamed) -> "bytearray | bytes":
         """The whole object, one GET, its body taken into ``into`` as it streams in (other
-        threads may read it meanwhile: :meth:`Streamed.wait_for`)."""
+        threads may read it meanwhile: :meth:`Streamed.wait_for
+        <snapcache.store.streamed.Streamed.wait_for>`)."""
         result = self._get(path)
         try:
-            for chunk in result.stream(min_chunk_size=STREAM_CHUNK):
+            for chunk in result.stream(min_chunk_size=streamed.STREAM_CHUNK):
                 into.add(chunk)
         except Exception as e:  # noqa: BLE001 - the body failed half-way
             raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e

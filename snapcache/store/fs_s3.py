@@ -28,7 +28,8 @@ from typing import Any, Callable, NamedTuple
 import fsspec
 import fsspec.asyn
 
-from snapcache.store import fs_obstore
+from snapcache.store import fs_obstore, streamed
+from snapcache.store.streamed import Streamed
 
 RANGE_BYTES = 32 << 20
 """A file larger than this whose size is known is fetched in ranges of this size, concurrently."""
@@ -228,7 +229,7 @@ class S3fsClient:
     def read_range(self, path: str, start: int, end: int) -> bytes:
         return self.fs.cat_file(path, start=start, end=end)
 
-    def read_streaming(self, path: str, into: "fs_obstore.Streamed") -> "bytearray | bytes":
+    def read_streaming(self, path: str, into: Streamed) -> "bytearray | bytes":
         """As :meth:`snapcache.store.fs_obstore.S3Client.read_streaming`."""
         bucket, key, _ = self.fs.split_path(path)
 
@@ -236,7 +237,7 @@ class S3fsClient:
             response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
             body = response["Body"]
             try:
-                while chunk := await body.read(fs_obstore.STREAM_CHUNK):
+                while chunk := await body.read(streamed.STREAM_CHUNK):
                     into.add(chunk)
             finally:
                 body.close()

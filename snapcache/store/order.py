@@ -113,7 +113,8 @@ def runs_of(layout: Layout, row_bytes: Sequence[float]) -> Layout:
     (their order is drawn over them). A shard's first record batch stays a block of its own:
     a read starting at a shard has its first batch once that record batch alone is read and
     decoded (on S3, as soon as its bytes have arrived, while the rest of the shard downloads:
-    :meth:`EarlyFetches.start <snapcache.store.early_fetch.EarlyFetches.start>`). ``layout`` itself when nothing merges."""
+    :meth:`EarlyFetches.start <snapcache.store.early_fetch.EarlyFetches.start>`). ``layout``
+    itself when nothing merges."""
     found = _runs.get(layout)
     if found is not None:
         return found

@@ -40,7 +40,7 @@ from snapcache.store.options import ReadOptions
 from snapcache.store.validate import BatchValidator
 
 if TYPE_CHECKING:
-    from snapcache.store.fs_obstore import Streamed
+    from snapcache.store.streamed import Streamed
 
 
 def load_manifest(storage: Storage) -> Manifest | None:

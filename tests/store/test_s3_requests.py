@@ -442,7 +442,7 @@ def test_a_cold_reads_first_batch_comes_before_its_whole_shard(logged, bucket_ur
     shard."""
     import threading
 
-    from snapcache.store import fs_obstore
+    from snapcache.store import streamed
 
     options = {"local_cache": str(tmp_path / "cache")} if case.endswith("cache") else {}
     make, batch, rows = (_several, 2048, 8192) if case == "in-two" else (_again, 64, ROWS)
@@ -450,15 +450,15 @@ def test_a_cold_reads_first_batch_comes_before_its_whole_shard(logged, bucket_ur
     shards = sc.open_snapshot(bucket_url).shards
     _fresh_process_state()
     first_out, waited = threading.Event(), []
-    add = fs_obstore.Streamed.add
+    add = streamed.Streamed.add
 
     def gated(self, chunk):
         if not waited and self._at + len(chunk) > 0.75 * len(self._buffer):
             waited.append(first_out.wait(60))
         add(self, chunk)
 
-    monkeypatch.setattr(fs_obstore.Streamed, "add", gated)
-    monkeypatch.setattr(fs_obstore, "STREAM_CHUNK", 64 << 10)  # finer than these shards
+    monkeypatch.setattr(streamed.Streamed, "add", gated)
+    monkeypatch.setattr(streamed, "STREAM_CHUNK", 64 << 10)  # finer than these shards
     since = logged.mark()
     it = iter(make(bucket_url, **options).batch(batch))
     first = next(it)
@@ -529,20 +529,20 @@ def test_a_streamed_get_hands_over_its_bytes_as_they_arrive_and_returns_the_whol
     """``read_streaming``: one GET whose body is taken in chunks into one buffer, whose first
     bytes can be read (``wait_for``) as soon as they are in, before the rest. A file of
     another size than said comes back as it is (the reader's size check names it)."""
-    from snapcache.store import fs_obstore
+    from snapcache.store import fs_obstore, streamed
     from snapcache.store.fs import Storage
 
     storage = Storage(bucket_url)
     data = np.random.default_rng(0).bytes(1 << 20)
     storage.upload("f.bin", data)
-    monkeypatch.setattr(fs_obstore, "STREAM_CHUNK", 64 << 10)
+    monkeypatch.setattr(streamed, "STREAM_CHUNK", 64 << 10)
     clients = storage._s3
     streaming = clients.s3fs() if client == "s3fs" else clients.client()
     if client == "obstore" and not isinstance(streaming, fs_obstore.S3Client):
         pytest.skip("obstore is not usable here")
     size = {"right": len(data), "short": len(data) - 1000, "long": len(data) + 1000}[said]
     added, seen = [], []
-    add = fs_obstore.Streamed.add
+    add = streamed.Streamed.add
 
     def counted(self, chunk):
         add(self, chunk)
@@ -550,8 +550,8 @@ def test_a_streamed_get_hands_over_its_bytes_as_they_arrive_and_returns_the_whol
         if not seen and sum(added) >= 300_000:
             seen.append((bytes(self.wait_for(300_000)), sum(added)))
 
-    monkeypatch.setattr(fs_obstore.Streamed, "add", counted)
-    into = fs_obstore.Streamed(size)
+    monkeypatch.setattr(streamed.Streamed, "add", counted)
+    into = streamed.Streamed(size)
     since = logged.mark()
     got = streaming.read_streaming(storage.full("f.bin"), into)
     into.finish()
