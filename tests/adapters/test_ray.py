@@ -41,8 +41,11 @@ def ray_cluster(request):
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))]
         + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # Ray starts its workers at nice 15 (to spare the raylet): beside any other job on the
+    # machine they would get next to no CPU, and this module would take minutes instead of
+    # seconds. The test cluster's workers run at the test's own priority.
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
-             runtime_env={"env_vars": env})
+             runtime_env={"env_vars": env}, _system_config={"worker_niceness": 0})
     try:
         yield
     finally:
