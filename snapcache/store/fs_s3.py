@@ -231,18 +231,11 @@ class S3fsClient:
 
     def read_streaming(self, path: str, into: Streamed) -> "bytearray | bytes":
         """As :meth:`snapcache.store.fs_obstore.S3Client.read_streaming`."""
-        bucket, key, _ = self.fs.split_path(path)
+        async def take(body: Any) -> None:
+            while chunk := await body.read(streamed.STREAM_CHUNK):
+                into.add(chunk)
 
-        async def get() -> None:
-            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
-            body = response["Body"]
-            try:
-                while chunk := await body.read(streamed.STREAM_CHUNK):
-                    into.add(chunk)
-            finally:
-                body.close()
-
-        fsspec.asyn.sync(self.fs.loop, get)
+        _get_object(self.fs, path, take)
         return into.result()
 
     def put(self, path: str, data: bytes) -> None:
@@ -291,15 +284,24 @@ def read_whole(fs: Any, path: str, size: int | None) -> bytes:
 def read_versioned(fs: Any, path: str) -> tuple[bytes, tuple]:
     """The whole object and its version, (ETag, size) as a HEAD would give them, from one
     GET (no HEAD after it). FileNotFoundError if it is missing."""
+    async def take(body: Any) -> bytes:
+        return await body.read()
+
+    data, response = _get_object(fs, path, take)
+    return data, (str(response["ETag"]), int(response["ContentLength"]))
+
+
+def _get_object(fs: Any, path: str, take: Callable[[Any], Any]) -> tuple[Any, dict]:
+    """One GET of ``path``: what the coroutine ``take`` makes of its body (closed after it,
+    whatever happened) and the response's headers. FileNotFoundError if it is missing."""
     bucket, key, _ = fs.split_path(path)
 
-    async def get() -> tuple[bytes, tuple]:
+    async def get() -> tuple[Any, dict]:
         response = await fs._call_s3("get_object", Bucket=bucket, Key=key)
         try:
-            data = await response["Body"].read()
+            return await take(response["Body"]), response
         finally:
             response["Body"].close()
-        return data, (str(response["ETag"]), int(response["ContentLength"]))
 
     return fsspec.asyn.sync(fs.loop, get)
 
