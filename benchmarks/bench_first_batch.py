@@ -43,11 +43,11 @@ MODES = ("in a row", "whole shard first", "overlapped")
 the first batch decoded from the whole shard (nothing taken as it streams in); this code."""
 BATCH = 256
 LARGE_IMAGES = "image, one 61 MB shard"
-"""1,250 images (61 MB, stored raw): a shard above ``early_fetch.EARLY_BATCH_SHARD_BYTES`` whose first
+"""1,250 images (61 MB, stored raw): a shard above ``early_fetch.STREAMED_SHARD_BYTES`` whose first
 record batch (256 images, 12.6 MB) is a whole first batch of 256."""
 LARGE = "token, one 35 MB shard"
 """120,000 token rows (62 MB decoded, one lz4 shard of 35 MB): a shard above
-``early_fetch.EARLY_BATCH_SHARD_BYTES``, whose first batch waits for its first record batch
+``early_fetch.STREAMED_SHARD_BYTES``, whose first batch waits for its first record batch
 (the first 0.3 MB of the shard's GET), not for the whole shard."""
 
 CHILD = r"""

@@ -261,11 +261,11 @@ def open_sequential(reader: "SnapshotReader", shard: ShardInfo, *, low_memory: b
             and reader.schema is not None:
         return BatchedShard(reader, shard, low_memory=low_memory, ahead=ahead)
     if not reader.storage.local and reader.early.has_stream(shard):
-        return EarlyBatchShard(reader, shard, low_memory=low_memory)
+        return StreamingShard(reader, shard, low_memory=low_memory)
     return reader.open_shard(shard, low_memory=low_memory)
 
 
-class EarlyBatchShard:
+class StreamingShard:
     """A remote shard streaming in for a read (:meth:`EarlyFetches.start
     <snapcache.store.early_fetch.EarlyFetches.start>`): each record batch comes from its bytes
     as soon as they have arrived, checked against its own checksum

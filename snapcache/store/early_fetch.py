@@ -23,7 +23,7 @@ from snapcache.store.manifest import ShardInfo
 if TYPE_CHECKING:
     from snapcache.store.reader import SnapshotReader
 
-EARLY_BATCH_SHARD_BYTES = 16 << 20
+STREAMED_SHARD_BYTES = 16 << 20
 """Remote shards at least this large stream in for a fresh read: each record batch is usable as
 soon as it has arrived (:meth:`EarlyFetches.start`). One S3 connection delivers ~100
 MB/s: a default 64 MB shard takes ~0.6 s. Smaller shards come whole, without the streamed
@@ -63,7 +63,7 @@ class EarlyFetches:
         would (one download a node).
 
         When the shard is not in the node-local cache, is at least
-        :data:`EARLY_BATCH_SHARD_BYTES` and the manifest indexes its record batches, the GET's
+        :data:`STREAMED_SHARD_BYTES` and the manifest indexes its record batches, the GET's
         body is taken as it streams in, and each record batch is usable as soon as its bytes
         have arrived (:meth:`take_stream`): the read's first batch waits for the bytes it
         needs, not for the whole shard. One GET, no byte fetched twice."""
@@ -86,7 +86,7 @@ class EarlyFetches:
     def _stream_pays(self, shard: ShardInfo) -> bool:
         reader = self._reader
         return bool(shard.batch_index) and reader.schema is not None and \
-            shard.bytes >= EARLY_BATCH_SHARD_BYTES and not reader.in_cache(shard)
+            shard.bytes >= STREAMED_SHARD_BYTES and not reader.in_cache(shard)
 
     def take_shard(self, shard: ShardInfo) -> Future | None:
         """The fetch of ``shard`` started for this read, once (None if none was)."""

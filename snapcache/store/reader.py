@@ -5,7 +5,7 @@ each shard's size and xxh3 checksum are checked (checksum unless ``verify=False`
 of its examples is yielded, and its row count and Arrow schema must match; where the manifest
 indexes a shard's record batches, a batch read alone (random access; sequential reads of
 local shards: :class:`~snapcache.store.batched_read.BatchedShard`; the first shard of a fresh
-read on S3 as it streams in: :class:`~snapcache.store.batched_read.EarlyBatchShard`) is checked
+read on S3 as it streams in: :class:`~snapcache.store.batched_read.StreamingShard`) is checked
 against its own checksum and decoded with the manifest's schema instead. Every record batch
 is validated in full (offsets monotonic and inside their buffers, UTF-8 valid) before it is
 handed out, with or without ``verify``: a checksum only proves the bytes are the ones the

@@ -417,10 +417,10 @@ def _again(bucket_url, **options):
 @pytest.fixture
 def early_batches(monkeypatch):
     """A fresh read's first shard streams in whatever its size (by default only from
-    EARLY_BATCH_SHARD_BYTES on: these tests' shards are 256 KB to 1 MiB)."""
+    STREAMED_SHARD_BYTES on: these tests' shards are 256 KB to 1 MiB)."""
     from snapcache.store import early_fetch
 
-    monkeypatch.setattr(early_fetch, "EARLY_BATCH_SHARD_BYTES", 0)
+    monkeypatch.setattr(early_fetch, "STREAMED_SHARD_BYTES", 0)
 
 
 def _several(bucket_url, **options):
