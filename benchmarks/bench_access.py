@@ -504,7 +504,7 @@ def main(argv=None) -> None:
     text = report(args, rows, time.perf_counter() - started)
     print(text)
     if not args.no_write:
-        from benchmarks.run_all import write_doc
+        from benchmarks.report import write_doc
 
         write_doc(text, START, END)
 

@@ -87,3 +87,23 @@ def test_the_runtime_benchmark_reads_every_system_in_rounds_and_counts_the_faste
     row = run_all.combine_reads([{"error": "boom"}, read(1.0, 0.05)])
     assert "error" not in row and row["batched_runs"] == [None, 100.0]
     assert "single_ex_s" not in row
+
+
+def test_default_against_none_is_read_in_alternated_pairs(monkeypatch):
+    """run_all.default_vs_none: the image-like default and ``none`` are read one right after
+    the other, which goes first alternating, and each pair gives the default's MB/s over
+    none's; a failed read is said, not averaged in."""
+    from benchmarks import run_all
+
+    calls, speed = [], {"none": 100.0, "auto": 95.0}
+
+    def sub(*args):
+        calls.append(args[3])
+        return {"batched_mb_s": speed[args[3]]}
+
+    monkeypatch.setattr(run_all, "sub", sub)
+    got = run_all.default_vs_none("/nowhere", 512, pairs=3)
+    assert calls == ["none", "auto", "auto", "none", "none", "auto"]
+    assert got["ratios"] == [0.95] * 3
+    monkeypatch.setattr(run_all, "sub", lambda *a: {"error": "boom"})
+    assert run_all.default_vs_none("/nowhere", 512, pairs=3) == {"error": "boom"}
