@@ -120,7 +120,7 @@ def runs_of(layout: Layout, row_bytes: Sequence[float]) -> Layout:
         return found
     per_row = row_bytes
     rows, shard, batch, offset = [], [], [], []
-    size = 0.0
+    size, last_batch = 0.0, -1
     for b in range(layout.num_blocks):
         i, j, o, n = (int(layout.shard[b]), int(layout.batch[b]), int(layout.offset[b]),
                       int(layout.rows[b]))
