@@ -299,7 +299,7 @@ class S3Client:
         except Exception as e:  # noqa: BLE001 - the body failed half-way
             raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e
 
-    def read_streaming(self, path: str, into: Streamed) -> "bytearray | bytes":
+    def read_streaming(self, path: str, into: Streamed) -> streamed.Body:
         """The whole object, one GET, its body taken into ``into`` as it streams in (other
         threads may read it meanwhile: :meth:`Streamed.wait_for
         <snapcache.store.streamed.Streamed.wait_for>`)."""

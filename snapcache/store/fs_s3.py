@@ -229,7 +229,7 @@ class S3fsClient:
     def read_range(self, path: str, start: int, end: int) -> bytes:
         return self.fs.cat_file(path, start=start, end=end)
 
-    def read_streaming(self, path: str, into: Streamed) -> "bytearray | bytes":
+    def read_streaming(self, path: str, into: Streamed) -> streamed.Body:
         """As :meth:`snapcache.store.fs_obstore.S3Client.read_streaming`."""
         async def take(body: Any) -> None:
             while chunk := await body.read(streamed.STREAM_CHUNK):

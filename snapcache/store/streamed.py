@@ -6,8 +6,13 @@ fill it, :class:`~snapcache.store.early_fetch.EarlyFetches` hands it to the read
 
 from __future__ import annotations
 
+import mmap
 import threading
-from typing import Any
+from typing import Any, Union
+
+Body = Union[mmap.mmap, bytearray, bytes]
+"""What a streamed GET gives back (:meth:`Streamed.result`): the buffer, or a copy of what came
+if that was not the size said."""
 
 STREAM_CHUNK = 1 << 20
 """Bytes a streamed GET hands over at a time (:class:`Streamed`)."""
@@ -20,10 +25,15 @@ class Streamed:
     still downloads; nothing is copied for them). The buffer is never written again where a
     view looks. A body longer or shorter than ``size`` comes back from :meth:`result` as what it
     holds, for the caller's size check to name; the one that fills it calls :meth:`finish`
-    when it is done or failed, whatever happened."""
+    when it is done or failed, whatever happened.
+
+    The buffer is anonymous memory whose pages the kernel zeroes as they are first written,
+    by the thread that takes the body in, chunk by chunk: a ``bytearray(size)`` is zeroed whole
+    by whoever makes it (~30 ms for a 61 MB shard here, on the read's own thread, before its
+    GET had even started)."""
 
     def __init__(self, size: int):
-        self._buffer = bytearray(size)
+        self._buffer: "mmap.mmap | bytearray" = mmap.mmap(-1, size) if size else bytearray()
         self._view = memoryview(self._buffer)
         self._at = 0
         self._extra: list[bytes] = []
@@ -57,7 +67,7 @@ class Streamed:
             self._cond.wait_for(lambda: self._at >= end or self._done)
             return self._view[:end] if self._at >= end else None
 
-    def result(self) -> "bytearray | bytes":
+    def result(self) -> Body:
         if self._extra or self._at != len(self._buffer):
             return bytes(self._view[:self._at]) + b"".join(self._extra)
         return self._buffer

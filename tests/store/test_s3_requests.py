@@ -522,6 +522,31 @@ def test_a_shard_that_does_not_stream_in_is_read_whole(logged, bucket_url, monke
     assert not stream.complete and stream.wait_for(1) is None
 
 
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_a_streamed_buffer_takes_memory_as_its_bytes_arrive_not_when_it_is_made():
+    """A Streamed is made on the read's own thread before its GET starts: its buffer must not
+    be written (zeroed) then, which for a large shard took longer than the GET's first bytes.
+    Its pages are taken as the body is written into it."""
+    from snapcache.store.streamed import Streamed
+
+    size = 256 << 20
+    before = _resident_bytes()
+    into = Streamed(size)
+    assert _resident_bytes() - before < 16 << 20
+    into.add(b"\1" * (1 << 20))
+    into.add(memoryview(b"\2" * (size - (1 << 20))))
+    into.finish()
+    assert _resident_bytes() - before >= size - (16 << 20)
+    got = into.result()
+    assert into.complete and len(got) == size and got[0] == 1 and got[size - 1] == 2
+    assert Streamed(0).wait_for(0) is not None and len(Streamed(0).result()) == 0
+
+
 @pytest.mark.parametrize("client", ["obstore", "s3fs"])
 @pytest.mark.parametrize("said", ["right", "short", "long"])
 def test_a_streamed_get_hands_over_its_bytes_as_they_arrive_and_returns_the_whole_file(
