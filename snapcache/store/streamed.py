@@ -33,7 +33,7 @@ class Streamed:
     GET had even started)."""
 
     def __init__(self, size: int):
-        self._buffer: "mmap.mmap | bytearray" = mmap.mmap(-1, size) if size else bytearray()
+        self._buffer: "mmap.mmap | bytearray" = _anonymous(size) if size else bytearray()
         self._view = memoryview(self._buffer)
         self._at = 0
         self._extra: list[bytes] = []
@@ -71,3 +71,12 @@ class Streamed:
         if self._extra or self._at != len(self._buffer):
             return bytes(self._view[:self._at]) + b"".join(self._extra)
         return self._buffer
+
+
+def _anonymous(size: int) -> mmap.mmap:
+    """``size`` bytes of zeroed memory whose pages are taken as they are first written. Private
+    where the platform says so: a forked child gets a copy-on-write view, as of any other
+    memory, not one the parent keeps writing into (and faults cost less than in a shared map)."""
+    if hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return mmap.mmap(-1, size)

@@ -547,6 +547,34 @@ def test_a_streamed_buffer_takes_memory_as_its_bytes_arrive_not_when_it_is_made(
     assert Streamed(0).wait_for(0) is not None and len(Streamed(0).result()) == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_see_its_parents_stream_go_on():
+    """A process forked while a shard streams in (a DataLoader's workers) keeps what it had:
+    the buffer is private memory, copy-on-write across fork, not shared with the parent."""
+    from snapcache.store.streamed import Streamed
+
+    into = Streamed(4 << 20)
+    into.add(b"\1" * (1 << 20))
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: wait until the parent wrote more, then look
+        try:
+            os.close(ready_r)
+            os.write(ready_w, b"x")
+            os.read(go_r, 1)
+            view = into._view
+            os._exit(0 if view[0] == 1 and view[(1 << 20) + 5] == 0 else 1)
+        finally:
+            os._exit(2)
+    os.read(ready_r, 1)
+    into.add(b"\2" * (1 << 20))
+    os.write(go_w, b"x")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert into.wait_for(2 << 20)[(1 << 20) + 5] == 2
+
+
 @pytest.mark.parametrize("client", ["obstore", "s3fs"])
 @pytest.mark.parametrize("said", ["right", "short", "long"])
 def test_a_streamed_get_hands_over_its_bytes_as_they_arrive_and_returns_the_whole_file(
