@@ -39,7 +39,6 @@ from datetime import timedelta
 from typing import Any, Mapping
 
 from snapcache.store import streamed
-from snapcache.store.streamed import Streamed
 
 RANGE_BYTES = 64 << 20
 """A whole read of a file larger than this (size known) is ranged GETs of this size, in
@@ -299,7 +298,7 @@ class S3Client:
         except Exception as e:  # noqa: BLE001 - the body failed half-way
             raise _translated(e, "GET", f"s3://{path.strip('/')}", self.endpoint) from e
 
-    def read_streaming(self, path: str, into: Streamed) -> streamed.Body:
+    def read_streaming(self, path: str, into: streamed.Streamed) -> streamed.Body:
         """The whole object, one GET, its body taken into ``into`` as it streams in (other
         threads may read it meanwhile: :meth:`Streamed.wait_for
         <snapcache.store.streamed.Streamed.wait_for>`)."""

@@ -29,7 +29,6 @@ import fsspec
 import fsspec.asyn
 
 from snapcache.store import fs_obstore, streamed
-from snapcache.store.streamed import Streamed
 
 RANGE_BYTES = 32 << 20
 """A file larger than this whose size is known is fetched in ranges of this size, concurrently."""
@@ -229,7 +228,7 @@ class S3fsClient:
     def read_range(self, path: str, start: int, end: int) -> bytes:
         return self.fs.cat_file(path, start=start, end=end)
 
-    def read_streaming(self, path: str, into: Streamed) -> streamed.Body:
+    def read_streaming(self, path: str, into: streamed.Streamed) -> streamed.Body:
         """As :meth:`snapcache.store.fs_obstore.S3Client.read_streaming`."""
         async def take(body: Any) -> None:
             while chunk := await body.read(streamed.STREAM_CHUNK):
