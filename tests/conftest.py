@@ -122,6 +122,4 @@ _THREADS_LEFT_BEHIND = ("tests/adapters/test_ray.py", "tests/adapters/test_tf.py
 
 
 def pytest_collection_modifyitems(config, items):
-    last = [item for item in items if item.nodeid.startswith(_THREADS_LEFT_BEHIND)]
-    if last:
-        items[:] = [item for item in items if item not in last] + last
+    items.sort(key=lambda item: item.nodeid.startswith(_THREADS_LEFT_BEHIND))  # stable
