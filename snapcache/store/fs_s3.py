@@ -19,14 +19,12 @@ what a snapshot's phases cost:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import posixpath
 import sys
 import threading
 from typing import Any, Callable, NamedTuple
-
-import fsspec
-import fsspec.asyn
 
 from snapcache.store import fs_obstore, streamed
 
@@ -259,8 +257,7 @@ class S3fsClient:
 def list_names(fs: Any, path: str) -> list[str]:
     """Full paths of the entries directly inside ``path``: one LIST request, never cached.
     FileNotFoundError if there is nothing there."""
-    return [e["name"] for e in fsspec.asyn.sync(fs.loop, fs._lsdir, path.rstrip("/"),
-                                                refresh=True)]
+    return [e["name"] for e in _run(fs, fs._lsdir(path.rstrip("/"), refresh=True))]
 
 
 def read_whole(fs: Any, path: str, size: int | None) -> bytes:
@@ -302,7 +299,14 @@ def _get_object(fs: Any, path: str, take: Callable[[Any], Any]) -> tuple[Any, di
         finally:
             response["Body"].close()
 
-    return fsspec.asyn.sync(fs.loop, get)
+    return _run(fs, get())
+
+
+def _run(fs: Any, coroutine: Any) -> Any:
+    """What ``coroutine`` returns (or raises), run on the event loop of the s3fs filesystem
+    ``fs`` (fsspec's I/O thread; never called from it). The wait can be interrupted (SIGINT):
+    the request then ends on the loop without anyone waiting for it."""
+    return asyncio.run_coroutine_threadsafe(coroutine, fs.loop).result()
 
 
 def create(fs: Any, path: str, data: bytes) -> bool:
