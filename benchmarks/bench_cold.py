@@ -2,7 +2,7 @@
 (``posix_fadvise(POSIX_FADV_DONTNEED)``) before every run, against a raw sequential read of the
 same files dropped the same way.
 
-    python -m benchmarks.bench_cold [--scale 1.0] [--runs 7] [--write-doc]
+    python -m benchmarks.bench_cold [--scale 1.0] [--runs 7] [--larger 4] [--write-doc]
 
 snapcache: a fresh pipeline object over the committed snapshot, batches of 256 copied into a
 staging buffer allocated once an epoch (what a training loop does with each batch), checksums
@@ -46,6 +46,11 @@ CODECS = ("auto", "zstd", "none")
 ones); "zstd" asked explicitly."""
 BATCH = 256
 CHUNK = 16 << 20
+LARGER = 4.0
+"""The token-like rows are measured again with this many times the examples: what an epoch
+pays once (the pipeline object, the cold manifest, the last record batches decoded and consumed
+after the last byte is read) is a large part of one 40-60 ms shard, and a small one of the
+several shards of a larger snapshot."""
 
 
 def files_of(folder: str) -> list[str]:
@@ -124,7 +129,7 @@ def first_batch(workload: str, n: int, root: str, compression: str) -> float:
 
 
 def measure(workdir: str, workload: str, n: int, compression: str, runs: int) -> dict:
-    root = os.path.join(workdir, f"{workload}-{compression}")
+    root = os.path.join(workdir, f"{workload}-{n}-{compression}")
     ds = sc.Dataset.range(n).map(MAKERS[workload]).snapshot(root, compression=compression,
                                                             progress=False)
     for _ in ds:
@@ -186,6 +191,10 @@ def render(args, results, elapsed, load) -> str:
              "is decoded (snapshots without the record batch index, and every uncompressed "
              "shard until this run's code). held object: one pipeline object read epoch after "
              "epoch, each epoch cold (a training loop over data larger than the page cache). "
+             + (f"token x{args.larger:g}: the token-like workload with {args.larger:g} times "
+                "the examples, in several shards: what an epoch pays once (the pipeline object, "
+                "the cold manifest, the last record batches decoded and consumed after the last "
+                "byte is read) weighs less against a longer read. " if args.larger else "") +
              "The cold raw read varies between runs (the virtual "
              "disk's host caches it: the raw range column), so each snapcache run is paired with "
              "the raw runs just before and after it: ratio = their mean time / snapcache's "
@@ -223,19 +232,24 @@ def main(argv=None):
     parser.add_argument("--dir", default=None)
     parser.add_argument("--runs", type=int, default=7,
                         help="snapcache runs (each paired with raw runs) per row (default 7)")
+    parser.add_argument("--larger", type=float, default=LARGER,
+                        help="also the token-like rows with this many times the examples "
+                             f"(default {LARGER:g}; 0: not)")
     args = parser.parse_args(argv)
     start_load = load_average()
     started = time.perf_counter()
     sizes = {"image": max(200, int(4000 * args.scale)),
              "token": max(10_000, int(200_000 * args.scale))}
+    if args.larger:
+        sizes[f"token x{args.larger:g}"] = int(sizes["token"] * args.larger)
     base = args.dir or os.getcwd()
     workdir = tempfile.mkdtemp(prefix="snapcache-cold-", dir=base)
     results = {}
     try:
         for workload, n in sizes.items():
             for compression in CODECS:
-                results[(workload, compression)] = measure(workdir, workload, n, compression,
-                                                           args.runs)
+                results[(workload, compression)] = measure(
+                    workdir, workload.split()[0], n, compression, args.runs)
                 print(f"  {workload} {compression} {results[(workload, compression)]}",
                       file=sys.stderr, flush=True)
     finally:
