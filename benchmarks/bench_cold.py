@@ -238,19 +238,19 @@ def main(argv=None):
     args = parser.parse_args(argv)
     start_load = load_average()
     started = time.perf_counter()
-    sizes = {"image": max(200, int(4000 * args.scale)),
-             "token": max(10_000, int(200_000 * args.scale))}
-    if args.larger:
-        sizes[f"token x{args.larger:g}"] = int(sizes["token"] * args.larger)
+    tokens = max(10_000, int(200_000 * args.scale))
+    rows = [("image", "image", max(200, int(4000 * args.scale))), ("token", "token", tokens)]
+    if args.larger:  # (row label, workload, examples)
+        rows.append((f"token x{args.larger:g}", "token", int(tokens * args.larger)))
     base = args.dir or os.getcwd()
     workdir = tempfile.mkdtemp(prefix="snapcache-cold-", dir=base)
     results = {}
     try:
-        for workload, n in sizes.items():
+        for label, workload, n in rows:
             for compression in CODECS:
-                results[(workload, compression)] = measure(
-                    workdir, workload.split()[0], n, compression, args.runs)
-                print(f"  {workload} {compression} {results[(workload, compression)]}",
+                results[(label, compression)] = measure(workdir, workload, n, compression,
+                                                        args.runs)
+                print(f"  {label} {compression} {results[(label, compression)]}",
                       file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
