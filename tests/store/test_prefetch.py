@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import fsspec
 import numpy as np
@@ -92,25 +93,42 @@ def test_at_most_half_the_cache_is_filled(remote, tmp_path, monkeypatch):
 
 def test_it_returns_once_the_first_copies_hold_their_shards(remote, tmp_path, monkeypatch):
     """A reader that asks for a shard being copied waits for the copy instead of fetching it
-    again: the first copies have taken their locks when ``prefetch`` returns."""
+    again: the first copies have taken their locks when ``prefetch`` returns (their fetches
+    may not have begun yet)."""
     cache = ShardCache(tmp_path / "cache", 1 << 30)
     reader = open_reader(remote, cache)
     shards = reader.manifest.shards
+    want = {i: remote.read_bytes(shards[i].path) for i in (0, 1)}
     release = threading.Event()
     fetches = Fetches(reader.storage, monkeypatch, hold=release)
+    real_get = cache.get
+
+    def slow_to_start(*args, **kwargs):  # the copies are slow to take their locks
+        if threading.current_thread().name.startswith("snapcache-cache-fill"):
+            time.sleep(0.3)
+        return real_get(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "get", slow_to_start)
     assert reader.prefetch(shards, started=2)
-    assert sorted(fetches.paths) == sorted([shards[0].path, shards[1].path])  # both started
-    other = []
-    key = f"{reader.manifest.fingerprint}/{shards[1].path}"
-    waiter = threading.Thread(target=lambda: other.append(
-        cache.get(key, shards[1].bytes, lambda: b"fetched again")))
-    waiter.start()
-    waiter.join(0.2)
-    assert waiter.is_alive()  # waiting for the copy under way
+    monkeypatch.setattr(cache, "get", real_get)
+    got: dict[int, bytes] = {}
+
+    def read(i):
+        key = f"{reader.manifest.fingerprint}/{shards[i].path}"
+        got[i] = cache.get(key, shards[i].bytes, lambda: b"fetched again").to_pybytes()
+
+    readers = [threading.Thread(target=read, args=(i,)) for i in (0, 1)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(0.2)
+    assert all(t.is_alive() for t in readers)  # both waiting for the copies under way
     release.set()
-    waiter.join(60)
-    assert other[0].to_pybytes() == remote.read_bytes(shards[1].path)
+    for t in readers:
+        t.join(60)
+    assert got == want  # the copies' bytes, not fetched again
     assert reader.wait_for_cache(60)
+    assert sorted(fetches.paths) == sorted(s.path for s in shards)  # each shard fetched once
 
 
 def test_a_copy_that_fails_is_left_to_the_readers(remote, tmp_path, monkeypatch, caplog):
