@@ -134,6 +134,8 @@ PREFETCH_THREADS = 4
 """Shards :meth:`SnapshotReader.prefetch` copies at once."""
 PREFETCH_START_TIMEOUT = 10.0
 """Seconds :meth:`SnapshotReader.prefetch` waits at most for its first copies to start."""
+
+
 def checksum(buffer: Any, mapped: mmap.mmap | None = None) -> str:
     """``xxh3_64:<hex>`` of ``buffer``. With its memory map, hash in chunks and drop each
     chunk's pages from this process once hashed (the page cache keeps them), so verifying a
