@@ -303,9 +303,34 @@ def _node_builder(v: Any) -> Callable[[Any, str, Walk], FingerprintNode] | None:
 
 
 def _module_node(m: types.ModuleType, label: str, w: Walk) -> FingerprintNode:
+    """A library module by name and version; a user module held as a value (a closure cell, a
+    default, an attribute: code may call anything in it) also by its source file's bytes."""
+    version = _functions.module_version(m.__name__)
+    summary = f"<module {m.__name__}{' ' + version if version else ''}>"
+    payload = f"{m.__name__}\0{version}".encode()
+    if not version and (source := _module_source(m)) is not None:
+        payload += b"\0" + xxhash.xxh3_128_digest(source)
+    return leaf(label, "module", payload, summary)
+
+
+def module_name_node(m: types.ModuleType, label: str) -> FingerprintNode:
+    """A module by name and version only: for a global module whose reads the code names
+    (``utils.resize``), each followed on its own."""
     version = _functions.module_version(m.__name__)
     summary = f"<module {m.__name__}{' ' + version if version else ''}>"
     return leaf(label, "module", f"{m.__name__}\0{version}".encode(), summary)
+
+
+def _module_source(m: types.ModuleType) -> bytes | None:
+    """The bytes of a module's Python source file, if it has one."""
+    file = getattr(m, "__file__", None)
+    if not isinstance(file, str) or not file.endswith(".py"):
+        return None
+    try:
+        with open(file, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 MEMO_NAME = re.compile(r"^_*(cache|caches|memo|memos|memory)$|_(cache|memo)$", re.IGNORECASE)

@@ -16,9 +16,11 @@ Requires the bytecode of one Python minor version: fingerprints differ between 3
 from __future__ import annotations
 
 import builtins
+import collections.abc
 import dis
 import functools
 import importlib.metadata
+import importlib.util
 import inspect
 import os
 import random
@@ -91,6 +93,12 @@ def _library_module(name: str) -> bool | None:
 def is_user_module(name: str | None) -> bool:
     """Is ``name`` user code (hashed by bytecode), not stdlib or an installed package?"""
     return name is None or name == "__main__" or not _library_module(name)
+
+
+def _user_function(fn: types.FunctionType) -> bool:
+    """Is ``fn``'s code user code? Judged by the module its code was written in (its globals):
+    ``functools.wraps`` gives a library's wrapper the ``__module__`` of the function it wraps."""
+    return is_user_module(fn.__globals__.get("__name__"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -171,12 +179,17 @@ def _analyse(code: types.CodeType) -> _CodeInfo:
 
 
 def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, str, tuple]]:
-    """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes."""
+    """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes.
+
+    A name imported inside the code (``import helpers``, ``from helpers import scale``,
+    ``from . import sibling``) is a chain of kind "import" whose root is the dotted path it was
+    imported by, with a leading dot per level of a relative import (``.sibling``)."""
     chains: list[tuple[str, str, tuple]] = []
     imported: dict[str, str] = {}  # local name -> module path, from imports inside the code
     current: tuple[str, str, list[str]] | None = None
     pending = pending_from = None
-    for ins in instructions:
+    fromlist: Any = None
+    for k, ins in enumerate(instructions):
         op = ins.opname
         if current is not None and op in _ATTR_LOADS:
             current[2].append(ins.argval)
@@ -188,11 +201,16 @@ def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, st
             current = ("global", ins.argval, [])
         elif op in _LOCAL_LOADS and ins.argval in imported:
             current = ("import", imported[ins.argval], [])
-        elif op == "IMPORT_NAME":
-            pending, pending_from = ins.argval, None
+        elif op == "IMPORT_NAME":  # after LOAD_CONST level, LOAD_CONST fromlist
+            level, fromlist = (instructions[k - 2].argval, instructions[k - 1].argval) \
+                if k >= 2 else (0, None)
+            pending = "." * (level if isinstance(level, int) else 0) + ins.argval
+            pending_from = None
         elif op == "IMPORT_FROM" and pending:
-            alias = "." in pending and pending.rpartition(".")[2] == ins.argval
-            pending_from = pending if alias else f"{pending}.{ins.argval}"
+            if fromlist is None:  # ``import a.b as c``: IMPORT_FROM b binds the module a.b
+                pending_from = pending
+            else:
+                pending_from = pending + ("" if pending.endswith(".") else ".") + ins.argval
         elif op.startswith("STORE_") and pending:
             if pending_from:
                 imported[ins.argval], pending_from = pending_from, None
@@ -224,7 +242,7 @@ def is_function_like(v: Any) -> bool:
 def _is_wrapper(v: Any) -> bool:
     """A C-level decorator object (``lru_cache``, ``cache``) around a user function."""
     wrapped = getattr(v, "__wrapped__", None)
-    return (isinstance(wrapped, types.FunctionType) and is_user_module(wrapped.__module__)
+    return (isinstance(wrapped, types.FunctionType) and _user_function(wrapped)
             and not isinstance(v, (types.FunctionType, type)) and not canonical._is_plain_object(v))
 
 
@@ -241,9 +259,61 @@ def _named_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
 
 
 def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNode:
-    if not is_user_module(fn.__module__):
+    if _user_function(fn):
+        return w.guarded(fn, label, lambda: _build_function(fn, label, w))
+    held = _held_user_code(fn)
+    if not held:
         return _named_node(fn, label, w)
-    return w.guarded(fn, label, lambda: _build_function(fn, label, w))
+    module = fn.__globals__.get("__name__") or ""
+    code = getattr(fn.__code__, "co_qualname", fn.__code__.co_name)
+    payload = f"{module}\0{code}\0{module_version(module)}".encode()
+    return w.guarded(fn, label, lambda: node(
+        label, "library wrapper", payload, [_library_state(v, what, w) for what, v in held],
+        f"<function {fn.__qualname__}>"))
+
+
+def _held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, Any]]:
+    """What a function made by a library (a decorator's wrapper) holds, labelled, when that
+    includes user code: the function it wraps (``functools.wraps``: ``singledispatch``,
+    ``torch.no_grad()``, ...), the implementations registered with a ``singledispatch``
+    function, its closure (the decorator's settings). Empty when it holds no user code: it then
+    counts by name and version alone."""
+    held: list[tuple[str, Any]] = []
+    wrapped = getattr(fn, "__wrapped__", None)
+    if callable(wrapped):
+        held.append(("wrapped function", wrapped))
+    registry = getattr(fn, "registry", None)
+    if isinstance(registry, collections.abc.Mapping) and callable(getattr(fn, "dispatch", None)):
+        for cls, impl in list(registry.items()):
+            name = getattr(cls, "__qualname__", None) or type(cls).__name__
+            held += [(f"dispatch type `{name}`", cls), (f"registered for `{name}`", impl)]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if value is not wrapped:
+            held.append((f"closure `{name}`", value))
+
+    def user_code(v: Any) -> bool:
+        v = getattr(v, "func", getattr(v, "__func__", v))  # a partial's or a method's function
+        if isinstance(v, types.FunctionType):
+            return _user_function(v) or (
+                depth < 8 and bool(_held_user_code(v, depth + 1)))
+        return isinstance(v, type) and is_user_module(v.__module__)
+    return held if any(user_code(v) for _, v in held) else []
+
+
+def _library_state(value: Any, label: str, w: Walk) -> FingerprintNode:
+    """What a library's wrapper holds: user code in full; the library's own state (a lock, a
+    cache) by its type when it cannot be hashed."""
+    try:
+        return _captured(value, label, w)
+    except Unhashable:
+        if isinstance(value, types.FunctionType) and _user_function(value):
+            raise
+        return leaf(label, "library state", canonical.type_name(type(value)).encode(),
+                    describe(value))
 
 
 def _build_function(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNode:
@@ -265,34 +335,117 @@ def _build_function(fn: types.FunctionType, label: str, w: Walk) -> FingerprintN
         children.append(_captured(value, f"default `{name}`", w))
     for name, value in sorted((fn.__kwdefaults__ or {}).items()):
         children.append(_captured(value, f"kwdefault `{name}`", w))
+    for name, value in sorted(vars(fn).items()):  # ``fn.factor = 3``, read as ``fn.factor``
+        if not (name.startswith("__") and name.endswith("__")):
+            children.append(_captured(value, f"attribute `{name}`", w))
     return node(label, "function", b"", children, f"<function {fn.__qualname__}>")
 
 
 def _global_nodes(fn: types.FunctionType, info: _CodeInfo, w: Walk) -> list[FingerprintNode]:
-    """One node per global the code reads, plus ``module.attr`` reads into user modules."""
+    """One node per global the code reads, plus reads of user modules' contents: ``module.attr``
+    through a global module, and what the code imports itself (``import helpers``,
+    ``from helpers import scale``)."""
     namespace, nodes = fn.__globals__, []
     for name in info.global_names:
         if name in namespace:
             value = namespace[name]
-            user_fn = isinstance(value, types.FunctionType) and is_user_module(value.__module__)
+            if isinstance(value, types.ModuleType):  # its contents the code reads: below
+                nodes.append(canonical.module_name_node(value, f"global `{name}`"))
+                continue
+            user_fn = isinstance(value, types.FunctionType) and _user_function(value)
             nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{name}`", w))
         elif not hasattr(builtins, name):  # builtins count by name, which the bytecode holds
             nodes.append(leaf(f"global `{name}`", "undefined", name.encode(), "<undefined>"))
-    seen = set()
-    for kind, root, attrs in info.chains:
-        value = namespace.get(root)
-        if kind != "global" or not isinstance(value, types.ModuleType):
+    for path, value in _module_reads(fn, info):
+        if value is _NOT_IMPORTABLE:
+            nodes.append(leaf(f"import `{path}`", "not importable", path.encode(),
+                              "<not importable>"))
             continue
-        path = root
+        user_fn = isinstance(value, types.FunctionType) and _user_function(value)
+        nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{path}`", w))
+    return nodes
+
+
+_NOT_IMPORTABLE = object()
+
+
+def _module_reads(fn: types.FunctionType, info: _CodeInfo) -> list[tuple[str, Any]]:
+    """(dotted path, value) of what the code reads out of user modules: ``utils.resize`` through
+    a global module, and the names it imports itself, resolved by importing the user module as
+    the code would when it runs (a snapshot that exists is read without running it, so its
+    helpers must be known beforehand). Library modules are never imported here."""
+    out: dict[str, Any] = {}
+    for kind, root, attrs in info.chains:
+        if kind == "global":
+            value, path = fn.__globals__.get(root), root
+            if not isinstance(value, types.ModuleType):
+                continue
+        else:
+            path = _absolute(root, fn.__globals__)
+            if path is None or _library_path(path):
+                continue
+            value = _import_path(path)
+            if value is _NOT_IMPORTABLE:
+                out.setdefault(path, value)
+                continue
         for attr in attrs:
             if not (isinstance(value, types.ModuleType) and is_user_module(value.__name__)):
                 break
             value, path = getattr(value, attr, None), f"{path}.{attr}"
-            if value is not None and not isinstance(value, types.ModuleType) and path not in seen:
-                seen.add(path)
-                user_fn = isinstance(value, types.FunctionType) and is_user_module(value.__module__)
-                nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{path}`", w))
-    return nodes
+            if value is None and kind == "import":  # ``import a.b`` then ``a.b.f``
+                value = _import_path(path)
+                if value is _NOT_IMPORTABLE:
+                    value = None
+        if value is not None and not isinstance(value, types.ModuleType):
+            out.setdefault(path, value)
+    return list(out.items())
+
+
+def _absolute(path: str, namespace: dict) -> str | None:
+    """The absolute module path of an import inside code whose module globals are ``namespace``
+    (``.sibling`` in package ``pkg``: ``pkg.sibling``); None if it cannot be resolved."""
+    if not path.startswith("."):
+        return path
+    package = namespace.get("__package__")
+    if package is None:
+        name = namespace.get("__name__") or ""
+        package = name if "__path__" in namespace else name.rpartition(".")[0]
+    try:
+        return importlib.util.resolve_name(path, package)
+    except (ImportError, ValueError):
+        return None
+
+
+def _library_path(path: str) -> bool:
+    """Is the top-level module of ``path`` stdlib or installed? Decided without importing it
+    when it is not imported yet."""
+    top = path.partition(".")[0]
+    known = _library_module(top)
+    if known is not None:
+        return known
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
+    return bool(places) and all(os.path.realpath(p).startswith(_library_dirs()) for p in places)
+
+
+def _import_path(path: str) -> Any:
+    """What ``from a.b import c`` would bind for ``a.b.c`` (an attribute, else a submodule)."""
+    parts = path.split(".")
+    try:
+        value = importlib.import_module(parts[0])
+        for i, attr in enumerate(parts[1:], 2):
+            nxt = getattr(value, attr, _NOT_IMPORTABLE)
+            if nxt is _NOT_IMPORTABLE and isinstance(value, types.ModuleType):
+                nxt = importlib.import_module(".".join(parts[:i]))
+            value = nxt
+    except Exception:  # not importable here: the code would fail the same way when it runs
+        return _NOT_IMPORTABLE
+    return value
 
 
 def _captured(value: Any, label: str, w: Walk) -> FingerprintNode:
@@ -526,7 +679,9 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
                    for m in vars(c).values()]
         members = [getattr(m, "__func__", m) for m in members]  # static and class methods
         return [("", m) for m in members if isinstance(m, types.FunctionType)]
-    out = [(name, fn.__globals__.get(name)) for name in _code_info(fn.__code__).global_names]
+    info = _code_info(fn.__code__)
+    out = [(name, fn.__globals__.get(name)) for name in info.global_names]
+    out += [(path, v) for path, v in _module_reads(fn, info) if v is not _NOT_IMPORTABLE]
     cells = zip(fn.__code__.co_freevars, fn.__closure__ or ())
     for name, cell in cells:
         try:
@@ -553,8 +708,9 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
             continue
         seen.add(id(f))
         if isinstance(f, types.FunctionType):
-            if not is_user_module(f.__module__):
-                continue  # library code is trusted, and not walked
+            if not _user_function(f):  # library code is trusted, and not walked,
+                todo += [(v, via) for _, v in _held_user_code(f)]  # but what it wraps is
+                continue
             warnings += [m + via for m in _random_reads(f) if m + via not in warnings]
         warnings += [m + via for m in _captured_generators(f) if m + via not in warnings]
         for name, callee in _callees(f):

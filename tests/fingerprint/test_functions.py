@@ -423,3 +423,134 @@ def test_globals_the_function_assigns_are_state_not_configuration():
     before = hash_function(_counts_calls, "f").digest
     STATE = 1234
     assert hash_function(_counts_calls, "f").digest == before
+
+
+# -- code the function reaches without a global name ---------------------------------------
+
+@pytest.fixture
+def user_package(tmp_path, monkeypatch):
+    """A user package ``fp_pkg`` on sys.path: ``write(name, src)`` (re)writes a module of it and
+    drops it from sys.modules, as a fresh process would see the file."""
+    (tmp_path / "fp_pkg").mkdir()
+    (tmp_path / "fp_pkg" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(name: str, src: str) -> None:
+        (tmp_path / "fp_pkg" / f"{name}.py").write_text(textwrap.dedent(src))
+        for m in [m for m in sys.modules if m == "fp_pkg" or m.startswith("fp_pkg.")]:
+            del sys.modules[m]
+    yield write
+    for m in [m for m in sys.modules if m == "fp_pkg" or m.startswith("fp_pkg.")]:
+        del sys.modules[m]
+
+
+IMPORTS_INSIDE = {
+    "from-import": "def f(x):\n    from fp_pkg.helpers import scale\n    return scale(x)\n",
+    "import-as": "def f(x):\n    import fp_pkg.helpers as h\n    return h.scale(x)\n",
+    "import dotted": "def f(x):\n    import fp_pkg.helpers\n    return fp_pkg.helpers.scale(x)\n",
+    "relative module": "def f(x):\n    from . import helpers\n    return helpers.scale(x)\n",
+    "relative from-import": "def f(x):\n    from .helpers import FACTOR\n    return x * FACTOR\n",
+    "nested function": "def f(x):\n    def g(y):\n        from fp_pkg import helpers\n"
+                       "        return helpers.scale(y)\n    return g(x)\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPORTS_INSIDE))
+def test_helpers_imported_inside_the_function_are_followed(user_package, case):
+    """A snapshot that exists is read without running the function: what it imports when it runs
+    is imported (user modules only) and followed when it is fingerprinted."""
+    def digest(factor: int, other: int = 0) -> str:
+        user_package("helpers", f"""
+            FACTOR = {factor}
+            def scale(x):
+                return x * FACTOR
+            def unrelated(x):
+                return x - {other}
+            """)
+        user_package("user", IMPORTS_INSIDE[case])
+        import fp_pkg.user
+        assert "fp_pkg.helpers" not in sys.modules  # not imported until fingerprinted
+        return fp(fp_pkg.user.f)
+    first = digest(2)
+    assert digest(3) != first
+    assert digest(2) == first
+    assert digest(2, other=5) == first  # a helper the function does not read: no miss
+
+
+def test_a_module_the_function_cannot_import_is_named_not_fatal(user_package):
+    user_package("user", "def f(x):\n    import fp_no_such_module_here\n"
+                         "    return fp_no_such_module_here.g(x)\n")
+    import fp_pkg.user
+    node = hash_function(fp_pkg.user.f, "f")
+    assert "import `fp_no_such_module_here`" in [c.label for c in node.children]
+
+
+def test_library_modules_imported_inside_are_not_imported_to_fingerprint():
+    if "moto" in sys.modules:
+        pytest.skip("moto is imported already in this process")
+    f = make("def f(x):\n    import moto\n    return moto.mock_aws(x)\n")
+    fp(f)
+    assert "moto" not in sys.modules
+
+
+def test_randomness_in_helpers_imported_inside_is_reported(user_package):
+    from snapcache.fingerprint import detect_randomness
+    user_package("noise", "import random\ndef jitter(x):\n    return x + random.random()\n")
+    user_package("user", "def f(x):\n    from fp_pkg.noise import jitter\n    return jitter(x)\n")
+    import fp_pkg.user
+    assert detect_randomness(fp_pkg.user.f) == [
+        "reads global random state (`random.random`) via helper `fp_pkg.noise.jitter`"]
+
+
+def test_singledispatch_functions_count_by_their_implementations():
+    src = """
+        @functools.singledispatch
+        def f(x):
+            return x * {a}
+        @f.register
+        def _(x: str):
+            return x + "{b}"
+        """
+    def digest(a, b):
+        return fp(make(src.format(a=a, b=b)))
+    assert digest(2, "s") != digest(3, "s")
+    assert digest(2, "s") != digest(2, "t")
+    assert digest(2, "s") == digest(2, "s")
+
+
+def test_library_wrappers_count_by_what_they_wrap():
+    """A library decorator's wrapper (``functools.wraps`` gives it the user's ``__module__``)
+    counts by the library's name and version and by the user code it holds."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def quiet():
+        yield
+
+    def wrapped(k):
+        return quiet()(make(f"def f(x):\n    return x * {k}\n"))
+    assert fp(wrapped(2)) != fp(wrapped(3))
+    assert fp(wrapped(2)) == fp(wrapped(2))
+
+
+def test_user_modules_held_as_values_count_by_their_source(user_package):
+    import importlib
+
+    def digest(factor: int) -> str:
+        user_package("helpers", f"def scale(x):\n    return x * {factor}\n")
+        mod = importlib.import_module("fp_pkg.helpers")
+        return fp((lambda m: (lambda x: m.scale(x)))(mod))
+    assert digest(2) != digest(3)
+    assert digest(2) == digest(2)
+    # a library module held as a value counts by name and version, as before
+    assert fp((lambda m: (lambda x: m.sqrt(x)))(math)) == fp((lambda m: (lambda x: m.sqrt(x)))(
+        math))
+
+
+def test_function_attributes_count():
+    def attributed(k):
+        f = make("def f(x):\n    return x * f.factor\n")
+        f.factor = k
+        return f
+    assert fp(attributed(2)) != fp(attributed(3))
+    assert fp(attributed(2)) == fp(attributed(2))
