@@ -27,7 +27,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import xxhash
 
-__all__ = ["unit_text", "unit_key", "unit_label", "units_digest", "UnitDiff", "diff_units", "describe_delta"]
+__all__ = ["unit_text", "unit_key", "occurrence_keys", "unit_label", "units_digest", "UnitDiff",
+           "diff_units", "describe_delta"]
 
 def unit_text(identity: Mapping[str, Any]) -> str:
     """The canonical text of one file's identity: its path and the identity fields, separated
@@ -55,6 +56,27 @@ def unit_key(identity: Mapping[str, Any]) -> str:
     else:
         text = unit_text(identity)
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
+def occurrence_keys(keys: Sequence[str]) -> list[str]:
+    """``keys`` with each repeat made a unit of its own: a file listed twice (oversampling,
+    ``from_files(common + rare + rare)``) is two units whose rows the version holds twice. The
+    first of equal keys stays as it is, the n-th repeat gets ``n`` mixed in. Which of equal
+    units gets which number does not matter (they compute the same rows): numbered in the order
+    given, a version's record and a source agree on how many there are.
+
+    >>> k = occurrence_keys(["aa", "bb", "aa", "aa"])
+    >>> k[:2] == ["aa", "bb"] and len(set(k)) == 4
+    True
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for key in keys:
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        text = f"{key}\x00occurrence={n}".encode()
+        out.append(xxhash.xxh3_128_hexdigest(text) if n else key)
+    return out
 
 
 def unit_label(identity: Mapping[str, Any]) -> str:
@@ -103,22 +125,27 @@ class UnitDiff:
         return not (self.added or self.changed or self.removed)
 
 
-def diff_units(old: Mapping[str, str], new: Sequence[tuple[str, str]]) -> UnitDiff:
-    """``old`` maps path -> unit key (a committed version); ``new`` lists (path, key) of the
-    current source. A renamed file is one removed and one added (its path may matter to the
-    pipeline's code)."""
+def diff_units(old: Mapping[str, str] | Sequence[tuple[str, str]],
+               new: Sequence[tuple[str, str]]) -> UnitDiff:
+    """``old`` lists (path, unit key) of a committed version (or maps path -> key); ``new``
+    lists (path, key) of the current source. A renamed file is one removed and one added (its
+    path may matter to the pipeline's code). A path listed more than once is compared copy by
+    copy: a copy more is one added, a copy fewer one removed."""
+    before: dict[str, list[str]] = {}
+    for path, key in (old.items() if isinstance(old, Mapping) else old):
+        before.setdefault(path, []).append(key)
     added, changed, kept = [], [], []
-    seen = set()
+    seen: dict[str, int] = {}
     for path, key in new:
-        seen.add(path)
-        before = old.get(path)
-        if before is None:
+        n = seen[path] = seen.get(path, 0) + 1
+        keys = before.get(path, ())
+        if n > len(keys):
             added.append(path)
-        elif before != key:
-            changed.append(path)
-        else:
+        elif key in keys:
             kept.append(path)
-    removed = [path for path in old if path not in seen]
+        else:
+            changed.append(path)
+    removed = [path for path, keys in before.items() for _ in range(len(keys) - seen.get(path, 0))]
     return UnitDiff(added, changed, removed, kept)
 
 

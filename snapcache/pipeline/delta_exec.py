@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from snapcache.errors import CorruptSnapshotError, LeaseLostError
 from snapcache.fingerprint.units import (
-    UnitDiff, describe_delta, diff_units, unit_key, unit_label, units_digest)
+    UnitDiff, describe_delta, diff_units, occurrence_keys, unit_key, unit_label, units_digest)
 from snapcache.pipeline import ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
@@ -68,7 +68,7 @@ class SourceUnits:
 
     @functools.cached_property
     def keys(self) -> tuple[str, ...]:
-        return tuple(unit_key(i) for i in self.identities)
+        return tuple(occurrence_keys([unit_key(i) for i in self.identities]))
 
     @property
     def size(self) -> int:
@@ -110,16 +110,17 @@ def base_segments(storage: Storage, base: Manifest | None) -> list[Segment]:
     if base is None:
         return []
     units = versions.read_units(storage, base)
-    grouped: list[list[versions.Unit]] = [[] for _ in base.segments or ()]
-    for unit in units:
-        grouped[unit.segment].append(unit)
+    keys = occurrence_keys([unit_key(u.identity) for u in units])  # numbered as the source's
+    grouped: list[list[tuple[str, versions.Unit]]] = [[] for _ in base.segments or ()]
+    for key, unit in zip(keys, units):
+        grouped[unit.segment].append((key, unit))
     segments, start = [], 0
     for spec, members in zip(base.segments or (), grouped):
         shards = tuple(base.shards[start:start + spec["shards"]])
         start += spec["shards"]
-        rows = [u.rows for u in members]
+        rows = [u.rows for _, u in members]
         known = None not in rows and sum(rows) == sum(s.rows for s in shards)  # type: ignore
-        segments.append(Segment(tuple((unit_key(u.identity), u.identity) for u in members),
+        segments.append(Segment(tuple((key, u.identity) for key, u in members),
                                 shards, base.schema if shards else None,
                                 tuple(rows) if known else None))  # type: ignore[arg-type]
     return segments
@@ -169,7 +170,7 @@ def plan_build(units: SourceUnits, base: Manifest | None, segments: Sequence[Seg
     rows per unit are known, has its other units' rows copied. (Segments a build that died
     recorded are found again by :func:`survey`: the next build cuts the same tasks.)"""
     current = set(units.keys)
-    old = {unit_label(identity): key for seg in segments for key, identity in seg.units}
+    old = [(unit_label(identity), key) for seg in segments for key, identity in seg.units]
     diff = diff_units(old, list(zip((unit_label(i) for i in units.identities), units.keys)))
     reused: list[Segment] = []
     copied: list[tuple[Segment, tuple[int, ...]]] = []

@@ -105,6 +105,39 @@ def test_changed_removed_and_renamed_files(src, tmp_path):
     assert "f0100.txt" in CALLS
 
 
+def test_a_file_listed_more_than_once_is_a_unit_per_listing(src, tmp_path):
+    """Oversampling by listing a file twice: the version holds its rows twice, and a change of
+    how many times it is listed is a unit added or removed, not a version reused as it was."""
+    root = tmp_path / "root"
+    files = sorted(str(p) for p in src.glob("*.txt"))
+
+    def listing(listed):
+        CALLS.clear()
+        return sc.Dataset.from_files(listed).map(load).snapshot(str(root), delta=True,
+                                                                progress=False)
+
+    def rows(listed):
+        return sorted((x["name"], x["value"]) for x in listing(listed))
+
+    def want(listed):
+        return sorted((os.path.basename(p), int(open(p).read())) for p in listed)
+
+    assert rows(files) == want(files) and len(CALLS) == 12
+    twice = files + files[:2]
+    assert listing(twice).explain().delta == (
+        "source: 2 files added; computing 2 of 14 units, reusing 12 (85.7% of examples)")
+    assert rows(twice) == want(twice) and sorted(CALLS) == ["f0000.txt", "f0001.txt"]
+    assert rows(twice) == want(twice) and CALLS == [] and listing(twice).explain().hit
+    thrice = twice + files[:1]
+    assert rows(thrice) == want(thrice) and CALLS == ["f0000.txt"]
+    once_more = files + files[:1]
+    assert listing(once_more).explain().delta.startswith(
+        "source: 2 files removed; computing 0 of 13 units")
+    assert rows(once_more) == want(once_more) and CALLS == []
+    assert listing(files).explain().hit  # version 1, built from this very listing
+    assert rows(files) == want(files) and CALLS == []
+
+
 def test_the_previous_version_stays_readable_by_the_pipeline_that_made_it(src, tmp_path):
     root = tmp_path / "root"
     old = pipeline(src, root)
@@ -247,6 +280,39 @@ def test_row_group_identities_are_read_only_for_changed_files(tmp_path, monkeypa
     ds = make()
     assert "computing 0 of 12 units, reusing 12" in str(ds.explain())
     assert len(list(ds)) == 32 and hashed == ["part-1.parquet"]
+
+
+def test_a_parquet_file_listed_twice_holds_its_rows_twice(tmp_path, monkeypatch):
+    from snapcache.store import parquet as parquet_store
+
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    paths = []
+    for i in range(3):
+        pq.write_table(pa.table({"x": list(range(i * 8, i * 8 + 8))}),
+                       folder / f"part-{i}.parquet", row_group_size=3)
+        paths.append(str(folder / f"part-{i}.parquet"))
+    hashed = []
+    real = parquet_store.row_group_digests
+    monkeypatch.setattr(parquet_store, "row_group_digests",
+                        lambda url, *a, **k: (hashed.append(os.path.basename(url)),
+                                              real(url, *a, **k))[1])
+
+    def make(listed):
+        hashed.clear()
+        return (sc.Dataset.from_parquet(listed).map(lambda r: {"x": r["x"] + 1})
+                .snapshot(str(tmp_path / "root"), progress=False))
+
+    assert sorted(x["x"] for x in make(paths)) == list(range(1, 25))
+    twice = paths + paths[:1]
+    ds = make(twice)
+    assert "3 row groups added; computing 3 of 12 units" in str(ds.explain())
+    assert sorted(x["x"] for x in ds) == sorted(list(range(1, 25)) + list(range(1, 9)))
+    assert hashed == []  # the row groups of files that did not change are not read again
+    grown = twice + paths[1:2]
+    assert sorted(x["x"] for x in make(grown)) == sorted(
+        list(range(1, 25)) + list(range(1, 17)))
+    assert hashed == []
 
 
 def test_format_2_manifest_refused_by_a_format_1_reader(src, tmp_path, monkeypatch):

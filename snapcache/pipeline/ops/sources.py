@@ -197,13 +197,13 @@ class ParquetSource(UnitSource, Op):
         (:func:`snapcache.store.parquet.row_group_digests`)."""
         def compute() -> list[dict]:
             files = self.file_identities()
-            by_path: dict[str, list[dict]] = {}
+            by_path: dict[str, dict[int, dict]] = {}  # a file listed twice: its groups once
             for unit in (known() if known is not None else ()):
                 if unit.get("row_group") is not None:
-                    by_path.setdefault(str(unit["path"]), []).append(unit)
+                    by_path.setdefault(str(unit["path"]), {})[unit["row_group"]] = unit
             units = []
             for identity in files:
-                same = _unchanged(by_path.get(str(identity["path"]), ()), identity)
+                same = _unchanged(by_path.get(str(identity["path"]), {}).values(), identity)
                 if same is not None:
                     units += same
                     continue
