@@ -338,10 +338,7 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
     total = len(order)
     if state is not None:
         if state["snapshot"] != fingerprint:
-            raise ValueError(
-                f"the iterator state belongs to snapshot {state['snapshot'][:12]}, but this "
-                f"pipeline reads snapshot {fingerprint[:12]} (a different upstream or data); "
-                "resume with the pipeline that saved the state, or start a fresh epoch")
+            raise ValueError(_other_snapshot(state["snapshot"], fingerprint))
         if state["num_examples"] != total or state["window"] != shape.window or \
                 state["unit"] != shape.unit:
             raise ValueError(
@@ -400,15 +397,27 @@ def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
     return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close)
 
 
+def _other_snapshot(saved: str, current: str) -> str:
+    """Why a saved iterator state does not fit this pipeline's snapshot. A delta snapshot's id
+    is ``<lineage>:<source files digest>``: the same lineage means the same code, other files."""
+    lineage, _, files = saved.partition(":")
+    now_lineage, _, now_files = current.partition(":")
+    if files and now_files and lineage == now_lineage:
+        return (f"the iterator state was saved reading delta snapshot {lineage[:12]} built from "
+                f"other source files (files digest {files[:12]}; now {now_files[:12]}): files "
+                "were added, changed or removed since, and a position in that version is not "
+                "one in this one. Resume with the files as they were, or start a fresh epoch")
+    return (f"the iterator state belongs to snapshot {lineage[:12]}, but this pipeline reads "
+            f"snapshot {now_lineage[:12]} (a different upstream or data); resume with the "
+            "pipeline that saved the state, or start a fresh epoch")
+
+
 def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSpec,
                     state: dict) -> OrderedIterator:
     """The rest of a writing epoch, now that the snapshot is complete: the stream's rows in
     the order it wrote them, after the first ``consumed``."""
     if state["snapshot"] != reader.manifest.snapshot_id:
-        raise ValueError(
-            f"the iterator state belongs to snapshot {state['snapshot'][:12]}, but this "
-            f"pipeline reads snapshot {reader.manifest.snapshot_id[:12]}; resume with the "
-            "pipeline that saved the state, or start a fresh epoch")
+        raise ValueError(_other_snapshot(state["snapshot"], reader.manifest.snapshot_id))
     if state["streams"] != spec.count or state["unit"] != shape.unit:
         raise ValueError(
             f"a state saved while the snapshot was being written resumes only with the same "

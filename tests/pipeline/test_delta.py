@@ -315,6 +315,22 @@ def test_a_parquet_file_listed_twice_holds_its_rows_twice(tmp_path, monkeypatch)
     assert hashed == []
 
 
+def test_resuming_after_the_files_changed_says_so(src, tmp_path):
+    root = tmp_path / "root"
+
+    def make():
+        return pipeline(src, root).shuffle(4, seed=0).batch(3)
+    list(make())
+    it = make().iterate(1)
+    next(it)
+    state = it.state_dict()
+    it.close()
+    write(src, 99)
+    with pytest.raises(ValueError, match="built from other source files") as e:
+        list(make().iterate(state=state))
+    assert "files were added, changed or removed since" in str(e.value)
+
+
 def test_format_2_manifest_refused_by_a_format_1_reader(src, tmp_path, monkeypatch):
     from snapcache.errors import UnknownFormatVersionError
     from snapcache.store import manifest as manifest_module
