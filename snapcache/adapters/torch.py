@@ -20,7 +20,7 @@ import os
 import sys
 import uuid
 import weakref
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -296,37 +296,75 @@ def _before_fork() -> None:
 os.register_at_fork(before=_before_fork)
 
 
-def job_state(loader_state: dict) -> dict | None:
-    """The rest of the epoch, for the whole job, from rank 0's ``StatefulDataLoader``
-    ``state_dict()``: assuming every rank consumed as much as rank 0 (lockstep training, as
-    with DDP), a job with any number of ranks and workers resumed with
-    ``ds.to_torch(state=job_state(saved))`` sees each remaining example once. None if the
-    epoch had not started.
+def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
+    """The rest of the epoch, for the whole job, from ``StatefulDataLoader.state_dict()``: a
+    job with any number of ranks and workers resumed with ``ds.to_torch(state=job_state(saved))``
+    sees each remaining example once. None if the epoch had not started.
+
+    ``loader_state`` is rank 0's state, or every rank's in rank order (a list, e.g. gathered
+    with ``torch.distributed.all_gather_object``). Rank 0's alone describes the job when every
+    rank consumed as much as rank 0 (lockstep training, as with DDP) and an item always takes
+    as many examples, which a filter between the snapshot and the batch breaks: then every
+    rank's state is needed, and rank 0's alone is refused.
     """
-    snapshot = loader_state.get("_snapshot")
-    if snapshot is None:  # num_workers=0: the dataset's own state
-        workers = [loader_state.get("dataset_state")]
-    else:
-        by_key = snapshot["_worker_snapshots"]
-        workers = [by_key[k].get("dataset_state") for k in sorted(
-            by_key, key=lambda k: int(k.rsplit("_", 1)[-1]))]
-    states = [w.get("iterator") if isinstance(w, dict) else None for w in workers]
-    known = [s for s in states if s is not None]
+    ranks = [loader_state] if isinstance(loader_state, dict) else list(loader_state)
+    per_rank = None
+    consumed: list[int] = []
+    known: list[dict] = []
+    yielded = False
+    for rank, state in enumerate(ranks):
+        datasets = _worker_states(state)
+        yielded |= any(isinstance(d, dict) and d.get("yielded") for d in datasets)
+        workers = [d.get("iterator") if isinstance(d, dict) else None for d in datasets]
+        if per_rank is None:
+            per_rank = len(workers)
+        elif len(workers) != per_rank:
+            raise ValueError(f"rank {rank}'s loader state has {len(workers)} workers, rank 0's "
+                             f"{per_rank}: not the states of one job")
+        for w, s in enumerate(workers):
+            if s is not None and s["stream"] != rank * per_rank + w and len(ranks) > 1:
+                raise ValueError(f"the loader states are not in rank order: state {rank} is "
+                                 f"rank {s['stream'] // per_rank}'s")
+        consumed += [s["consumed"] if s is not None else 0 for s in workers]
+        known += [s for s in workers if s is not None]
     if not known:
-        if any(isinstance(w, dict) and w.get("yielded") for w in workers):
+        if yielded:
             raise ValueError("this loader's state cannot be resumed: its pipeline is not "
                              "resumable (see TorchDataset.load_state_dict)")
         return None
-    per_rank = len(workers)
     streams = known[0]["streams"]
-    if streams % per_rank:
+    if streams % per_rank:  # type: ignore[operator]
         raise ValueError(f"the loader has {per_rank} workers but its epoch is shared by "
                          f"{streams} streams: not a to_torch() loader state")
-    consumed = [s["consumed"] if s is not None else 0 for s in states]
+    if len(consumed) == streams:
+        by_stream = consumed
+    elif len(ranks) == 1:
+        if not all(s.get("rows_per_item_fixed", True) for s in known):
+            raise ValueError(
+                "rank 0's loader state alone does not say where the other ranks are: the "
+                "pipeline filters between the snapshot and the batch, so ranks "
+                "that took as many batches have read different numbers of examples. Pass every "
+                "rank's loader state, in rank order: job_state([state_rank0, state_rank1, ...]) "
+                "(gathered with torch.distributed.all_gather_object, or saved per rank)")
+        by_stream = consumed * (streams // per_rank)  # type: ignore[operator]  # lockstep
+    else:
+        raise ValueError(f"{len(ranks)} ranks' loader states with {per_rank} workers each, but "
+                         f"the epoch is shared by {streams} streams: pass every rank's state")
     job = dict(known[0])
-    job["consumed_by_stream"] = consumed * (streams // per_rank)  # lockstep: every rank alike
+    job["consumed_by_stream"] = by_stream
     job["consumed"] = 0
     return job
+
+
+def _worker_states(loader_state: dict) -> list[Any]:
+    """Each worker's dataset state in a ``StatefulDataLoader.state_dict()`` (one for
+    ``num_workers=0``), in worker order."""
+    snapshot = loader_state.get("_snapshot")
+    if snapshot is None:  # num_workers=0: the dataset's own state
+        return [loader_state.get("dataset_state")]
+    by_key = snapshot["_worker_snapshots"]
+    return [by_key[k].get("dataset_state") for k in sorted(
+        by_key, key=lambda k: int(k.rsplit("_", 1)[-1]))]
 
 
 def to_tensors(value: Any) -> Any:

@@ -76,6 +76,13 @@ class Shape:
     def window(self) -> int:
         return self.shuffle.buffer_size if self.shuffle is not None else 1
 
+    @property
+    def rows_per_item_fixed(self) -> bool:
+        """Does an item always take the same number of the snapshot's rows (no filter between
+        them)? Then streams that took as many items have read as many rows (lockstep)."""
+        return all(node.traits.one_to_one or isinstance(node, ops.BatchOp)
+                   for node in self.below + self.above)
+
 
 def match(op: ops.Op) -> Shape | None:
     """The shape of ``op``'s pipeline if this module can run it, else None."""
@@ -345,6 +352,14 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
                 "the iterator state was saved by a pipeline with another shuffle buffer or "
                 "batch size (or for another snapshot size); resume with the same pipeline")
         same = state["streams"] == spec.count and state.get("balance") == balance
+        if state.get("consumed_by_stream") is None and state["streams"] > 1 and not (
+                state.get("rows_per_item_fixed", True) or same and state["stream"] == spec.index):
+            raise ValueError(
+                f"this iterator state is stream {state['stream']}'s of {state['streams']}, and "
+                "the pipeline filters between the snapshot and the batch: streams that took as "
+                "many items have read different numbers of examples, so it does not say where "
+                "the others are. Resume each stream with its own state, or give the whole job's "
+                "(snapcache.adapters.torch.job_state with every rank's loader state)")
         if same:  # each stream continues its own share (lockstep: as far as the state's)
             share = dataclasses.replace(share_of_state(state), index=spec.index)
             by_stream = state.get("consumed_by_stream")
@@ -362,7 +377,8 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
               "ranges": [list(r) for r in share.ranges], "streams": share.streams,
               "stream": share.index, "chunk": share.chunk, "unit": share.unit,
               "balance": share.balance, "consumed": skip,
-              "bounds": list(share.bounds) if share.bounds is not None else None}
+              "bounds": list(share.bounds) if share.bounds is not None else None,
+              "rows_per_item_fixed": shape.rows_per_item_fixed}
     return _reading(shape, reader, order, share, skip, epoch, local_shuffle, record, why_not)
 
 

@@ -127,6 +127,48 @@ def test_two_ranks_of_two_workers_resume_as_one_rank_of_three(root, batch):
     assert sorted(seen0 + seen1 + rest) == list(range(N))
 
 
+@pytest.mark.parametrize("workers,new_world,new_workers", [(0, 1, 0), (2, 1, 3), (1, 3, 2)])
+def test_with_a_filter_every_ranks_state_resumes_the_job(root, workers, new_world, new_workers):
+    """A filter after the snapshot: ranks in lockstep on batches have read different numbers
+    of examples, so rank 0's state alone is refused and every rank's state resumes exactly."""
+    ds = build(root).shuffle(10, seed=1).filter(lambda e: int(e["id"]) % 3 != 0).batch(4)
+    loaders = [StatefulDataLoader(ds.to_torch(rank=r, world_size=2), batch_size=None,
+                                  num_workers=workers) for r in range(2)]
+    its = [iter(loader) for loader in loaders]
+    seen = []
+    for _ in range(4):  # lockstep: every rank takes 4 batches
+        for it in its:
+            seen += ids_of([next(it)])
+    states = [json.loads(json.dumps(loader.state_dict())) for loader in loaders]
+    del its
+    with pytest.raises(ValueError, match="Pass every rank's loader state"):
+        job_state(states[0])
+    with pytest.raises(ValueError, match="not in rank order"):
+        job_state(states[::-1])
+    job = job_state(states)
+    rest = []
+    for r in range(new_world):
+        rest += ids_of(StatefulDataLoader(ds.to_torch(rank=r, world_size=new_world, state=job),
+                                          batch_size=None, num_workers=new_workers))
+    assert len(seen + rest) == len(set(seen + rest))
+    assert sorted(seen + rest) == [i for i in range(N) if i % 3]
+
+
+def test_one_streams_state_of_a_filtered_pipeline_does_not_resume_the_others(root):
+    ds = build(root).shuffle(10, seed=1).filter(lambda e: int(e["id"]) % 3 != 0).batch(4)
+    it = ds.iterate(stream=(0, 2))
+    next(it)
+    state = it.state_dict()
+    it.close()
+    with pytest.raises(ValueError, match="does not say where the others are"):
+        next(ds.iterate(stream=(1, 2), state=state))
+    with pytest.raises(ValueError, match="does not say where the others are"):
+        next(ds.iterate(state=state))
+    own = ds.iterate(stream=(0, 2), state=state)  # its own stream continues
+    assert ids_of(list(own))
+    own.close()
+
+
 @pytest.mark.parametrize("mode", ["drop", "pad"])
 @pytest.mark.parametrize("world,workers", [(2, 1), (3, 2), (4, 3)])
 def test_ddp_shares_are_equal(root, mode, world, workers):
