@@ -27,20 +27,24 @@ The epoch that builds a version yields its examples once it is committed, in its
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
+
+import xxhash
 
 from snapcache.errors import CorruptSnapshotError, LeaseLostError
 from snapcache.fingerprint.units import (
     UnitDiff, describe_delta, diff_units, occurrence_keys, unit_key, unit_label, units_digest)
-from snapcache.pipeline import ops, streams
+from snapcache.pipeline import interrupt, ops, streams
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest
-from snapcache.store.protocol import WriteLease, commit_fields, versions
+from snapcache.store.protocol import (
+    StreamRecord, WriteLease, commit_fields, progress_by_task, versions)
 from snapcache.store.protocol.negotiate import Poll
 from snapcache.store.protocol.versions import SegmentRecord as Segment
 from snapcache.store.schema import Schema, merge_schemas
@@ -223,6 +227,15 @@ class Work:
     tasks: list[Task]
     done: dict[tuple[str, ...], Segment]
     units: SourceUnits
+    storage: Storage | None = None
+    names: list[str] = field(default_factory=list)  # the lineage folder's listing
+
+    @functools.cached_property
+    def progress(self) -> dict[str, StreamRecord]:
+        """Interrupted runs' progress on tasks, by task digest (:func:`task_digest`)."""
+        if self.storage is None or not any(n.startswith("progress-") for n in self.names):
+            return {}
+        return progress_by_task(self.storage, self.names)
 
     def pending(self, stream: int, count: int) -> list[Task]:
         return [t for t in self.tasks if t.seq % count == stream
@@ -255,7 +268,7 @@ def survey(storage: Storage, units: SourceUnits, previous: Work | None = None) -
         keys = tuple(key for key, _ in record.units)
         if keys in wanted:
             done.setdefault(keys, record)
-    return Work(plan, segments, tasks, done, units)
+    return Work(plan, segments, tasks, done, units, storage, names)
 
 
 def run_delta(op: ops.SnapshotOp, epoch: int, *, source: ops.Op, lineage, describe: str
@@ -345,7 +358,7 @@ def advance(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits
                              if count > 1 else "")
                 for task in pending:
                     segment = _run_task(op, epoch, storage, units, task, run_id=run_id,
-                                        source=source, lease=lease)
+                                        source=source, lease=lease, work=work)
                     work.done[task.keys(units)] = segment
                     written += segment.rows
             except LeaseLostError as e:  # taken over: its new holder goes on; so do we
@@ -411,47 +424,89 @@ def _chunks(indices: Sequence[int], units: SourceUnits) -> list[list[int]]:
 
 
 def _run_task(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits,
-              task: Task, *, run_id: str, source: ops.Op, lease: WriteLease) -> Segment:
+              task: Task, *, run_id: str, source: ops.Op, lease: WriteLease,
+              work: Work | None = None) -> Segment:
     """One task: its segment written (shards, then its record), fenced by ``lease``."""
     if task.copy is not None:
         segment = _copy(storage, task.copy, task.kept, op.options, run_id=run_id, lease=lease,
                         seq=task.seq)
     else:
+        earlier = work.progress.get(task_digest(task.keys(units))) if work else None
         segment = _compute(op, epoch, storage, units, task.compute, seq=task.seq,
-                           run_id=run_id, source=source, lease=lease)
+                           run_id=run_id, source=source, lease=lease, earlier=earlier)
     _crash_hook(task.seq)
     lease.check()
     return segment
 
 
+def task_digest(keys: Sequence[str]) -> str:
+    """The digest a task's progress records carry: of its units' keys, in order."""
+    return xxhash.xxh3_128_hexdigest("\0".join(keys).encode())
+
+
 def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits,
              chunk: Sequence[int], *, seq: int, run_id: str, source: ops.Op,
-             lease: WriteLease | None) -> Segment:
-    """Run the upstream on the units ``chunk`` only: one segment."""
+             lease: WriteLease | None, earlier: StreamRecord | None = None) -> Segment:
+    """Run the upstream on the units ``chunk`` only: one segment. ``earlier``: an interrupted
+    run's progress on the same units; when each unit's rows are known, its shards that end on
+    a unit's last row are kept and the upstream runs on the units after them only."""
     known = all(node.traits.order_preserving and node.traits.length != "unknown"
                 for node in ops.lineage(op.parent)[1:])
     chosen = [units.identities[i] for i in chunk]
-    writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
-                            options=op.options.write, stream=seq, streams=seq + 1,
-                            run_id=run_id, lease=lease)
-    upstream = ops.run(ops.rebase(op.parent, source.with_units(chosen)), epoch,
-                       streams.StreamSpec())
-    try:
-        for example in upstream:
-            writer.write(example)
-        record = writer.finish()
-    finally:
-        writer.abort()  # no-op once finished
-        close = getattr(upstream, "close", None)
-        if close is not None:
-            close()
     members = tuple((units.keys[i], units.identities[i]) for i in chunk)
     unit_rows = unit_rows_of(op.parent, source, chosen) if known else None
+    task = task_digest([key for key, _ in members])
+    start, resume = _resumable(earlier, unit_rows) if unit_rows is not None else (0, None)
+    if resume is not None:
+        log.info("delta snapshot %s: %d of %d files of a segment were computed by an "
+                 "interrupted run: computing the other %d", storage.url, start, len(chosen),
+                 len(chosen) - start)
+    writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
+                            options=op.options.write, stream=seq, streams=seq + 1,
+                            run_id=run_id, lease=lease, resume=resume, task=task)
+    upstream = ops.run(ops.rebase(op.parent, source.with_units(chosen[start:])), epoch,
+                       streams.StreamSpec()) if start < len(chosen) else iter(())
+    keep = False  # an interruption keeps what was computed, for the next run (see _resumable)
+    with interrupt.sigterm_exits():
+        try:
+            for example in upstream:
+                writer.write(example)
+            record = writer.finish()
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            keep = True
+            raise
+        finally:
+            writer.abort(keep=keep)  # no-op once finished
+            close = getattr(upstream, "close", None)
+            if close is not None:
+                close()
     if unit_rows is not None and sum(unit_rows) != record.rows:
         unit_rows = None  # the ops' length rules disagree with what was written
     segment = Segment(members, record.shards, record.schema, unit_rows)
     versions.write_segment(storage, record, segment, seq=seq)
     return segment
+
+
+def _resumable(earlier: StreamRecord | None, unit_rows: Sequence[int]
+               ) -> tuple[int, StreamRecord | None]:
+    """How many of a task's units an interrupted run's shards hold, and those shards: the
+    longest run of its shards ending on a unit's last row (a shard that ends inside a unit is
+    computed again, with the units after it)."""
+    if earlier is None:
+        return 0, None
+    ends: dict[int, int] = {}  # rows of the first k units -> k
+    total = 0
+    for k, rows in enumerate(unit_rows, 1):
+        total += rows
+        ends[total] = k
+    units = shards = rows = 0
+    for j, shard in enumerate(earlier.shards, 1):
+        rows += shard.rows
+        if rows in ends:
+            units, shards = ends[rows], j
+    if not units:
+        return 0, None
+    return units, dataclasses.replace(earlier, shards=earlier.shards[:shards])
 
 
 def unit_rows_of(upstream: ops.Op, source: ops.Op, units: Sequence[dict]

@@ -274,13 +274,14 @@ class SnapshotWriter:
                  pipeline: str = "", stream: int = 0, streams: int = 1,
                  run_id: str | None = None, resume: StreamRecord | None = None,
                  lease: WriteLease | None = None, max_pending_batches: int = 4,
-                 key: str | None = None, name: str | None = None):
+                 key: str | None = None, name: str | None = None, task: str | None = None):
         if not 0 <= stream < streams:
             raise ValueError(f"stream must be in [0, {streams}); got {stream}")
         self.storage = storage
         self.fingerprint = fingerprint
         self.options = options or WriteOptions()
         self._key, self._name = key, name  # recorded in the manifest
+        self._task = task  # a delta build's task, recorded in the progress records
         self._tree, self._pipeline = fingerprint_tree, pipeline
         self._stream, self._streams, self._lease = stream, streams, lease
         self._run_id = run_id or layout.new_run_id()
@@ -426,7 +427,7 @@ class SnapshotWriter:
 
     def _record(self, schema: dict | None) -> StreamRecord:
         return StreamRecord(self._stream, self._streams, self._run_id, tuple(self._shards),
-                            schema)
+                            schema, self._task)
 
     def _schema_json(self) -> dict | None:
         if self._encoder is None:

@@ -467,6 +467,7 @@ import json
 import signal
 import subprocess
 import sys
+import textwrap
 
 CHILD = os.path.join(os.path.dirname(__file__), "delta_child.py")
 
@@ -514,6 +515,83 @@ def test_a_build_killed_after_a_segment_is_resumed_by_the_next(src, tmp_path):
     assert [tuple(x) for x in got] == expected(src)
     assert versions.versions(storage) == [1, 2]
     assert not [n for n in storage.listdir() if n.startswith(("segment-", "progress-"))]
+
+
+def load_or_stop(path):
+    """``load``, or a Ctrl-C at the file ``$SNAPCACHE_TEST_STOP_AT`` (read from the environment:
+    the function's fingerprint is the same either way)."""
+    if os.path.basename(path) == os.environ.get("SNAPCACHE_TEST_STOP_AT"):
+        raise KeyboardInterrupt
+    return load(path)
+
+
+def test_a_build_interrupted_inside_a_segment_keeps_the_files_it_computed(
+        src, tmp_path, monkeypatch):
+    """Ctrl-C in the middle of a segment (40 files, one segment): the shard in progress is
+    finished and recorded with the task's digest, and the next run computes the other files
+    only (each file's rows are known, so the kept shards end on a file's last row)."""
+    root = tmp_path / "root"
+    for i in range(12, 40):
+        write(src, i)
+    monkeypatch.setenv("SNAPCACHE_TEST_STOP_AT", "f0025.txt")
+    with pytest.raises(KeyboardInterrupt):
+        list(pipeline(src, root, fn=load_or_stop))
+    assert sorted(CALLS) == [f"f{i:04d}.txt" for i in range(25)]
+    storage = lineage(root)
+    assert versions.versions(storage) == []
+    monkeypatch.delenv("SNAPCACHE_TEST_STOP_AT")
+    assert run(src, root, fn=load_or_stop) == expected(src)
+    assert CALLS == [f"f{i:04d}.txt" for i in range(25, 40)]
+    assert versions.versions(storage) == [1]
+    assert not [n for n in storage.listdir() if n.startswith(("segment-", "progress-"))]
+    assert run(src, root, fn=load_or_stop) == expected(src) and CALLS == []
+
+
+STOPPING_CHILD = textwrap.dedent('''
+    import json, os, sys, time
+    import snapcache as sc
+    src, root, out, calls = sys.argv[1:5]
+    def load(path):
+        name = os.path.basename(path)
+        if name == os.environ.get("STOP_AT"):
+            open(os.environ["PAUSE"], "w").close()
+            while True:
+                time.sleep(0.05)
+        with open(calls, "a") as f:
+            f.write(name + "\\n")
+        with open(path) as f:
+            return {"name": name, "value": int(f.read()), "pad": b"x" * 300}
+    ds = (sc.Dataset.from_files(os.path.join(src, "*.txt")).map(load)
+          .snapshot(root, delta=True, progress=False, shard_size=2048, lease_ttl=5.0))
+    with open(out, "w") as f:
+        json.dump(sorted([x["name"], int(x["value"])] for x in ds), f)
+''')
+
+
+def test_a_build_killed_inside_a_segment_keeps_its_finished_shards(src, tmp_path):
+    """SIGKILL in the middle of a segment: the shards finished before it are reused by the next
+    run (found by the task's digest in the killed run's progress record), whatever else."""
+    root, calls, pause = tmp_path / "root", tmp_path / "calls", tmp_path / "pause"
+    for i in range(12, 40):
+        write(src, i)
+
+    def child(**env):
+        return subprocess.Popen([sys.executable, "-c", STOPPING_CHILD, str(src), str(root),
+                                 str(tmp_path / "out"), str(calls)],
+                                env={**os.environ, **env})
+    first = child(STOP_AT="f0030.txt", PAUSE=str(pause))
+    wait_for(pause, first)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
+    assert called(calls) == [f"f{i:04d}.txt" for i in range(30)]
+    os.remove(calls)
+    again = child()
+    assert again.wait(timeout=120) == 0
+    rest = called(calls)
+    assert rest and len(rest) < 30  # finished shards were kept
+    assert rest == [f"f{i:04d}.txt" for i in range(40 - len(rest), 40)]  # a suffix, once
+    assert [tuple(x) for x in json.load(open(tmp_path / "out"))] == expected(src)
+    assert versions.versions(lineage(root)) == [1]
 
 
 def test_two_concurrent_delta_builds_compute_the_new_files_once(src, tmp_path):

@@ -44,13 +44,14 @@ from snapcache.store.protocol.reads import (
     held_by_parent, held_reads, hold_read, holds_read, release_all)
 from snapcache.store.protocol.records import (
     StreamRecord, assemble, best_progress, cleanup, commit_fields, discard, fence, load_markers,
-    missing_shards, stream_shards, try_commit, write_marker, write_progress)
+    missing_shards, progress_by_task, stream_shards, try_commit, write_marker, write_progress)
 
 __all__ = [
     "BOOT", "DEFAULT_TTL", "Decision", "HOST", "LeaseInfo", "PIDNS", "ReadLease",
     "StreamRecord", "StreamStatus", "WriteLease", "assemble", "best_progress", "cleanup",
     "commit_fields", "discard", "expired", "fence", "held_by_parent", "held_reads", "hold_read",
-    "holds_read", "live_leases", "load_markers", "missing_shards", "negotiate", "read_leases",
+    "holds_read", "live_leases", "load_markers", "missing_shards", "negotiate",
+    "progress_by_task", "read_leases",
     "record_last_use", "release_all", "stalled_here", "stream_shards", "stream_status",
     "try_commit", "withdraw_manifest", "write_leases", "write_marker", "write_progress"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 from snapcache.errors import CorruptSnapshotError, LeaseLostError, StoreError
 from snapcache.store import layout
@@ -34,6 +34,9 @@ class StreamRecord:
     run_id: str
     shards: tuple[ShardInfo, ...]
     schema: dict | None
+    task: str | None = None
+    """A delta build's task (the digest of its units' keys) the shards hold the first rows of;
+    None for ordinary snapshots' streams."""
 
     @property
     def rows(self) -> int:
@@ -49,8 +52,9 @@ class StreamRecord:
         try:
             doc = json.loads(data)
             shards = tuple(ShardInfo(**s) for s in doc["shards"])
+            task = doc.get("task")
             record = cls(int(doc["stream"]), int(doc["streams"]), str(doc["run_id"]), shards,
-                         doc.get("schema"))
+                         doc.get("schema"), None if task is None else str(task))
         except (ValueError, TypeError, KeyError) as e:
             raise CorruptSnapshotError(f"{where}: unreadable stream record ({e})") from None
         for shard in shards:
@@ -162,20 +166,36 @@ def best_progress(storage: Storage, stream: int, streams: int,
     """The earlier run's progress on this stream that covers the most rows and whose shards
     are all present with the recorded sizes (checksums are verified when they are read).
     ``names``: the folder's listing if the caller has just made one."""
-    prefix = layout.progress_prefix(streams, stream)
-    best = None
+    found = _best(storage, names, layout.progress_prefix(streams, stream), lambda r: None)
+    return found.get(None)
+
+
+def progress_by_task(storage: Storage, names: list[str]) -> dict[str, StreamRecord]:
+    """For each task of a delta build some run has progress on, the progress covering the most
+    rows whose shards are all present with the recorded sizes (whatever the run's stream
+    number for it was)."""
+    found = _best(storage, names, "progress-", lambda r: r.task)
+    found.pop(None, None)
+    return found  # type: ignore[return-value]
+
+
+def _best(storage: Storage, names: list[str] | None, prefix: str,
+          group: Callable[[StreamRecord], str | None]) -> dict[str | None, StreamRecord]:
+    best: dict[str | None, StreamRecord] = {}
     names = storage.listdir() if names is None else names
     present = set(names)
     for name in names:
-        if not name.startswith(prefix):
+        if not name.startswith(prefix) or layout.is_tmp(name):
             continue
         record = _load(storage, name)
         if record is None or not record.shards:
             continue
+        key = group(record)
+        if key in best and best[key].rows >= record.rows:
+            continue
         if not all(s.path in present and storage.size(s.path) == s.bytes for s in record.shards):
             continue
-        if best is None or record.rows > best.rows:
-            best = record
+        best[key] = record
     return best
 
 

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 _MANIFEST_RE = re.compile(r"^manifest-(\d{6})\.json$")
 _UNITS_RE = re.compile(r"^units-(\d{6})-([0-9a-f]{8})\.arrow$")
 _SEGMENT_RE = re.compile(r"^segment-([0-9a-f]{8})-(\d{6})\.json$")
+_PROGRESS_RE = re.compile(r"^progress-\d{4,}-\d{4,}-([0-9a-f]{8})\.json$")
 
 UNIT_COLUMNS = ("path", "size", "mtime_ns", "etag", "xxh3_128", "rows", "segment")
 ROW_GROUP_COLUMNS = ("row_group", "row_group_rows", "file_size")
@@ -340,24 +341,47 @@ def record_owner(name: str) -> str | None:
 
 
 def cleanup(storage: Storage, committed_run: str) -> list[str]:
-    """After ``committed_run`` committed a version: remove segment records, source records,
-    and shards no version lists and no other live writer owns. Returns the removed names."""
+    """After ``committed_run`` committed a version: remove segment records, progress records,
+    source records, and shards no version lists and no other live writer owns or holds.
+    Returns the removed names."""
     names = storage.listdir()
     needed = referenced(storage, names)
     live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
     live_runs.discard(committed_run)
+    needed |= _held_by(storage, names, live_runs)
     removed = []
     for name in names:
         if name in needed:
             continue
         run = layout.run_of(name)
-        segment = _SEGMENT_RE.match(name)
+        record = _SEGMENT_RE.match(name) or _PROGRESS_RE.match(name)
         units = _UNITS_RE.match(name)
-        owner = run or (segment.group(1) if segment else units.group(2) if units else None)
+        owner = run or (record.group(1) if record else units.group(2) if units else None)
         if owner is not None and owner not in live_runs:
             storage.remove(name)
             removed.append(name)
     return removed
+
+
+def _held_by(storage: Storage, names: Sequence[str], runs: set[str]) -> set[str]:
+    """The shards the segment and progress records of live ``runs`` list: a build resuming an
+    interrupted run's task keeps that run's finished shards (named by it) as its own."""
+    held: set[str] = set()
+    for name in names:
+        segment = _SEGMENT_RE.match(name)
+        progress = _PROGRESS_RE.match(name)
+        owner = segment.group(1) if segment else progress.group(1) if progress else None
+        if owner is None or owner not in runs:
+            continue
+        try:
+            data = storage.read_bytes(name)
+            where = storage.url_of(name)
+            record: Any = SegmentRecord.loads(data, where=where) if segment else \
+                StreamRecord.loads(data, where=where)
+        except (FileNotFoundError, CorruptSnapshotError):
+            continue
+        held.update(layout.with_pages(s.path for s in record.shards))
+    return held
 
 
 def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = False
