@@ -101,11 +101,16 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     if progress is not None:
         source = progress.wrap(source)
 
-    def committed_by_another(done: int) -> Iterator[Any] | None:
+    def committed_by_another(done: int, finished: bool) -> Iterator[Any] | None:
         """After this writer lost its lease: the rest of its share from the snapshot another
-        writer committed, when skipping ``done`` examples is exact (else None)."""
+        writer committed, when skipping ``done`` examples is exact (else None); nothing when
+        this writer had yielded its whole share (``finished``: it was committing)."""
         manifest = load_manifest(storage)
-        if manifest is None or (done and not ops.resumable(op.parent)):
+        if manifest is None:
+            return None
+        if finished:
+            return iter(())
+        if done and not ops.resumable(op.parent):
             return None
         share = _read(open_reader(storage, manifest, options), op, writing)
         return itertools.islice(share, done, None)
@@ -317,9 +322,10 @@ def _hold(storage: Storage, manifest: Manifest, op: ops.SnapshotOp) -> None:
 
 
 def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: SnapshotReader | None,
-           committed_by_another: Callable[[int], Iterator[Any] | None],
+           committed_by_another: Callable[[int, bool], Iterator[Any] | None],
            progress: EpochProgress | None = None) -> Iterator[Any]:
     done = 0
+    finished = False  # the source is exhausted: committing
     keep = False  # an interruption keeps the examples written so far
     terminate = interrupt.sigterm_exits()
     terminate.__enter__()
@@ -333,6 +339,7 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
                 writer.write(item)
                 done += 1
                 yield item
+            finished = True
             manifest = writer.commit()
             if progress is not None and manifest is not None and \
                     manifest.writer.get("run_id") == writer.run_id:  # we committed it
@@ -340,7 +347,7 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
         except LeaseLostError as lost:
             # Fenced out: this writer commits nothing. If the one that took over has committed
             # meanwhile, the epoch goes on with its snapshot instead of failing.
-            rest = committed_by_another(done)
+            rest = committed_by_another(done, finished)
             if rest is None:
                 raise
             log.warning("%s; the snapshot was committed by the other writer: this epoch goes "

@@ -23,7 +23,8 @@ from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import WriteLease, live_leases, stalled_here
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
-from snapcache.store.protocol.records import StreamRecord, best_progress, load_markers
+from snapcache.store.protocol.records import (
+    StreamRecord, best_progress, load_markers, missing_shards)
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,21 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
             # This stream was completed (by us in an earlier epoch, or by an earlier run) and
             # others are not yet: serve this stream's own shards; no need to wait for them.
             record = load_markers(storage, streams, names).get(stream)
-            if record is not None:
+            if record is not None and not missing_shards(storage, record.shards):
                 return Decision("replay", resume=record)
+            if record is not None:
+                # Its shards are gone (deleted by hand, or by a writer of an earlier release
+                # that took the stream over): under the stream's lease the marker goes, and
+                # the stream is written again.
+                lease = WriteLease.acquire(storage, run_id=run_id, stream=stream,
+                                           streams=streams, ttl=lease_ttl, names=names)
+                if lease is not None:
+                    log.warning("snapshot %s: stream %d of %d was recorded complete, but "
+                                "shards it lists are gone: writing it again", storage.url,
+                                stream, streams)
+                    storage.remove(layout.marker_name(streams, stream))
+                    return Decision("write", lease=lease,
+                                    resume=best_progress(storage, stream, streams, names))
         if not mine_done:
             # The listing above serves the lease's and the progress records' look-ups: what
             # decides is the lease's exclusive create; a progress record written after the

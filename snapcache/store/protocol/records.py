@@ -69,14 +69,13 @@ def write_progress(storage: Storage, record: StreamRecord) -> None:
 
 
 def discard(storage: Storage, record: StreamRecord) -> None:
-    """Drop an earlier run's progress on ``record``'s stream and the shards it lists (no
-    manifest lists them; the caller holds the stream's write lease): a stream whose upstream
-    cannot skip examples restarts from its first one."""
+    """Drop the earlier runs' progress on ``record``'s stream (the caller holds the stream's
+    write lease): a stream whose upstream cannot skip examples restarts from its first one.
+    Their shards stay, for the clean-up after the commit (which keeps those the manifest
+    lists): a writer paused after its fence may still record them in its stream marker."""
     for name in storage.listdir():
         if name.startswith(layout.progress_prefix(record.streams, record.stream)):
             storage.remove(name)
-    for name in sorted(layout.with_pages(shard.path for shard in record.shards)):
-        storage.remove(name)
 
 
 def missing_shards(storage: Storage, shards: "tuple[ShardInfo, ...] | list[ShardInfo]",
