@@ -21,6 +21,7 @@ import warnings
 from typing import Any, Callable, Iterator
 
 from snapcache.errors import CorruptSnapshotError
+from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol import withdraw_manifest
 
@@ -39,9 +40,16 @@ class Rebuilding:
 
     def __init__(self, make: Callable[[], Iterator[Any]], folder: Callable[[], Storage]):
         self._make, self._folder = make, folder
+        self._read = self._manifest()  # the commit this epoch reads (None: not committed yet)
         self._it: Iterator[Any] = make()
         self._yielded = 0
         self._rebuilt = False
+
+    def _manifest(self) -> bytes | None:
+        try:
+            return self._folder().read_bytes(layout.MANIFEST)
+        except (FileNotFoundError, OSError):
+            return None
 
     def __iter__(self) -> "Rebuilding":
         return self
@@ -61,11 +69,16 @@ class Rebuilding:
     def _rebuild(self, error: CorruptSnapshotError) -> None:
         self._close_current()
         folder = self._folder()
-        withdraw_manifest(folder, lambda: "")
+        # Only the commit this epoch read is withdrawn: another process meeting the same damage
+        # may have rebuilt it meanwhile, and that snapshot is good (and may be being read).
+        if withdraw_manifest(folder, lambda: "", expected=self._read) == "replaced":
+            what = "was rebuilt by another process meanwhile: this epoch reads that one"
+        else:
+            what = "was withdrawn and is rebuilt now"
         warnings.warn(
-            f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} was withdrawn and is "
-            f"rebuilt now; this epoch goes on after its {self._yielded:,} examples already "
-            "yielded", CorruptSnapshotWarning, stacklevel=3)
+            f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} {what}; this epoch "
+            f"goes on after its {self._yielded:,} examples already yielded",
+            CorruptSnapshotWarning, stacklevel=3)
         self._rebuilt = True
         self._it = self._make()
         for _ in range(self._yielded):  # computed and written again, not yielded again

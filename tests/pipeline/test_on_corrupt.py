@@ -72,3 +72,23 @@ def test_rebuild_in_a_seeded_shuffled_batched_epoch(root):
 def test_on_corrupt_is_validated():
     with pytest.raises(ValueError, match="on_corrupt must be"):
         sc.Dataset.range(3).snapshot("/tmp/x", on_corrupt="ignore")
+
+
+def test_a_rebuild_never_withdraws_the_snapshot_another_job_rebuilt(root):
+    """Two jobs read one corrupt snapshot: the first rebuilds and commits a good one; the second,
+    reading the old commit, meets the damage after that: it must not withdraw the good one
+    (which a third job reads), only read it."""
+    assert [e["i"] for e in pipeline(root)] == list(range(N))
+    fid, before = corrupt_a_shard(root, which=4)
+    late = iter(pipeline(root, "rebuild"))  # job B: on the corrupt commit
+    assert int(next(late)["i"]) == 0
+    with pytest.warns(CorruptSnapshotWarning, match="rebuilt now"):
+        assert [int(e["i"]) for e in pipeline(root, "rebuild")] == list(range(N))  # job A
+    good = sc.open_snapshot(root, fid).manifest
+    reader = iter(pipeline(root))  # job C: reads the good one
+    assert int(next(reader)["i"]) == 0
+    with pytest.warns(CorruptSnapshotWarning, match="rebuilt by another process meanwhile"):
+        assert [int(e["i"]) for e in late] == list(range(1, N))
+    assert sc.open_snapshot(root, fid).manifest == good  # not withdrawn, not rebuilt again
+    assert [int(e["i"]) for e in reader] == list(range(1, N))
+    assert sc.verify(root, [fid]).ok

@@ -85,14 +85,18 @@ def record_last_use(storage: Storage) -> None:
                          durable=False)
 
 
-def withdraw_manifest(storage: Storage, in_use) -> str:
+def withdraw_manifest(storage: Storage, in_use, expected: bytes | None = None) -> str:
     """Take the commit back before deleting a snapshot: remove the manifest (so no new reader
     opens it), then ask ``in_use()`` again; if a reader came meanwhile, put the manifest back
-    exactly as it was and return ``in_use()``'s description. "" once withdrawn (or absent)."""
+    exactly as it was and return ``in_use()``'s description. "" once withdrawn (or absent).
+    With ``expected`` (the manifest's bytes as the caller read them), a manifest that is not
+    that one is left alone: "replaced" is returned (another process committed a new one)."""
     try:
         manifest = storage.read_bytes(layout.MANIFEST)
     except FileNotFoundError:
         return ""
+    if expected is not None and manifest != expected:
+        return "replaced"
     storage.remove(layout.MANIFEST)
     busy = in_use()
     if busy:
