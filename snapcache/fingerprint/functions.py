@@ -128,7 +128,8 @@ class _CodeInfo:
     constants: bytes  # digest of constants, nested code by its own digests
     digest: bytes  # both together: how a nested code object enters its parent's constants
     global_names: tuple[str, ...]  # globals read, this code and nested code, in order
-    chains: tuple[tuple[str, str, tuple[str, ...]], ...]  # ("global"|"import", root, attrs)
+    # ("global"|"import", root, attrs, arguments of the call right there: None if not called)
+    chains: tuple[tuple[str, str, tuple[str, ...], int | None], ...]
 
 
 _CODE_INFO: dict[int, tuple[weakref.ref, _CodeInfo]] = {}
@@ -178,13 +179,15 @@ def _analyse(code: types.CodeType) -> _CodeInfo:
                      tuple(dict.fromkeys(names)), tuple(dict.fromkeys(chains)))
 
 
-def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, str, tuple]]:
-    """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes.
+def _attribute_chains(instructions: list[dis.Instruction]
+                      ) -> list[tuple[str, str, tuple, int | None]]:
+    """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes,
+    with the number of arguments it is called with right there (see :func:`_call_arguments`).
 
     A name imported inside the code (``import helpers``, ``from helpers import scale``,
     ``from . import sibling``) is a chain of kind "import" whose root is the dotted path it was
     imported by, with a leading dot per level of a relative import (``.sibling``)."""
-    chains: list[tuple[str, str, tuple]] = []
+    chains: list[tuple[str, str, tuple, int | None]] = []
     imported: dict[str, str] = {}  # local name -> module path, from imports inside the code
     current: tuple[str, str, list[str]] | None = None
     pending = pending_from = None
@@ -195,7 +198,8 @@ def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, st
             current[2].append(ins.argval)
             continue
         if current is not None:
-            chains.append((current[0], current[1], tuple(current[2])))
+            args = _call_arguments(instructions, k)
+            chains.append((current[0], current[1], tuple(current[2]), args))
             current = None
         if op in _GLOBAL_LOADS:
             current = ("global", ins.argval, [])
@@ -221,8 +225,42 @@ def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, st
         elif op not in ("SWAP", "ROT_TWO"):
             pending = pending_from = None
     if current is not None:
-        chains.append((current[0], current[1], tuple(current[2])))
+        chains.append((current[0], current[1], tuple(current[2]), None))
     return chains
+
+
+_CALLS = frozenset({"PRECALL", "CALL", "CALL_KW"})  # PRECALL: 3.11; CALL_KW: 3.13
+_JUMPS = frozenset(getattr(dis, "hasjump", dis.hasjrel + dis.hasjabs))
+
+
+def _call_arguments(instructions: list[dis.Instruction], start: int) -> int | None:
+    """How many arguments the value loaded just before ``instructions[start]`` is called with
+    (a lone ``None`` counts as none: ``default_rng(None)`` is ``default_rng()``); None when it
+    is not called there, or when the bytecode does not say (``f(*args)``, a branch among the
+    arguments).
+
+    The stack is followed from the load: the call that takes the value finds exactly its own
+    arguments above it, while a call made among the arguments finds its callable as well."""
+    depth = 0
+    for k in range(start, len(instructions)):
+        ins = instructions[k]
+        if ins.opname in _CALLS and depth == ins.arg + (ins.opname == "CALL_KW"):
+            args = [i for i in instructions[start:k] if i.opname != "KW_NAMES"]
+            if ins.opname == "CALL_KW":
+                args = args[:-1]  # the tuple of keyword names
+            if len(args) == 1 and args[0].opname == "LOAD_CONST" and args[0].argval is None:
+                return 0
+            return ins.arg
+        if ins.opcode in _JUMPS:
+            return None
+        try:
+            depth += dis.stack_effect(ins.opcode,
+                                      ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None)
+        except ValueError:
+            return None
+        if depth < 0:  # taken by something else than a call
+            return None
+    return None
 
 
 # -- nodes -------------------------------------------------------------------------------------
@@ -375,7 +413,7 @@ def _module_reads(fn: types.FunctionType, info: _CodeInfo) -> list[tuple[str, An
     the code would when it runs (a snapshot that exists is read without running it, so its
     helpers must be known beforehand). Library modules are never imported here."""
     out: dict[str, Any] = {}
-    for kind, root, attrs in info.chains:
+    for kind, root, attrs, _ in info.chains:
         if kind == "global":
             value, path = fn.__globals__.get(root), root
             if not isinstance(value, types.ModuleType):
@@ -556,6 +594,13 @@ _NUMPY_NOT_DRAWS = frozenset({"default_rng", "Generator", "SeedSequence", "Rando
 _TORCH_DRAWS = frozenset({"rand", "randn", "randint", "randperm", "normal", "rand_like",
                           "randn_like", "randint_like", "bernoulli", "multinomial", "poisson"})
 _TF_SEEDED = frozenset({"Generator", "set_seed", "create_rng_state", "Algorithm"})
+# Constructors seeded from operating-system entropy when given no seed (or None), under
+# numpy.random or where they are defined (``numpy.random._generator.default_rng``).
+_NUMPY_SEEDABLE = frozenset({"default_rng", "RandomState", "SeedSequence", "PCG64", "PCG64DXSM",
+                             "Philox", "SFC64", "MT19937"})
+_UNSEEDED = "creates an unseeded generator"  # seeded from operating-system entropy
+_SALTED_HASH = ("calls the builtin `hash()`, whose value for str and bytes changes from process "
+                "to process (PYTHONHASHSEED; `zlib.crc32` or `hashlib` give stable values)")
 
 
 def _global_rng(owner: Any) -> str | None:
@@ -566,9 +611,14 @@ def _global_rng(owner: Any) -> str | None:
     return "numpy.random" if mtrand is not None and owner is mtrand else None
 
 
-def _classify(full: str) -> str | None:
+def _classify(full: str, args: int | None = None) -> str | None:
+    """What reading ``full`` (called with ``args`` arguments, None if not called) does to
+    the results, or None if they stay the same from run to run."""
     parts = full.split(".")
     last = parts[-1]
+    if args == 0 and (full == "random.Random" or (
+            full.startswith("numpy.random.") and last in _NUMPY_SEEDABLE)):
+        return _UNSEEDED
     if len(parts) == 2 and parts[0] == "random" and last in _RANDOM_DRAWS:
         return "reads global random state"
     if full.startswith("numpy.random.") and len(parts) == 3 and last not in _NUMPY_NOT_DRAWS:
@@ -578,7 +628,8 @@ def _classify(full: str) -> str | None:
     if full.startswith("tensorflow.random.") and not (
             last.startswith("stateless") or last in _TF_SEEDED):
         return "reads global random state"
-    if full in ("os.urandom", "uuid.uuid1", "uuid.uuid4") or parts[0] == "secrets":
+    if full in ("os.urandom", "uuid.uuid1", "uuid.uuid4", "random.SystemRandom") or \
+            parts[0] == "secrets":
         return "draws operating-system randomness"
     if full in ("time.time", "time.time_ns"):
         return "reads the clock"
@@ -598,7 +649,7 @@ def _resolve(value: Any) -> str | None:
 
 def _random_reads(fn: types.FunctionType) -> list[str]:
     found = []
-    for kind, root, attrs in _code_info(fn.__code__).chains:
+    for kind, root, attrs, args in _code_info(fn.__code__).chains:
         written = ".".join((root,) + attrs) if kind == "global" else None
         if kind == "global":
             if root not in fn.__globals__ and not hasattr(builtins, root):
@@ -608,10 +659,18 @@ def _random_reads(fn: types.FunctionType) -> list[str]:
             base = root
         if base is None:
             continue
+        if ".".join((base,) + attrs) == "builtins.hash":
+            # Hashing is what ``__hash__`` is for (dataclasses write one that calls hash()).
+            if fn.__code__.co_name != "__hash__":
+                found.append(_SALTED_HASH)
+            continue
         for n in range(len(attrs), -1, -1):  # the longest prefix that names something known
             full = ".".join((base,) + attrs[:n])
-            if (what := _classify(full)) is not None:
+            if (what := _classify(full, args if n == len(attrs) else None)) is not None:
                 shown = ".".join((root,) + attrs[:n]) if written and n else full
+                if what is _UNSEEDED:  # the call, by its public name
+                    public = f"numpy.random.{full.rpartition('.')[2]}"
+                    shown = (public if shown.startswith("numpy.random.") else shown) + "()"
                 found.append(f"{what} (`{shown}`)")
                 break
     return found
@@ -692,9 +751,10 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
 
 
 def detect_randomness(fn: Callable[..., Any]) -> list[str]:
-    """Warnings for reads of global random state in ``fn`` or the user helpers it calls, and
-    for random generator objects they capture (``np.random.Generator``, ``random.Random``, ...):
-    either way the draws are computed once and frozen into a snapshot.
+    """Warnings for reads of global random state in ``fn`` or the user helpers it calls, for
+    unseeded generators they create, for random generator objects they capture
+    (``np.random.Generator``, ``random.Random``, ...), and for the builtin ``hash()``: either way
+    the results are computed once and frozen into a snapshot.
 
     Returns sentences to put after the op's name, e.g.
     ``"reads global random state (`np.random.rand`)"``.
@@ -718,3 +778,4 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
                     callable(callee) and canonical._is_plain_object(callee)):
                 todo.append((callee, via or (f" via helper `{name}`" if name else "")))
     return warnings
+

@@ -6,6 +6,7 @@ computes the same thing). The pipeline may still put the name in an op's label.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -351,6 +352,27 @@ RANDOM_CASES = {
                   "reads the clock (`time.time`)"),
     "os randomness": ("import os\ndef f(x):\n    return os.urandom(4)\n",
                       "draws operating-system randomness (`os.urandom`)"),
+    "unseeded default_rng": ("def f(x):\n    return np.random.default_rng().random(2)\n",
+                             "creates an unseeded generator (`np.random.default_rng()`)"),
+    "default_rng(None)": ("def f(x):\n    return np.random.default_rng(None).random(2)\n",
+                          "creates an unseeded generator (`np.random.default_rng()`)"),
+    "default_rng(seed=None)": ("def f(x):\n    return np.random.default_rng(seed=None).random()\n",
+                               "creates an unseeded generator (`np.random.default_rng()`)"),
+    "from numpy.random import default_rng": (
+        "from numpy.random import default_rng\ndef f(x):\n    return default_rng().random()\n",
+        "creates an unseeded generator (`numpy.random.default_rng()`)"),
+    "unseeded RandomState": ("def f(x):\n    return np.random.RandomState().rand()\n",
+                             "creates an unseeded generator (`np.random.RandomState()`)"),
+    "unseeded bit generator": ("def f(x):\n    return np.random.Generator(np.random.PCG64())\n",
+                               "creates an unseeded generator (`np.random.PCG64()`)"),
+    "unseeded random.Random": ("import random\ndef f(x):\n    return random.Random().random()\n",
+                               "creates an unseeded generator (`random.Random()`)"),
+    "random.SystemRandom": ("import random\ndef f(x):\n    return random.SystemRandom().random()\n",
+                            "draws operating-system randomness (`random.SystemRandom`)"),
+    "builtin hash": ("def f(x):\n    return hash(f'tok{x}') % 1000\n",
+                     "calls the builtin `hash()`, whose value for str and bytes changes from "
+                     "process to process (PYTHONHASHSEED; `zlib.crc32` or `hashlib` give stable "
+                     "values)"),
 }
 
 
@@ -367,6 +389,14 @@ def test_detect_randomness(case):
     "def f(x):\n    return math.sqrt(x) + np.mean(x)\n",
     "import random\ndef f(x):\n    return random.Random(x).random()\n",
     "def f(x):\n    random = 4\n    return x.random + random\n",
+    "def f(x):\n    return np.random.default_rng(seed=x + 1).random()\n",
+    "def f(x):\n    return np.random.default_rng(int(x)).random()\n",
+    "def f(x):\n    return np.random.RandomState(0).rand() + np.random.RandomState(x).rand()\n",
+    "def f(x):\n    from numpy.random import default_rng\n    return default_rng(x).random()\n",
+    "def f(x):\n    return np.random.default_rng(*x).random()\n",  # the bytecode does not say
+    "def f(x):\n    make = np.random.default_rng\n    return make(x)\n",
+    "import zlib\ndef f(x):\n    return zlib.crc32(x.encode()) % 1000\n",
+    "def hash(x):\n    return len(x)\ndef f(x):\n    return hash(x)\n",  # not the builtin
 ])
 def test_detect_randomness_is_quiet_for_seeded_or_pure_code(src):
     from snapcache.fingerprint import detect_randomness
@@ -407,6 +437,25 @@ def test_detect_randomness_in_methods_of_callable_objects_and_classes():
     assert detect_randomness(cls) == expected
     cached = functools.lru_cache(make("def g(x):\n    return np.random.rand()\n", "g"))
     assert detect_randomness(cached) == ["reads global random state (`np.random.rand`)"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Scale:
+    k: int = 2
+
+    def __call__(self, x):
+        return x * self.k
+
+
+def test_hash_inside_hash_methods_is_quiet():
+    """``__hash__`` is where ``hash()`` belongs (a frozen dataclass writes one): a callable object
+    is scanned with all its methods, and must not warn for it."""
+    from snapcache.fingerprint import detect_randomness
+    assert "__hash__" in vars(_Scale)
+    assert detect_randomness(_Scale()) == []
+    keyed = make("class Key:\n    def __hash__(self):\n        return hash(self.name)\n"
+                 "    def __call__(self, x):\n        return x\n", "Key")
+    assert detect_randomness(keyed()) == []
 
 
 STATE = 0
@@ -554,3 +603,4 @@ def test_function_attributes_count():
         return f
     assert fp(attributed(2)) != fp(attributed(3))
     assert fp(attributed(2)) == fp(attributed(2))
+
