@@ -750,10 +750,73 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
     return out
 
 
+# Augmentation libraries whose transforms are recognised by class name, never imported: a class
+# named ``Random*`` or listed here draws at every call (unless its probability ``p`` is 0, or it
+# is a flip with ``p`` 1); in albumentations, so does any transform with ``p`` between 0 and 1.
+_AUGMENTATION_LIBRARIES = frozenset({"torchvision", "albumentations", "kornia"})
+_RANDOM_AUGMENTATIONS = frozenset({"ColorJitter", "RandAugment", "AutoAugment",
+                                   "TrivialAugmentWide", "AugMix", "ElasticTransform"})
+# Library classes whose attributes are searched for callables, besides the libraries above.
+_CONTAINER_MODULES = frozenset({"torch.nn.modules.container"})
+_HELD_ITEMS = 64  # a longer list, tuple or dict holds data, not transforms
+
+
+def _random_augmentation(value: Any) -> str | None:
+    """Why ``value``, an object of an augmentation library, is random; None if it is not one
+    (or not known to be one)."""
+    cls = type(value)
+    top = (getattr(cls, "__module__", None) or "").partition(".")[0]
+    if top not in _AUGMENTATION_LIBRARIES:
+        return None
+    name = cls.__name__
+    p = getattr(value, "__dict__", {}).get("p")
+    p = p if isinstance(p, (int, float)) and not isinstance(p, bool) else None
+    if p is not None and (p <= 0 or (p >= 1 and "Flip" in name)):
+        return None  # never applied, or a flip that always is
+    if name.startswith("Random") or name in _RANDOM_AUGMENTATIONS or (
+            top == "albumentations" and p is not None and p < 1):
+        return f"applies a random augmentation ({top} `{name}`)"
+    return None
+
+
+def _attribute_values(owner: Any, prefix: str) -> list[tuple[str, Any]]:
+    """(path, value) of ``owner``'s attributes, the items of short lists, tuples and dicts in
+    their place (``self.transforms[0]``)."""
+    state = getattr(owner, "__dict__", None)
+    if not isinstance(state, dict):
+        return []
+    out: list[tuple[str, Any]] = []
+    for name, value in list(state.items()):
+        path = f"{prefix}.{name}"
+        if isinstance(value, (list, tuple)) and len(value) <= _HELD_ITEMS:
+            out += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, dict) and len(value) <= _HELD_ITEMS:
+            out += [(f"{path}[{k!r}]", v) for k, v in list(value.items())]
+        else:
+            out.append((path, value))
+    return out
+
+
+def _held_callables(fn: Any) -> list[tuple[str, Any]]:
+    """Callables a callable object (or a bound method's object) holds in its attributes, where
+    it is user code, an augmentation library's or a torch container (``nn.Sequential``): the
+    transforms of a Compose-like object, ``self.transforms[0]``."""
+    if isinstance(fn, (types.FunctionType, functools.partial, type)):
+        return []
+    owner = getattr(fn, "__self__", fn) if isinstance(fn, types.MethodType) else fn
+    module = getattr(type(owner), "__module__", None) or ""
+    if not (is_user_module(module) or module.partition(".")[0] in _AUGMENTATION_LIBRARIES
+            or module in _CONTAINER_MODULES):
+        return []
+    return [(path, v) for path, v in _attribute_values(owner, "self")
+            if callable(v) and not isinstance(v, type)]
+
+
 def detect_randomness(fn: Callable[..., Any]) -> list[str]:
     """Warnings for reads of global random state in ``fn`` or the user helpers it calls, for
     unseeded generators they create, for random generator objects they capture
-    (``np.random.Generator``, ``random.Random``, ...), and for the builtin ``hash()``: either way
+    (``np.random.Generator``, ``random.Random``, ...), for random augmentations of torchvision,
+    albumentations or kornia a callable object holds, and for the builtin ``hash()``: either way
     the results are computed once and frozen into a snapshot.
 
     Returns sentences to put after the op's name, e.g.
@@ -767,6 +830,9 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
         if id(f) in seen:
             continue
         seen.add(id(f))
+        if (augmentation := _random_augmentation(f)) is not None:
+            warnings += [augmentation + via] if augmentation + via not in warnings else []
+            continue
         if isinstance(f, types.FunctionType):
             if not _user_function(f):  # library code is trusted, and not walked,
                 todo += [(v, via) for _, v in _held_user_code(f)]  # but what it wraps is
@@ -777,5 +843,6 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
             if is_function_like(callee) or isinstance(callee, type) or (
                     callable(callee) and canonical._is_plain_object(callee)):
                 todo.append((callee, via or (f" via helper `{name}`" if name else "")))
+        todo += [(held, via or f" via `{path}`") for path, held in _held_callables(f)]
     return warnings
 

@@ -604,3 +604,60 @@ def test_function_attributes_count():
     assert fp(attributed(2)) != fp(attributed(3))
     assert fp(attributed(2)) == fp(attributed(2))
 
+
+# -- randomness held by objects: transforms, augmentation libraries, datasets ------------------
+
+def library_class(src: str, name: str, module: str):
+    """A class as if defined in an installed library's ``module`` (never imported here)."""
+    cls = make(src, name)
+    cls.__module__ = module
+    return cls
+
+
+TV = "torchvision.transforms.transforms"
+RandomHorizontalFlip = library_class(
+    "class RandomHorizontalFlip:\n    def __init__(self, p=0.5):\n        self.p = p\n"
+    "    def __call__(self, x):\n        return x\n", "RandomHorizontalFlip", TV)
+Normalize = library_class("class Normalize:\n    def __call__(self, x):\n        return x\n",
+                          "Normalize", TV)
+Compose = library_class("class Compose:\n    def __init__(self, transforms):\n"
+                        "        self.transforms = transforms\n    def __call__(self, x):\n"
+                        "        return x\n", "Compose", TV)
+HorizontalFlip = library_class(
+    "class HorizontalFlip:\n    def __init__(self, p=0.5):\n        self.p = p\n"
+    "    def __call__(self, x):\n        return x\n", "HorizontalFlip",
+    "albumentations.augmentations.geometric.transforms")
+
+NOISY = make("class Noisy:\n    def __call__(self, x):\n        return x + np.random.rand()\n",
+             "Noisy")
+USER_COMPOSE = make("class Steps:\n    def __init__(self, *steps):\n        self.steps = steps\n"
+                    "    def __call__(self, x):\n        for s in self.steps:\n"
+                    "            x = s(x)\n        return x\n", "Steps")
+AUGMENTATION = "applies a random augmentation (torchvision `RandomHorizontalFlip`)"
+
+HELD_CASES = {
+    "torchvision Random* class": (RandomHorizontalFlip(), [AUGMENTATION]),
+    "inside a library Compose": (Compose([Normalize(), RandomHorizontalFlip()]),
+                                 [AUGMENTATION + " via `self.transforms[1]`"]),
+    "inside a user Compose": (USER_COMPOSE(Normalize(), NOISY()), [
+        "reads global random state (`np.random.rand`) via `self.steps[1]`"]),
+    "a user Compose of a library one": (USER_COMPOSE(Compose([RandomHorizontalFlip()])),
+                                        [AUGMENTATION + " via `self.steps[0]`"]),
+    "albumentations, applied with p=0.5": (HorizontalFlip(), [
+        "applies a random augmentation (albumentations `HorizontalFlip`)"]),
+    "a flip that always flips": (RandomHorizontalFlip(p=1.0), []),
+    "never applied": (HorizontalFlip(p=0), []),
+    "albumentations, always applied": (HorizontalFlip(p=1.0), []),
+    "deterministic transforms": (Compose([Normalize(), USER_COMPOSE(Normalize())]), []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HELD_CASES))
+def test_detect_randomness_in_transforms_objects_hold(case):
+    """Augmentation libraries are recognised by class name and module, never imported: a class
+    named ``Random*`` (or a listed one like ``ColorJitter``) of torchvision, albumentations or
+    kornia; in albumentations, a transform applied with a probability between 0 and 1."""
+    from snapcache.fingerprint import detect_randomness
+    transform, expected = HELD_CASES[case]
+    assert detect_randomness(transform) == expected
+
