@@ -39,7 +39,8 @@ from snapcache.fingerprint.canonical import child_node
 from snapcache.fingerprint.explain import describe
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, leaf, node
 
-__all__ = ["hash_function", "detect_randomness", "is_user_module", "module_version"]
+__all__ = ["hash_function", "detect_randomness", "detect_dataset_randomness", "is_user_module",
+           "module_version"]
 
 _GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
 _ATTR_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
@@ -846,3 +847,76 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
         todo += [(held, via or f" via `{path}`") for path, held in _held_callables(f)]
     return warnings
 
+
+def detect_dataset_randomness(dataset: Any) -> list[str]:
+    """Warnings for what a map-style dataset (``torch.utils.data.Dataset``) draws at random when
+    an item is read: in ``__getitem__`` (``__getitems__``) and the methods they call on
+    ``self``, as :func:`detect_randomness` finds it; in the callables the dataset holds
+    (``transform``, ``target_transform``, lists and dicts of them); in random generators it
+    holds; and so on in the datasets it wraps (``Subset``, ``ConcatDataset``).
+
+    Returns sentences that start with where, e.g.
+    ``"`Images.transform` reads global random state (`torch.rand`)"``.
+    """
+    found: list[str] = []
+    seen: set[int] = set()
+    todo = [(type(dataset).__name__, dataset)]
+    while todo:
+        path, ds = todo.pop(0)
+        if id(ds) in seen:
+            continue
+        seen.add(id(ds))
+        for name, method in _item_methods(type(ds)):
+            found += [f"`{path}.{name}` {m}" for m in detect_randomness(method)]
+        for where, value in _attribute_values(ds, path):
+            if (kind := _generator_type(value)) is not None:
+                found.append(f"`{where}` is a random generator ({kind})")
+            elif _is_map_dataset(value):
+                todo.append((where, value))
+            elif callable(value) and not isinstance(value, type) and id(value) not in seen:
+                seen.add(id(value))  # one object held twice (torchvision's ``transforms``)
+                if isinstance(value, types.MethodType) and value.__self__ is ds:
+                    value = value.__func__  # its own method: not all of its class (``__init__``)
+                found += [f"`{where}` {m}" for m in detect_randomness(value)]
+    return list(dict.fromkeys(found))
+
+
+def _is_map_dataset(value: Any) -> bool:
+    """A dataset another one wraps: user code, or torch's (``Subset``, ``ConcatDataset``)."""
+    cls = type(value)
+    module = getattr(cls, "__module__", None) or ""
+    return (not callable(value) and hasattr(cls, "__getitem__") and hasattr(cls, "__len__")
+            and (module.startswith("torch.utils.data") or (
+                is_user_module(module) and isinstance(getattr(value, "__dict__", None), dict))))
+
+
+def _item_methods(cls: type) -> list[tuple[str, types.FunctionType]]:
+    """The user methods reading an item runs: ``__getitem__``, ``__getitems__``, and those
+    they call on ``self`` (``self.load(i)``), however deep."""
+    out: dict[str, types.FunctionType] = {}
+    todo = ["__getitem__", "__getitems__"]
+    while todo:
+        name = todo.pop(0)
+        member = inspect.getattr_static(cls, name, None)
+        member = getattr(member, "__func__", member)  # static and class methods
+        if name in out or not (isinstance(member, types.FunctionType)
+                               and _user_function(member)):
+            continue
+        out[name] = member
+        todo += _self_attributes(member.__code__)
+    return list(out.items())
+
+
+def _self_attributes(code: types.CodeType, me: str | None = None) -> list[str]:
+    """Attributes ``code`` reads on its first argument (``self.x``), in nested code too."""
+    if me is None:
+        if not code.co_argcount:
+            return []
+        me = code.co_varnames[0]
+    instructions = list(dis.get_instructions(code))
+    names = [b.argval for a, b in zip(instructions, instructions[1:])
+             if a.opname in _LOCAL_LOADS and a.argval == me and b.opname in _ATTR_LOADS]
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType) and me in c.co_freevars:
+            names += _self_attributes(c, me)
+    return names

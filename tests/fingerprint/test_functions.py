@@ -661,3 +661,87 @@ def test_detect_randomness_in_transforms_objects_hold(case):
     transform, expected = HELD_CASES[case]
     assert detect_randomness(transform) == expected
 
+
+class _Images:
+    """A map-style dataset, torchvision style."""
+
+    def __init__(self, n, transform=None, target_transform=None):
+        self.data = np.arange(n * 4.0).reshape(n, 4)
+        self.targets = list(range(n))
+        self.transform, self.target_transform = transform, target_transform
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        x, y = self.data[i], self.targets[i]
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, (self.target_transform(y) if self.target_transform else y)
+
+
+class _Jittered(_Images):
+    def __init__(self, n):
+        super().__init__(n)
+        self.data = self.data + np.random.rand(n, 4)  # drawn once, when made: its state
+
+    def __getitem__(self, i):
+        return [self.jitter(x) for x in self.data[i:i + 1]][0]
+
+    def jitter(self, x):
+        return x + np.random.normal(size=4)
+
+
+class _Hashed(_Images):
+    def __getitem__(self, i):
+        return self.data[i], hash(f"class{self.targets[i]}") % 10
+
+
+class _Generator(_Images):
+    def __init__(self, n):
+        super().__init__(n)
+        self.rng = np.random.default_rng(0)
+
+    def __getitem__(self, i):
+        return self.data[i] + self.rng.random()
+
+
+class _Wrapper:
+    """Like ``torch.utils.data.Subset``."""
+
+    def __init__(self, dataset, indices):
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        return self.dataset[self.indices[i]]
+
+
+DATASET_CASES = {
+    "transform": (_Images(3, NOISY()), [
+        "`_Images.transform` reads global random state (`np.random.rand`)"]),
+    "target_transform lambda": (_Images(3, None, lambda y: y + np.random.randint(2)), [
+        "`_Images.target_transform` reads global random state (`np.random.randint`)"]),
+    "a transform inside a Compose": (_Images(3, Compose([Normalize(), RandomHorizontalFlip()])), [
+        "`_Images.transform` " + AUGMENTATION + " via `self.transforms[1]`"]),
+    "a method __getitem__ calls": (_Jittered(3), [
+        "`_Jittered.jitter` reads global random state (`np.random.normal`)"]),
+    "hash in __getitem__": (_Hashed(3), [
+        f"`_Hashed.__getitem__` {RANDOM_CASES['builtin hash'][1]}"]),
+    "a generator it holds": (_Generator(3), [
+        "`_Generator.rng` is a random generator (numpy.random.Generator)"]),
+    "a dataset it wraps": (_Wrapper(_Images(5, NOISY()), [0, 2]), [
+        "`_Wrapper.dataset.transform` reads global random state (`np.random.rand`)"]),
+    "deterministic": (_Images(3, Compose([Normalize()]), lambda y: y + 1), []),
+    "seeded per item": (_Images(3, lambda x: x + np.random.default_rng(int(x[0])).random()), []),
+    "no transform": (_Images(3), []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DATASET_CASES))
+def test_detect_dataset_randomness(case):
+    from snapcache.fingerprint import detect_dataset_randomness
+    dataset, expected = DATASET_CASES[case]
+    assert detect_dataset_randomness(dataset) == expected
