@@ -10,7 +10,8 @@ digests), ``canonical`` (values), ``functions`` (code), ``sources`` and ``explai
 
 from snapcache.fingerprint.canonical import hash_value, register
 from snapcache.fingerprint.explain import diff_trees
-from snapcache.fingerprint.functions import detect_randomness, hash_function
+from snapcache.fingerprint.functions import (
+    detect_dataset_randomness, detect_randomness, hash_function)
 from snapcache.fingerprint.tree import FINGERPRINT_VERSION, FingerprintNode
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "hash_value",
     "hash_function",
     "detect_randomness",
+    "detect_dataset_randomness",
     "diff_trees",
 ]

@@ -39,7 +39,8 @@ from snapcache.fingerprint.canonical import child_node
 from snapcache.fingerprint.explain import describe
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, leaf, node
 
-__all__ = ["hash_function", "detect_randomness", "is_user_module", "module_version"]
+__all__ = ["hash_function", "detect_randomness", "detect_dataset_randomness", "is_user_module",
+           "module_version"]
 
 _GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
 _ATTR_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
@@ -128,7 +129,8 @@ class _CodeInfo:
     constants: bytes  # digest of constants, nested code by its own digests
     digest: bytes  # both together: how a nested code object enters its parent's constants
     global_names: tuple[str, ...]  # globals read, this code and nested code, in order
-    chains: tuple[tuple[str, str, tuple[str, ...]], ...]  # ("global"|"import", root, attrs)
+    # ("global"|"import", root, attrs, arguments of the call right there: None if not called)
+    chains: tuple[tuple[str, str, tuple[str, ...], int | None], ...]
 
 
 _CODE_INFO: dict[int, tuple[weakref.ref, _CodeInfo]] = {}
@@ -178,13 +180,15 @@ def _analyse(code: types.CodeType) -> _CodeInfo:
                      tuple(dict.fromkeys(names)), tuple(dict.fromkeys(chains)))
 
 
-def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, str, tuple]]:
-    """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes.
+def _attribute_chains(instructions: list[dis.Instruction]
+                      ) -> list[tuple[str, str, tuple, int | None]]:
+    """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes,
+    with the number of arguments it is called with right there (see :func:`_call_arguments`).
 
     A name imported inside the code (``import helpers``, ``from helpers import scale``,
     ``from . import sibling``) is a chain of kind "import" whose root is the dotted path it was
     imported by, with a leading dot per level of a relative import (``.sibling``)."""
-    chains: list[tuple[str, str, tuple]] = []
+    chains: list[tuple[str, str, tuple, int | None]] = []
     imported: dict[str, str] = {}  # local name -> module path, from imports inside the code
     current: tuple[str, str, list[str]] | None = None
     pending = pending_from = None
@@ -195,7 +199,8 @@ def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, st
             current[2].append(ins.argval)
             continue
         if current is not None:
-            chains.append((current[0], current[1], tuple(current[2])))
+            args = _call_arguments(instructions, k)
+            chains.append((current[0], current[1], tuple(current[2]), args))
             current = None
         if op in _GLOBAL_LOADS:
             current = ("global", ins.argval, [])
@@ -221,8 +226,42 @@ def _attribute_chains(instructions: list[dis.Instruction]) -> list[tuple[str, st
         elif op not in ("SWAP", "ROT_TWO"):
             pending = pending_from = None
     if current is not None:
-        chains.append((current[0], current[1], tuple(current[2])))
+        chains.append((current[0], current[1], tuple(current[2]), None))
     return chains
+
+
+_CALLS = frozenset({"PRECALL", "CALL", "CALL_KW"})  # PRECALL: 3.11; CALL_KW: 3.13
+_JUMPS = frozenset(getattr(dis, "hasjump", dis.hasjrel + dis.hasjabs))
+
+
+def _call_arguments(instructions: list[dis.Instruction], start: int) -> int | None:
+    """How many arguments the value loaded just before ``instructions[start]`` is called with
+    (a lone ``None`` counts as none: ``default_rng(None)`` is ``default_rng()``); None when it
+    is not called there, or when the bytecode does not say (``f(*args)``, a branch among the
+    arguments).
+
+    The stack is followed from the load: the call that takes the value finds exactly its own
+    arguments above it, while a call made among the arguments finds its callable as well."""
+    depth = 0
+    for k in range(start, len(instructions)):
+        ins = instructions[k]
+        if ins.opname in _CALLS and depth == ins.arg + (ins.opname == "CALL_KW"):
+            args = [i for i in instructions[start:k] if i.opname != "KW_NAMES"]
+            if ins.opname == "CALL_KW":
+                args = args[:-1]  # the tuple of keyword names
+            if len(args) == 1 and args[0].opname == "LOAD_CONST" and args[0].argval is None:
+                return 0
+            return ins.arg
+        if ins.opcode in _JUMPS:
+            return None
+        try:
+            depth += dis.stack_effect(ins.opcode,
+                                      ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None)
+        except ValueError:
+            return None
+        if depth < 0:  # taken by something else than a call
+            return None
+    return None
 
 
 # -- nodes -------------------------------------------------------------------------------------
@@ -375,7 +414,7 @@ def _module_reads(fn: types.FunctionType, info: _CodeInfo) -> list[tuple[str, An
     the code would when it runs (a snapshot that exists is read without running it, so its
     helpers must be known beforehand). Library modules are never imported here."""
     out: dict[str, Any] = {}
-    for kind, root, attrs in info.chains:
+    for kind, root, attrs, _ in info.chains:
         if kind == "global":
             value, path = fn.__globals__.get(root), root
             if not isinstance(value, types.ModuleType):
@@ -556,6 +595,13 @@ _NUMPY_NOT_DRAWS = frozenset({"default_rng", "Generator", "SeedSequence", "Rando
 _TORCH_DRAWS = frozenset({"rand", "randn", "randint", "randperm", "normal", "rand_like",
                           "randn_like", "randint_like", "bernoulli", "multinomial", "poisson"})
 _TF_SEEDED = frozenset({"Generator", "set_seed", "create_rng_state", "Algorithm"})
+# Constructors seeded from operating-system entropy when given no seed (or None), under
+# numpy.random or where they are defined (``numpy.random._generator.default_rng``).
+_NUMPY_SEEDABLE = frozenset({"default_rng", "RandomState", "SeedSequence", "PCG64", "PCG64DXSM",
+                             "Philox", "SFC64", "MT19937"})
+_UNSEEDED = "creates an unseeded generator"  # seeded from operating-system entropy
+_SALTED_HASH = ("calls the builtin `hash()`, whose value for str and bytes changes from process "
+                "to process (PYTHONHASHSEED; `zlib.crc32` or `hashlib` give stable values)")
 
 
 def _global_rng(owner: Any) -> str | None:
@@ -566,9 +612,14 @@ def _global_rng(owner: Any) -> str | None:
     return "numpy.random" if mtrand is not None and owner is mtrand else None
 
 
-def _classify(full: str) -> str | None:
+def _classify(full: str, args: int | None = None) -> str | None:
+    """What reading ``full`` (called with ``args`` arguments, None if not called) does to
+    the results, or None if they stay the same from run to run."""
     parts = full.split(".")
     last = parts[-1]
+    if args == 0 and (full == "random.Random" or (
+            full.startswith("numpy.random.") and last in _NUMPY_SEEDABLE)):
+        return _UNSEEDED
     if len(parts) == 2 and parts[0] == "random" and last in _RANDOM_DRAWS:
         return "reads global random state"
     if full.startswith("numpy.random.") and len(parts) == 3 and last not in _NUMPY_NOT_DRAWS:
@@ -578,7 +629,8 @@ def _classify(full: str) -> str | None:
     if full.startswith("tensorflow.random.") and not (
             last.startswith("stateless") or last in _TF_SEEDED):
         return "reads global random state"
-    if full in ("os.urandom", "uuid.uuid1", "uuid.uuid4") or parts[0] == "secrets":
+    if full in ("os.urandom", "uuid.uuid1", "uuid.uuid4", "random.SystemRandom") or \
+            parts[0] == "secrets":
         return "draws operating-system randomness"
     if full in ("time.time", "time.time_ns"):
         return "reads the clock"
@@ -598,7 +650,7 @@ def _resolve(value: Any) -> str | None:
 
 def _random_reads(fn: types.FunctionType) -> list[str]:
     found = []
-    for kind, root, attrs in _code_info(fn.__code__).chains:
+    for kind, root, attrs, args in _code_info(fn.__code__).chains:
         written = ".".join((root,) + attrs) if kind == "global" else None
         if kind == "global":
             if root not in fn.__globals__ and not hasattr(builtins, root):
@@ -608,10 +660,18 @@ def _random_reads(fn: types.FunctionType) -> list[str]:
             base = root
         if base is None:
             continue
+        if ".".join((base,) + attrs) == "builtins.hash":
+            # Hashing is what ``__hash__`` is for (dataclasses write one that calls hash()).
+            if fn.__code__.co_name != "__hash__":
+                found.append(_SALTED_HASH)
+            continue
         for n in range(len(attrs), -1, -1):  # the longest prefix that names something known
             full = ".".join((base,) + attrs[:n])
-            if (what := _classify(full)) is not None:
+            if (what := _classify(full, args if n == len(attrs) else None)) is not None:
                 shown = ".".join((root,) + attrs[:n]) if written and n else full
+                if what is _UNSEEDED:  # the call, by its public name
+                    public = f"numpy.random.{full.rpartition('.')[2]}"
+                    shown = (public if shown.startswith("numpy.random.") else shown) + "()"
                 found.append(f"{what} (`{shown}`)")
                 break
     return found
@@ -691,10 +751,74 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
     return out
 
 
+# Augmentation libraries whose transforms are recognised by class name, never imported: a class
+# named ``Random*`` or listed here draws at every call (unless its probability ``p`` is 0, or it
+# is a flip with ``p`` 1); in albumentations, so does any transform with ``p`` between 0 and 1.
+_AUGMENTATION_LIBRARIES = frozenset({"torchvision", "albumentations", "kornia"})
+_RANDOM_AUGMENTATIONS = frozenset({"ColorJitter", "RandAugment", "AutoAugment",
+                                   "TrivialAugmentWide", "AugMix", "ElasticTransform"})
+# Library classes whose attributes are searched for callables, besides the libraries above.
+_CONTAINER_MODULES = frozenset({"torch.nn.modules.container"})
+_HELD_ITEMS = 64  # a longer list, tuple or dict holds data, not transforms
+
+
+def _random_augmentation(value: Any) -> str | None:
+    """Why ``value``, an object of an augmentation library, is random; None if it is not one
+    (or not known to be one)."""
+    cls = type(value)
+    top = (getattr(cls, "__module__", None) or "").partition(".")[0]
+    if top not in _AUGMENTATION_LIBRARIES:
+        return None
+    name = cls.__name__
+    p = getattr(value, "__dict__", {}).get("p")
+    p = p if isinstance(p, (int, float)) and not isinstance(p, bool) else None
+    if p is not None and (p <= 0 or (p >= 1 and "Flip" in name)):
+        return None  # never applied, or a flip that always is
+    if name.startswith("Random") or name in _RANDOM_AUGMENTATIONS or (
+            top == "albumentations" and p is not None and p < 1):
+        return f"applies a random augmentation ({top} `{name}`)"
+    return None
+
+
+def _attribute_values(owner: Any, prefix: str) -> list[tuple[str, Any]]:
+    """(path, value) of ``owner``'s attributes, the items of short lists, tuples and dicts in
+    their place (``self.transforms[0]``)."""
+    state = getattr(owner, "__dict__", None)
+    if not isinstance(state, dict):
+        return []
+    out: list[tuple[str, Any]] = []
+    for name, value in list(state.items()):
+        path = f"{prefix}.{name}"
+        if isinstance(value, (list, tuple)) and len(value) <= _HELD_ITEMS:
+            out += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, dict) and len(value) <= _HELD_ITEMS:
+            out += [(f"{path}[{k!r}]", v) for k, v in list(value.items())]
+        else:
+            out.append((path, value))
+    return out
+
+
+def _held_callables(fn: Any) -> list[tuple[str, Any]]:
+    """Callables a callable object (or a bound method's object) holds in its attributes, where
+    it is user code, an augmentation library's or a torch container (``nn.Sequential``): the
+    transforms of a Compose-like object, ``self.transforms[0]``."""
+    if isinstance(fn, (types.FunctionType, functools.partial, type)):
+        return []
+    owner = getattr(fn, "__self__", fn) if isinstance(fn, types.MethodType) else fn
+    module = getattr(type(owner), "__module__", None) or ""
+    if not (is_user_module(module) or module.partition(".")[0] in _AUGMENTATION_LIBRARIES
+            or module in _CONTAINER_MODULES):
+        return []
+    return [(path, v) for path, v in _attribute_values(owner, "self")
+            if callable(v) and not isinstance(v, type)]
+
+
 def detect_randomness(fn: Callable[..., Any]) -> list[str]:
-    """Warnings for reads of global random state in ``fn`` or the user helpers it calls, and
-    for random generator objects they capture (``np.random.Generator``, ``random.Random``, ...):
-    either way the draws are computed once and frozen into a snapshot.
+    """Warnings for reads of global random state in ``fn`` or the user helpers it calls, for
+    unseeded generators they create, for random generator objects they capture
+    (``np.random.Generator``, ``random.Random``, ...), for random augmentations of torchvision,
+    albumentations or kornia a callable object holds, and for the builtin ``hash()``: either way
+    the results are computed once and frozen into a snapshot.
 
     Returns sentences to put after the op's name, e.g.
     ``"reads global random state (`np.random.rand`)"``.
@@ -707,6 +831,9 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
         if id(f) in seen:
             continue
         seen.add(id(f))
+        if (augmentation := _random_augmentation(f)) is not None:
+            warnings += [augmentation + via] if augmentation + via not in warnings else []
+            continue
         if isinstance(f, types.FunctionType):
             if not _user_function(f):  # library code is trusted, and not walked,
                 todo += [(v, via) for _, v in _held_user_code(f)]  # but what it wraps is
@@ -717,4 +844,79 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
             if is_function_like(callee) or isinstance(callee, type) or (
                     callable(callee) and canonical._is_plain_object(callee)):
                 todo.append((callee, via or (f" via helper `{name}`" if name else "")))
+        todo += [(held, via or f" via `{path}`") for path, held in _held_callables(f)]
     return warnings
+
+
+def detect_dataset_randomness(dataset: Any) -> list[str]:
+    """Warnings for what a map-style dataset (``torch.utils.data.Dataset``) draws at random when
+    an item is read: in ``__getitem__`` (``__getitems__``) and the methods they call on
+    ``self``, as :func:`detect_randomness` finds it; in the callables the dataset holds
+    (``transform``, ``target_transform``, lists and dicts of them); in random generators it
+    holds; and so on in the datasets it wraps (``Subset``, ``ConcatDataset``).
+
+    Returns sentences that start with where, e.g.
+    ``"`Images.transform` reads global random state (`torch.rand`)"``.
+    """
+    found: list[str] = []
+    seen: set[int] = set()
+    todo = [(type(dataset).__name__, dataset)]
+    while todo:
+        path, ds = todo.pop(0)
+        if id(ds) in seen:
+            continue
+        seen.add(id(ds))
+        for name, method in _item_methods(type(ds)):
+            found += [f"`{path}.{name}` {m}" for m in detect_randomness(method)]
+        for where, value in _attribute_values(ds, path):
+            if (kind := _generator_type(value)) is not None:
+                found.append(f"`{where}` is a random generator ({kind})")
+            elif _is_map_dataset(value):
+                todo.append((where, value))
+            elif callable(value) and not isinstance(value, type) and id(value) not in seen:
+                seen.add(id(value))  # one object held twice (torchvision's ``transforms``)
+                if isinstance(value, types.MethodType) and value.__self__ is ds:
+                    value = value.__func__  # its own method: not all of its class (``__init__``)
+                found += [f"`{where}` {m}" for m in detect_randomness(value)]
+    return list(dict.fromkeys(found))
+
+
+def _is_map_dataset(value: Any) -> bool:
+    """A dataset another one wraps: user code, or torch's (``Subset``, ``ConcatDataset``)."""
+    cls = type(value)
+    module = getattr(cls, "__module__", None) or ""
+    return (not callable(value) and hasattr(cls, "__getitem__") and hasattr(cls, "__len__")
+            and (module.startswith("torch.utils.data") or (
+                is_user_module(module) and isinstance(getattr(value, "__dict__", None), dict))))
+
+
+def _item_methods(cls: type) -> list[tuple[str, types.FunctionType]]:
+    """The user methods reading an item runs: ``__getitem__``, ``__getitems__``, and those
+    they call on ``self`` (``self.load(i)``), however deep."""
+    out: dict[str, types.FunctionType] = {}
+    todo = ["__getitem__", "__getitems__"]
+    while todo:
+        name = todo.pop(0)
+        member = inspect.getattr_static(cls, name, None)
+        member = getattr(member, "__func__", member)  # static and class methods
+        if name in out or not (isinstance(member, types.FunctionType)
+                               and _user_function(member)):
+            continue
+        out[name] = member
+        todo += _self_attributes(member.__code__)
+    return list(out.items())
+
+
+def _self_attributes(code: types.CodeType, me: str | None = None) -> list[str]:
+    """Attributes ``code`` reads on its first argument (``self.x``), in nested code too."""
+    if me is None:
+        if not code.co_argcount:
+            return []
+        me = code.co_varnames[0]
+    instructions = list(dis.get_instructions(code))
+    names = [b.argval for a, b in zip(instructions, instructions[1:])
+             if a.opname in _LOCAL_LOADS and a.argval == me and b.opname in _ATTR_LOADS]
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType) and me in c.co_freevars:
+            names += _self_attributes(c, me)
+    return names

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 import snapcache as sc  # noqa: E402
+from snapcache.errors import RandomnessWarning  # noqa: E402
 from snapcache.adapters.torch import TorchDataset, to_tensors  # noqa: E402
 from snapcache.store.fs import Storage  # noqa: E402
 from snapcache.store.reader import load_manifest  # noqa: E402
@@ -250,6 +251,50 @@ def test_from_torch_is_resumable():
     from snapcache.pipeline.ops import resumable
 
     assert resumable(sc.Dataset.from_torch(Squares(3)).map(lambda e: e)._op)
+
+
+class RandomFlip:
+    """Like torchvision's ``RandomHorizontalFlip``: a coin flip from torch's global generator."""
+
+    def __call__(self, x):
+        return x.flip(-1) if torch.rand(1) < 0.5 else x
+
+
+class Reverse:
+    def __call__(self, x):
+        return x.flip(-1)
+
+
+class Images(torch.utils.data.Dataset):
+    def __init__(self, n: int, transform):
+        self.data = torch.arange(n * 4.0).reshape(n, 4)
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return {"id": i, "x": self.transform(self.data[i])}
+
+
+def test_from_torch_warns_for_a_random_transform_inside_the_dataset(tmp_path):
+    """The torchvision way of augmenting: a random ``transform`` inside the dataset. Upstream
+    of a snapshot its coin flips are frozen, like a random map's."""
+    with pytest.warns(RandomnessWarning, match=r"source from_torch `Images.transform` reads "
+                                               r"global random state \(`torch.rand`\)"):
+        list(sc.Dataset.from_torch(Images(4, RandomFlip())).snapshot(str(tmp_path / "a"),
+                                                                    progress=False))
+    subset = torch.utils.data.Subset(Images(4, lambda x: x + torch.randn(4)), [0, 2])
+    with pytest.warns(RandomnessWarning, match=r"`Subset.dataset.transform` reads global random "
+                                               r"state \(`torch.randn`\)"):
+        list(sc.Dataset.from_torch(subset).snapshot(str(tmp_path / "b"), progress=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RandomnessWarning)
+        list(sc.Dataset.from_torch(Images(4, Reverse())).snapshot(str(tmp_path / "c"),
+                                                                 progress=False))
+        # the same dataset after the snapshot: random each epoch, as wanted
+        list(sc.Dataset.from_torch(Squares(4)).snapshot(str(tmp_path / "d"), progress=False)
+             .map(lambda e: {**e, "v": e["v"] + np.random.rand(2)}))
 
 
 def test_set_epoch_validates():

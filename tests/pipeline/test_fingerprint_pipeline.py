@@ -141,6 +141,11 @@ def test_randomness_upstream_warns(tmp_path):
         list(sc.Dataset.range(3).map(_augment).snapshot(str(tmp_path / "a")))
     with pytest.warns(RandomnessWarning, match="unseeded shuffle"):
         list(sc.Dataset.range(3).shuffle(2).snapshot(str(tmp_path / "b")))
+    with pytest.warns(RandomnessWarning, match=r"unseeded generator \(`np.random.default_rng\(\)`"):
+        list(sc.Dataset.range(3).map(lambda i: np.random.default_rng().random())
+             .snapshot(str(tmp_path / "e")))
+    with pytest.warns(RandomnessWarning, match=r"builtin `hash\(\)`.*PYTHONHASHSEED"):
+        list(sc.Dataset.range(3).map(lambda i: hash(f"tok{i}") % 7).snapshot(str(tmp_path / "f")))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         list(sc.Dataset.range(3).map(_seeded).shuffle(2, seed=0).snapshot(str(tmp_path / "c")))

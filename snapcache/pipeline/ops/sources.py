@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
 from snapcache.errors import FingerprintError
-from snapcache.fingerprint import FingerprintNode, hash_value
+from snapcache.fingerprint import FingerprintNode, detect_dataset_randomness, hash_value
 from snapcache.fingerprint import sources as source_fp
 from snapcache.pipeline import streams
 from snapcache.pipeline.ops.base import Op, Traits, callable_name, runs
@@ -279,6 +279,11 @@ class TorchSource(Op):
                 f"from_torch: the dataset cannot be fingerprinted: {e}. Name the version "
                 "yourself with .snapshot(path, key='my-data-v1'), or teach snapcache the type "
                 "with snapcache.fingerprint.register(type, fn)") from e
+
+    def randomness_problems(self) -> list[str]:
+        # What ``dataset[i]`` draws at random: a random ``transform`` inside the dataset is the
+        # torchvision way of augmenting, and upstream of a snapshot it is frozen.
+        return [f"from_torch {problem}" for problem in detect_dataset_randomness(self.dataset)]
 
 
 @runs(TorchSource)
