@@ -17,10 +17,9 @@ that is corrupt again raises.
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Any, Callable, Iterator
 
-from snapcache.errors import CorruptSnapshotError
+from snapcache.errors import CorruptSnapshotError, warn
 from snapcache.store.fs import Storage
 from snapcache.store.protocol import withdraw_manifest
 
@@ -62,10 +61,10 @@ class Rebuilding:
         self._close_current()
         folder = self._folder()
         withdraw_manifest(folder, lambda: "")
-        warnings.warn(
+        warn(
             f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} was withdrawn and is "
             f"rebuilt now; this epoch goes on after its {self._yielded:,} examples already "
-            "yielded", CorruptSnapshotWarning, stacklevel=3)
+            "yielded", CorruptSnapshotWarning)
         self._rebuilt = True
         self._it = self._make()
         for _ in range(self._yielded):  # computed and written again, not yielded again
