@@ -35,9 +35,17 @@ Warnings::
 
 Errors that mean "you passed a bad argument" are plain ``ValueError``/``TypeError`` raised
 eagerly, when the pipeline is built, not when it runs.
+
+Warnings are issued with :func:`warn`, which attributes them to the user's line (the first
+frame outside snapcache), so that ``-W error`` and filters by module or line apply to the
+user's code, not to snapcache's.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
 
 __all__ = [
     "SnapcacheError",
@@ -122,3 +130,18 @@ class OptionConflictWarning(UserWarning):
     """``snapshot(name=..., compression=...)`` differs from what the existing snapshot has:
     such options do not change the examples, so they are not in the fingerprint and the
     snapshot is read as it is."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """``warnings.warn(message, category)`` from the user's line: the first frame, going out
+    from here, whose code is not snapcache's (the loop that iterates the pipeline, a function
+    a pipeline calls that iterates another one). Python 3.12's ``skip_file_prefixes`` does
+    the same; this works on 3.11 too, and sees a package installed anywhere."""
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        level, frame = level + 1, frame.f_back
+    # Every frame snapcache's (its own entry point run by path): warn from its caller.
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)

@@ -362,7 +362,7 @@ class Dataset:
         if stream is not None:
             index, count = stream
             spec = StreamSpec(index, count)
-        recorder = stats.Recorder(top=len(ops.lineage(self._op)) - 1)
+        recorder = stats.Recorder(plan.stage_labels(self._op))
         op = self._op
 
         def start() -> Iterator[Any]:  # at the first next(): nothing is held before it
@@ -392,7 +392,7 @@ class Dataset:
         else:
             iterator = make()
         self._recorder = recorder
-        return DatasetIterator(iterator)
+        return DatasetIterator(iterator, recorder)
 
     # -- frameworks ----------------------------------------------------------------------------
     def to_torch(self, *, rank: int | None = None, world_size: int | None = None,
@@ -433,9 +433,12 @@ class Dataset:
         return as_numpy_iterator(self, epoch)
 
     def stats(self) -> stats.EpochStats | None:
-        """Statistics of the epoch iterated last (or being iterated): per stage examples/s
+        """Statistics of the epoch iterated last (or being iterated): per stage (the ops of
+        the pipeline that ran, named as ``explain`` names them: "map #1 `decode`") examples/s
         and bytes, and how long the consumer waited on input (``input_wait_fraction``: near
-        1 means the input pipeline is the bottleneck). None before the first epoch."""
+        1 means the input pipeline is the bottleneck). ``finished`` is False until the epoch
+        runs to its end, and stays so for an epoch closed before it. None before the first
+        epoch."""
         return self._recorder.snapshot() if self._recorder is not None else None
 
     # -- introspection -------------------------------------------------------------------------

@@ -16,9 +16,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from snapcache import lifecycle
+
+if TYPE_CHECKING:
+    from snapcache.runtime.stats import Recorder
 
 
 class Deferred:
@@ -64,10 +68,15 @@ class DatasetIterator:
     if ``items`` never has any. Those are handed out straight from it, without passing
     through the layers of ``items`` one by one (they share that iterator, so ``items`` still
     knows exactly what was consumed); when the run is used up, the next item is asked of
-    ``items`` again. Handing out a run's item cannot fail: errors come from ``items``."""
+    ``items`` again. Handing out a run's item cannot fail: errors come from ``items``.
 
-    def __init__(self, items: Iterator[Any]):
+    ``recorder`` (the one ``Dataset.stats()`` reads) is told what the consumer sees: each wait
+    for ``items``, each item and run handed out, and the end of the epoch, exhausted or
+    closed before it."""
+
+    def __init__(self, items: Iterator[Any], recorder: "Recorder | None" = None):
         self._items = items
+        self._recorder = recorder
         self._run: Iterator[Any] = _EMPTY
         self._runs: Callable[[], Iterator[Any] | None] | None = \
             getattr(items, "current_run", None)
@@ -82,20 +91,31 @@ class DatasetIterator:
             return item
         if self._closed:
             raise StopIteration
+        recorder = self._recorder
+        start = time.perf_counter()
         try:
             item = next(self._items)
         except StopIteration:
+            if recorder is not None:
+                recorder.waited(start, time.perf_counter())
+                recorder.end(finished=True)
             self.close()
             raise
         except BaseException:
+            if recorder is not None:
+                recorder.waited(start, time.perf_counter())
             self.close()  # an epoch that failed holds nothing
             raise
+        run = None
         if self._runs is not None:
             run = self._runs()
             if run is None:  # items that never come in runs
                 self._runs = None
             else:
                 self._run = run
+        if recorder is not None:
+            recorder.waited(start, time.perf_counter())
+            recorder.handed(run)
         return item
 
     def state_dict(self) -> dict:
@@ -115,6 +135,8 @@ class DatasetIterator:
         if self._closed:
             return
         self._closed = True
+        if self._recorder is not None:
+            self._recorder.end(finished=False)  # no-op after the end of the epoch
         self._run = _EMPTY
         self._forget()
         close = getattr(self._items, "close", None)

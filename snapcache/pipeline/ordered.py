@@ -28,6 +28,7 @@ from snapcache.errors import LeaseTimeoutError
 from snapcache.pipeline import ops, streams
 from snapcache.pipeline.shares import (
     first_needs, piece_rows, read_share, resume_ranges, share_of_state)
+from snapcache.runtime import stats
 from snapcache.runtime.batch import stack
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
 from snapcache.store import batched_read
@@ -56,6 +57,12 @@ class Shape:
     below: tuple[ops.Op, ...]
     shuffle: ops.ShuffleOp | None
     above: tuple[ops.Op, ...]
+
+    @property
+    def stages(self) -> tuple[ops.Op, ...]:
+        """The pipeline's ops from the snapshot down, in order."""
+        shuffle = (self.shuffle,) if self.shuffle is not None else ()
+        return (self.snapshot,) + self.below + shuffle + self.above
 
     @property
     def columnar(self) -> bool:
@@ -322,11 +329,14 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
            balance: str | None, seed: int | None, reader: SnapshotReader | None
            ) -> OrderedIterator:
     snapshot, shuffle = shape.snapshot, shape.shuffle
-    if reader is None:
+    built = reader is None
+    if built:
+        began = time.perf_counter()
         reader = build_then_open(snapshot, epoch, spec)
+        _charge_build(shape, time.perf_counter() - began)
     fingerprint = reader.manifest.snapshot_id
     if state is not None and state.get("writing"):
-        return _resume_writing(shape, reader, spec, state)
+        return _resume_writing(shape, reader, spec, state, built)
     why_not = None
     local_shuffle = False
     if shuffle is not None and seed is None:
@@ -379,7 +389,22 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
               "balance": share.balance, "consumed": skip,
               "bounds": list(share.bounds) if share.bounds is not None else None,
               "rows_per_item_fixed": shape.rows_per_item_fixed}
-    return _reading(shape, reader, order, share, skip, epoch, local_shuffle, record, why_not)
+    return _reading(shape, reader, order, share, skip, epoch, local_shuffle, record, why_not,
+                    built)
+
+
+def _depth(op: ops.Op) -> int:
+    return len(ops.lineage(op)) - 1
+
+
+def _charge_build(shape: Shape, seconds: float) -> None:
+    """The stages after the snapshot waited for it to be completed (their first items came
+    after that): ``Dataset.stats()`` counts the time in theirs. The snapshot's own stage, and
+    those before it, counted it as they wrote."""
+    recorder = stats.current.get()
+    if isinstance(recorder, stats.Recorder):
+        recorder.charge(range(_depth(shape.snapshot) + 1, _depth(shape.stages[-1]) + 1),
+                        seconds)
 
 
 def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
@@ -429,7 +454,7 @@ def _other_snapshot(saved: str, current: str) -> str:
 
 
 def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSpec,
-                    state: dict) -> OrderedIterator:
+                    state: dict, built: bool) -> OrderedIterator:
     """The rest of a writing epoch, now that the snapshot is complete: the stream's rows in
     the order it wrote them, after the first ``consumed``."""
     if state["snapshot"] != reader.manifest.snapshot_id:
@@ -453,18 +478,20 @@ def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSp
               "stream": share.index, "chunk": share.chunk, "unit": share.unit,
               "balance": None, "consumed": skip,
               "bounds": list(share.bounds) if share.bounds is not None else None}
-    return _reading(shape, reader, order, share, skip, state["epoch"], False, record, None)
+    return _reading(shape, reader, order, share, skip, state["epoch"], False, record, None,
+                    built)
 
 
 def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share, skip: int,
-             epoch: int, local_shuffle: bool, record: dict, why_not: str | None
+             epoch: int, local_shuffle: bool, record: dict, why_not: str | None, built: bool
              ) -> OrderedIterator:
-    """The iterator over ``share`` after ``skip``, holding a read lease until it is closed."""
+    """The iterator over ``share`` after ``skip``, holding a read lease until it is closed.
+    ``built``: this epoch completed the snapshot before reading it."""
     from snapcache.pipeline.snapshot_exec import read_session
 
     session = read_session(reader, shape.snapshot, order, share, skip)
     session.__enter__()
-    items, runs = _items(shape, reader, order, share, skip, epoch, local_shuffle)
+    items, runs = _items(shape, reader, order, share, skip, epoch, local_shuffle, built)
     closed = []
 
     def on_close() -> None:
@@ -485,25 +512,46 @@ def _closing_items(items: Iterator[tuple[int, Any]], on_close: Callable[[], None
 
 
 def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share, skip: int,
-           epoch: int, local_shuffle: bool) -> tuple[Iterator[tuple[int, Any]], bool]:
+           epoch: int, local_shuffle: bool, built: bool
+           ) -> tuple[Iterator[tuple[int, Any]], bool]:
     """(position after the item in the share, item) pairs, or (position after the run, rows)
-    pairs when the second value is True (see :class:`OrderedIterator`)."""
+    pairs when the second value is True (see :class:`OrderedIterator`).
+
+    Each of the pipeline's stages is counted for ``Dataset.stats()`` where its work is done:
+    the ops after the snapshot run over (position, value) pairs as the stages they stand for;
+    the read is the snapshot's stage, unless this epoch ``built`` the snapshot (then its
+    stage counted the examples as it wrote them, once)."""
     from snapcache.pipeline import plan
 
     columnar = shape.columnar and batched_read.supports_batched(reader.schema)
     pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
                             else "rows", piece=piece_rows(share.unit))
     if columnar:
-        batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
-        return _columnar(shape, reader, pieces, skip, local_shuffle, batch), batch is None
+        return _columnar_counted(shape, reader, pieces, skip, local_shuffle, built)
     tagged = _tag(pieces, skip)
     if local_shuffle:
         tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
     source = ops.IterableSource(parent=None, items=_Once(tagged))
     top: ops.Op = source
-    for node in shape.below + shape.above:
+    for node in shape.stages[1:]:
         top = _tagged_op(node, top)
-    return plan.iterate(top, epoch, streams.StreamSpec()), False
+    recorder = stats.current.get()
+    token = stats.current.set(recorder.standing_in(
+        _depth(shape.snapshot), skip={0} if built else (), payload=_value)) \
+        if isinstance(recorder, stats.Recorder) else None
+    try:
+        return plan.iterate(top, epoch, streams.StreamSpec()), False
+    finally:
+        if token is not None:
+            stats.current.reset(token)
+
+
+def _value(item: tuple[int, Any]) -> Any:
+    return item[1]
+
+
+def _rows(columns: dict) -> int:
+    return len(next(iter(columns.values())))
 
 
 def _tag(pieces: Iterator[tuple[int, int, list]], skip: int) -> Iterator[tuple[int, Any]]:
@@ -519,19 +567,35 @@ RUN = 1024
 one."""
 
 
-def _columnar(shape: Shape, reader: SnapshotReader, pieces, skip: int, local_shuffle: bool,
+def _columnar_counted(shape: Shape, reader: SnapshotReader, pieces, skip: int,
+                      local_shuffle: bool, built: bool
+                      ) -> tuple[Iterator[tuple[int, Any]], bool]:
+    """:func:`_columnar`'s items and whether they are runs, each stage counted: those up to
+    the batch by the rows of the column chunks, the batch and those after it by batch (the
+    snapshot's stage not when this epoch ``built`` it)."""
+    batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
+    chunks: Iterator[dict] = (columns for _, _, columns in pieces)
+    if local_shuffle:
+        chunks = batched_read.window_shuffle(chunks, shape.window, epoch_rng(None, 0))
+    stages = shape.stages[1:] if built else shape.stages
+    cut = stages.index(batch) if batch is not None else len(stages)
+    for node in stages[:cut]:
+        chunks = ops.counted(node, chunks, size=_rows)
+    items = _columnar(reader.schema, pieces, chunks, skip, batch)
+    for node in stages[cut:]:
+        items = ops.counted(node, items, payload=_value)
+    return items, batch is None
+
+
+def _columnar(schema: Any, pieces, chunks: Iterator[dict], skip: int,
               batch: ops.BatchOp | None) -> Iterator[tuple[int, Any]]:
     """Batches cut from whole columns, ``(position after it, batch)``; without a batch op the
     rows in runs of at most :data:`RUN`, ``(position after the run, rows)``."""
-    schema = reader.schema
-    chunks = (columns for _, _, columns in pieces)
-    if local_shuffle:
-        chunks = batched_read.window_shuffle(chunks, shape.window, epoch_rng(None, 0))
     position = skip
     try:
         if batch is None:
             for columns in chunks:
-                n = len(next(iter(columns.values())))
+                n = _rows(columns)
                 for start in range(0, n, RUN):
                     part = columns if n <= RUN else \
                         {name: column[start:start + RUN] for name, column in columns.items()}
@@ -540,9 +604,12 @@ def _columnar(shape: Shape, reader: SnapshotReader, pieces, skip: int, local_shu
                     yield position, run
             return
         for columns in batched_read.cut_batches(chunks, batch.batch_size, batch.drop_remainder):
-            position += len(next(iter(columns.values())))
+            position += _rows(columns)
             yield position, batched_read.as_structure(columns, schema)
     finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
         pieces.close()
 
 
@@ -574,6 +641,8 @@ def _tagged_op(node: ops.Op, parent: ops.Op) -> ops.Op:
     if isinstance(node, ops.BatchOp):
         return TaggedBatch(parent=parent, batch_size=node.batch_size,
                            drop_remainder=node.drop_remainder)
+    if isinstance(node, ops.ShuffleOp):
+        return TaggedShuffle(parent=parent, buffer_size=node.buffer_size, seed=node.seed)
     return dataclasses.replace(node, parent=parent)
 
 
@@ -597,6 +666,18 @@ def run_tagged_batch(op: TaggedBatch, epoch: int) -> Iterator[Any]:
             yield chunk[-1][0], stack([v for _, v in chunk])
 
     return ops.closing(source, body())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggedShuffle(ops.ShuffleOp):
+    """The shuffle's place among the ops over (position, value) pairs: the read already put
+    them in the epoch's order, so they pass through unchanged (counted as the shuffle's
+    stage by ``Dataset.stats()``)."""
+
+
+@ops.runs(TaggedShuffle)
+def run_tagged_shuffle(op: TaggedShuffle, epoch: int) -> Iterator[Any]:
+    return ops.upstream(op, epoch)
 
 
 def total_positions(state: dict) -> int:

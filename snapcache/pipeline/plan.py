@@ -44,6 +44,23 @@ def labelled_ops(op: ops.Op) -> list[tuple[str, ops.Op]]:
     return labelled
 
 
+def stage_labels(op: ops.Op) -> list[str]:
+    """One label per op from the source to ``op``, what ``Dataset.stats()`` names its stages:
+    a content op's label from :func:`labelled_ops` ("map #1 `decode`"), with its arguments
+    when it applies no function ("batch #3 (16)"); the source and the ops that do not change
+    the examples by their description ("range(0, 200)", "snapshot('/data/snaps')")."""
+    labels = {node: label for label, node in labelled_ops(op) if not node.traits.source}
+    described = []
+    for node in ops.lineage(op):
+        label = labels.get(node)
+        if label is None:
+            described.append(node.describe())
+            continue
+        arguments = node.describe()[len(node.kind):] if node.function is None else ""
+        described.append(label + (f" {arguments}" if arguments not in ("", "()") else ""))
+    return described
+
+
 def _named(node: ops.Op) -> str:
     fn = node.function
     return f" `{ops.callable_name(fn)}`" if fn is not None else ""

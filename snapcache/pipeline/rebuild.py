@@ -17,10 +17,9 @@ that is corrupt again raises.
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Any, Callable, Iterator
 
-from snapcache.errors import CorruptSnapshotError
+from snapcache.errors import CorruptSnapshotError, warn
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol import withdraw_manifest
@@ -75,10 +74,9 @@ class Rebuilding:
             what = "was rebuilt by another process meanwhile: this epoch reads that one"
         else:
             what = "was withdrawn and is rebuilt now"
-        warnings.warn(
-            f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} {what}; this epoch "
-            f"goes on after its {self._yielded:,} examples already yielded",
-            CorruptSnapshotWarning, stacklevel=3)
+        warn(f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} {what}; this epoch "
+             f"goes on after its {self._yielded:,} examples already yielded",
+             CorruptSnapshotWarning)
         self._rebuilt = True
         self._it = self._make()
         for _ in range(self._yielded):  # computed and written again, not yielded again

@@ -50,7 +50,15 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
             finally:
                 pieces.close()
 
-    return chunks(), reader.schema
+    # The snapshot's stage and the shuffle's: this read does their work.
+    counted = ops.counted(snapshot, chunks(), size=_rows)
+    if shuffle is not None:
+        counted = ops.counted(shuffle, counted, size=_rows)
+    return counted, reader.schema
+
+
+def _rows(columns: dict) -> int:
+    return len(next(iter(columns.values())))
 
 
 @ops.runs(ops.BatchOp)

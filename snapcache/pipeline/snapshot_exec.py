@@ -8,13 +8,13 @@ import itertools
 import logging
 import os
 import time
-import warnings
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 from snapcache.errors import (
-    CorruptSnapshotError, LeaseLostError, OptionConflictWarning, RandomnessWarning, StoreError)
+    CorruptSnapshotError, LeaseLostError, OptionConflictWarning, RandomnessWarning, StoreError,
+    warn)
 from snapcache.pipeline import interrupt, ops, streams
 from snapcache.pipeline.shares import first_shard, piece_rows, read_share
 from snapcache.store import layout
@@ -199,11 +199,11 @@ def warn_option_conflicts(storage: Storage, manifest: Manifest, options) -> None
         return
     _conflicts_warned.add(key)
     root, _, folder = storage.url.rpartition("/")
-    warnings.warn(
+    warn(
         f"snapshot {folder[:12]} in {root} already exists; {' and '.join(conflicts)} has no "
         "effect: options that do not change the examples are not part of the fingerprint, "
         f"so it is read as it is. Purge it (`snapcache purge {root} {folder[:12]}`) to "
-        "rewrite it with these options, or drop them", OptionConflictWarning, stacklevel=2)
+        "rewrite it with these options, or drop them", OptionConflictWarning)
 
 
 def _write_then_read(written: Iterator[Any], storage: Storage, op: ops.SnapshotOp,
@@ -396,7 +396,7 @@ def _warn_randomness(op: ops.SnapshotOp, labelled) -> None:
     _warned.add(op)
     for label, node in labelled:
         for problem in node.randomness_problems():
-            warnings.warn(
+            warn(
                 f"{label} {problem}: its random draws are frozen into the snapshot at "
                 f"{op.path} and replayed every epoch. Move it after .snapshot(), or seed it.",
-                RandomnessWarning, stacklevel=5)
+                RandomnessWarning)

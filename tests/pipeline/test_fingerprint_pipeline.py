@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
 import warnings
 
 import numpy as np
@@ -137,8 +139,11 @@ def _seeded(i):
 
 
 def test_randomness_upstream_warns(tmp_path):
-    with pytest.warns(RandomnessWarning, match="map #1 `_augment`.*np.random"):
+    with pytest.warns(RandomnessWarning, match="map #1 `_augment`.*np.random") as caught:
+        line = sys._getframe().f_lineno + 1
         list(sc.Dataset.range(3).map(_augment).snapshot(str(tmp_path / "a")))
+    [warning] = [w for w in caught if issubclass(w.category, RandomnessWarning)]
+    assert (warning.filename, warning.lineno) == (__file__, line)  # the user's line
     with pytest.warns(RandomnessWarning, match="unseeded shuffle"):
         list(sc.Dataset.range(3).shuffle(2).snapshot(str(tmp_path / "b")))
     with pytest.warns(RandomnessWarning, match=r"unseeded generator \(`np.random.default_rng\(\)`"):
@@ -151,6 +156,30 @@ def test_randomness_upstream_warns(tmp_path):
         list(sc.Dataset.range(3).map(_seeded).shuffle(2, seed=0).snapshot(str(tmp_path / "c")))
         # randomness after the snapshot is what users want: no warning
         list(sc.Dataset.range(3).snapshot(str(tmp_path / "d")).map(_augment).shuffle(2))
+
+
+def test_randomness_warnings_can_be_filtered_by_the_users_module(tmp_path):
+    """Attributed to the user's line, a warning obeys filters by module (and ``-W error``)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", category=RandomnessWarning, module=re.escape(__name__))
+        with pytest.raises(RandomnessWarning):
+            list(sc.Dataset.range(3).map(_augment).snapshot(str(tmp_path / "a")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=RandomnessWarning, module=re.escape(__name__))
+        list(sc.Dataset.range(3).map(_augment).snapshot(str(tmp_path / "b")))
+
+
+def test_a_warning_in_a_pipeline_a_function_iterates_points_at_that_function(tmp_path):
+    inner = sc.Dataset.range(2).map(_augment).snapshot(str(tmp_path / "inner"))
+    line = sys._getframe().f_lineno + 3  # the loop in expand()
+
+    def expand(i):
+        return [x + i for x in inner]
+    with pytest.warns(RandomnessWarning) as caught:
+        list(sc.Dataset.range(2).interleave(expand))
+    [warning] = [w for w in caught if issubclass(w.category, RandomnessWarning)]
+    assert (warning.filename, warning.lineno) == (__file__, line)
 
 
 def test_explain_common_misses(tmp_path, monkeypatch):

@@ -54,6 +54,7 @@ def test_rebuild_carries_on_with_each_example_once(root):
         seen = [int(e["i"]) for e in pipeline(root, "rebuild")]
     assert seen == list(range(N))
     assert f"after its {before:,} examples already yielded" in str(caught[0].message)
+    assert caught[0].filename == __file__  # the user's line, not snapcache's
     report = sc.verify(root, [fid])
     assert report.ok and sc.open_snapshot(root, fid).state == "committed"
     assert [int(e["i"]) for e in pipeline(root, "rebuild")] == list(range(N))
@@ -63,8 +64,9 @@ def test_rebuild_in_a_seeded_shuffled_batched_epoch(root):
     shaped = lambda on_corrupt: pipeline(root, on_corrupt).shuffle(50, seed=3).batch(32)
     reference = [b["i"].tolist() for b in shaped("raise").iterate(epoch=1)]
     corrupt_a_shard(root, which=4)
-    with pytest.warns(CorruptSnapshotWarning):
+    with pytest.warns(CorruptSnapshotWarning) as caught:
         again = [b["i"].tolist() for b in shaped("rebuild").iterate(epoch=1)]
+    assert caught[0].filename == __file__
     assert again == reference
     assert sorted(i for b in again for i in b) == list(range(N))
 

@@ -38,6 +38,7 @@ def test_conflicting_options_warn_once_naming_what_the_snapshot_has(root, shape)
     with pytest.warns(OptionConflictWarning) as caught:
         list(again)
     [warning] = [w for w in caught if issubclass(w.category, OptionConflictWarning)]
+    assert warning.filename == __file__  # the user's line, not snapcache's
     text = str(warning.message)
     assert "name='train-v2' (the snapshot's name is 'train')" in text
     assert "compression='none' (the snapshot was written with 'lz4')" in text

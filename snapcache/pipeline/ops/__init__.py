@@ -15,8 +15,8 @@ Everything else decides by asking ops for their traits (``op.traits``), never by
 types; the derived decisions (stream splitting, resume, length) are the functions below.
 """
 
-from snapcache.pipeline.ops.base import (RUNNERS, Op, Traits, callable_name, closing, lineage,
-                                         run, runs, upstream)
+from snapcache.pipeline.ops.base import (RUNNERS, Op, Traits, callable_name, closing, counted,
+                                         lineage, run, runs, upstream)
 from snapcache.pipeline.ops.batch import BatchOp
 from snapcache.pipeline.ops.buffering import CacheOp, CacheState, PrefetchOp
 from snapcache.pipeline.ops.elementwise import FilterOp, MapOp
@@ -28,7 +28,8 @@ from snapcache.pipeline.ops.sources import (FilesSource, GeneratorSource, Iterab
                                             ParquetSource, RangeSource, TorchSource)
 
 __all__ = [
-    "RUNNERS", "Op", "Traits", "callable_name", "closing", "lineage", "run", "runs", "upstream",
+    "RUNNERS", "Op", "Traits", "callable_name", "closing", "counted", "lineage", "run", "runs",
+    "upstream",
     "BatchOp", "CacheOp", "CacheState", "PrefetchOp", "FilterOp", "MapOp", "InterleaveOp",
     "ShuffleOp", "REPEAT_EPOCH_STRIDE", "RepeatOp", "ShardOp", "TakeOp", "SnapshotOp",
     "snapshot_below", "FilesSource", "GeneratorSource", "IterableSource", "ParquetSource",

@@ -186,20 +186,24 @@ def run(op: Op, epoch: int, stream: streams.StreamSpec | None = None) -> Iterato
         raise TypeError(f"no runner is registered for {type(op).__name__}; its module must "
                         "register one with @runs")
     if stream is None:
-        return _instrument(op, runner(op, epoch))
+        return counted(op, runner(op, epoch))
     token = streams.set_current(stream)
     try:
-        return _instrument(op, runner(op, epoch))
+        return counted(op, runner(op, epoch))
     finally:
         streams.reset(token)
 
 
-def _instrument(op: Op, iterator: Iterator[Any]) -> Iterator[Any]:
-    """Count what passes through this stage when ``Dataset.stats()`` is collecting."""
+def counted(op: Op, iterator: Iterator[Any], *, size: Callable[[Any], int] | None = None,
+            payload: Callable[[Any], Any] | None = None) -> Iterator[Any]:
+    """``iterator``, counted as ``op``'s stage when ``Dataset.stats()`` is collecting (see
+    :meth:`snapcache.runtime.stats.Recorder.wrap` for ``size`` and ``payload``). Every runner's
+    iterator is; a runner that does the work of ops it does not run (a whole-column read of a
+    snapshot) counts their stages with this."""
     recorder = stats.current.get()
     if recorder is None:
         return iterator
-    return recorder.wrap(len(lineage(op)) - 1, op.describe(), iterator)
+    return recorder.wrap(len(lineage(op)) - 1, iterator, size=size, payload=payload)
 
 
 def upstream(op: Op, epoch: int) -> Iterator[Any]:
