@@ -66,6 +66,11 @@ def _type_text(kind: str, dtype: str, ndim: int, python: bool) -> str:
     return kind
 
 
+
+def shown_structure(structure: str) -> str:
+    """How an error names an example structure ("dict", "tuple", "single")."""
+    return {"single": "a single value"}.get(structure, f"a {structure}")
+
 class Encoder:
     """Collect examples of one schema and emit them as Arrow record batches.
 
@@ -126,7 +131,13 @@ class Encoder:
         except UnsupportedValueError as exc:
             raise UnsupportedValueError(f"example {position}: {exc}") from None
         if got != structure:
-            raise SchemaMismatchError(f"example {position}: expected a {structure}, got a {got}")
+            shown = shown_structure(got)
+            if example is None:
+                shown = ("None; leave such examples out with .filter(lambda e: e is not None) "
+                         "before .snapshot(), or return a placeholder")
+            raise SchemaMismatchError(
+                f"example {position}: expected {shown_structure(structure)} like the first "
+                f"example, got {shown}")
         names = [name for name, _, _ in items]
         if names != self._names and (structure != "dict" or set(names) != set(self._names)):
             if structure == "tuple":

@@ -49,10 +49,13 @@ _SUPPORTED = (
     "(snapcache never pickles)"
 )
 _HINTS = {
-    list: "; convert lists to numpy arrays with np.asarray",
+    list: ("; to store several values return a tuple or a dict (return (image, label)); a "
+           "list of numbers becomes a numpy array with np.asarray (pad ragged lists to one "
+           "length first, or store each as its own array)"),
     dict: "; flatten nested dicts into top-level keys such as 'a/b'",
     tuple: "; nested tuples are not supported, store each element under its own key",
-    type(None): "; store a sentinel value or drop the key",
+    type(None): ("; store a placeholder value instead, or leave such examples out with "
+                 ".filter(...) before .snapshot()"),
 }
 
 
@@ -340,7 +343,8 @@ def merge_schemas(a: Schema, b: Schema, *, where: str = "") -> Schema:
         if (fa.kind, fa.dtype, fa.ndim, fa.python) != (fb.kind, fb.dtype, fb.ndim, fb.python):
             raise SchemaMismatchError(
                 f"{prefix}streams disagree on field {fa.name!r}: {fa.describe()} vs "
-                f"{fb.describe()}")
+                f"{fb.describe()}; every example of a snapshot must match, cast or reshape "
+                "them in the function producing them")
         shape = fa.shape
         if fa.shape is not None and fb.shape is not None:
             shape = tuple(x if x == y else None for x, y in zip(fa.shape, fb.shape))

@@ -431,16 +431,20 @@ def test_unsupported_values(example: Any, match: str) -> None:
         ({"x": 1.0}, {"x": np.float64(1.0)}, r"key 'x': expected Python float.*numpy float64 scalar"),
         ({"x": np.zeros(())}, {"x": np.float64(0)}, r"key 'x'.*array with ndim 0.*numpy float64 scalar"),
         ((1, 2), (1, 2, 3), r"example 1: expected a tuple of 2 values, got 3"),
-        ((1, 2), {"0": 1, "1": 2}, r"example 1: expected a tuple, got a dict"),
+        ((1, 2), {"0": 1, "1": 2}, r"example 1: expected a tuple like the first example, got a dict"),
+        ({"x": 1}, None, r"example 1: expected a dict.*got None; leave such examples out with \.filter"),
+        ((1, 2), 3, r"example 1: expected a tuple like the first example, got a single value"),
         ((1, 2), (1, "2"), r"example 1, tuple element 1: expected Python int.*got str"),
         (1, 2**64, r"example 1, the example.*int64"),
-        ({"x": 1}, {"x": None}, r"example 1, key 'x'.*NoneType"),
+        ({"x": 1}, {"x": None}, r"example 1, key 'x'.*NoneType.*placeholder.*\.filter"),
+        ({"x": 1}, {"x": [1, 2]}, r"key 'x'.*list.*return a tuple or a dict.*np\.asarray"),
     ],
 )  # fmt: skip
 def test_schema_mismatch(first: Any, later: Any, match: str) -> None:
     encoder = Encoder(infer_schema(first))
     encoder.add(first)
-    error = UnsupportedValueError if "int64" in match or "NoneType" in match else SchemaMismatchError
+    unsupported = ("int64", "NoneType", "list")
+    error = UnsupportedValueError if any(w in match for w in unsupported) else SchemaMismatchError
     with pytest.raises(error, match=match):
         encoder.add(later)
     assert encoder.num_rows == 1  # a rejected example is not queued, not even partly
