@@ -87,7 +87,10 @@ class StoreError(SnapcacheError):
 
 
 class CorruptSnapshotError(StoreError):
-    """A snapshot's bytes or manifest cannot be trusted."""
+    """A snapshot's bytes or manifest cannot be trusted. ``shard``: the path (in its folder) of
+    the shard found corrupt, when one was."""
+
+    shard: str | None = None
 
 
 class UnknownFormatVersionError(CorruptSnapshotError):

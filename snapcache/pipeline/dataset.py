@@ -388,7 +388,8 @@ class Dataset:
         snap = plan.last_snapshot(op)
         if snap is not None and snap.options.on_corrupt == "rebuild":
             iterator: Iterator[Any] = Rebuilding(
-                make, lambda: plan.committed_snapshot(snap)[0])
+                make, lambda: plan.committed_snapshot(snap)[0], lambda: plan.commit_name(snap),
+                delta=plan.delta_source(snap) is not None)
         else:
             iterator = make()
         self._recorder = recorder

@@ -186,6 +186,19 @@ def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
     return storage, versions.find_version(storage, delta_units(op, source).digest)
 
 
+def commit_name(op: ops.SnapshotOp) -> str | None:
+    """The name of the manifest a read of ``op``'s snapshot reads: ``manifest.json``, or a
+    delta snapshot's version ``manifest-<v>.json``; None while it is not committed."""
+    from snapcache.store import layout
+    from snapcache.store.protocol import versions
+
+    _, manifest = committed_snapshot(op)
+    if manifest is None:
+        return None
+    return layout.MANIFEST if manifest.version is None else versions.manifest_name(
+        manifest.version)
+
+
 def last_snapshot(op: ops.Op) -> ops.SnapshotOp | None:
     """The snapshot op closest to ``op`` in its lineage, if any."""
     for node in reversed(ops.lineage(op)):

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 from snapcache.errors import CorruptSnapshotError, warn
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.protocol import withdraw_manifest
+from snapcache.store.protocol import versions, withdraw_manifest
 
 log = logging.getLogger("snapcache")
 
@@ -37,18 +37,23 @@ class Rebuilding:
     """An epoch's iterator that survives one corrupt snapshot (see the module docstring).
     ``make()`` starts the epoch afresh; ``folder()`` is the snapshot's folder."""
 
-    def __init__(self, make: Callable[[], Iterator[Any]], folder: Callable[[], Storage]):
-        self._make, self._folder = make, folder
-        self._read = self._manifest()  # the commit this epoch reads (None: not committed yet)
+    def __init__(self, make: Callable[[], Iterator[Any]], folder: Callable[[], Storage],
+                 commit: Callable[[], str | None] = lambda: layout.MANIFEST,
+                 delta: bool = False):
+        self._make, self._folder, self._commit, self._delta = make, folder, commit, delta
+        # The commit this epoch reads: its manifest's name (a delta snapshot's version) and
+        # bytes (None: not committed yet, or unreadable).
+        self._name: str | None = None
+        self._read: bytes | None = None
+        try:
+            self._name = commit()
+            if self._name is not None:
+                self._read = folder().read_bytes(self._name)
+        except (CorruptSnapshotError, OSError):
+            pass
         self._it: Iterator[Any] = make()
         self._yielded = 0
         self._rebuilt = False
-
-    def _manifest(self) -> bytes | None:
-        try:
-            return self._folder().read_bytes(layout.MANIFEST)
-        except (FileNotFoundError, OSError):
-            return None
 
     def __iter__(self) -> "Rebuilding":
         return self
@@ -70,10 +75,28 @@ class Rebuilding:
         folder = self._folder()
         # Only the commit this epoch read is withdrawn: another process meeting the same damage
         # may have rebuilt it meanwhile, and that snapshot is good (and may be being read).
-        if withdraw_manifest(folder, lambda: "", expected=self._read) == "replaced":
+        what = "was withdrawn and is rebuilt now"
+        if self._delta:
+            # A version of a delta snapshot: every version listing the corrupt shard goes (the
+            # next build must not keep its segment); the lineage itself stays.
+            gone = versions.withdraw_listing(folder, error.shard) if error.shard else []
+            name = self._name
+            if name is None:  # the epoch that built it: the version it committed
+                try:
+                    name = self._commit()
+                except (CorruptSnapshotError, OSError):
+                    name = None
+            if not gone and name is not None:
+                try:
+                    now = folder.read_bytes(name)
+                except FileNotFoundError:
+                    now = None
+                if now is not None and self._read not in (None, now):
+                    what = "was rebuilt by another process meanwhile: this epoch reads that one"
+                elif now is not None:
+                    folder.remove(name)
+        elif withdraw_manifest(folder, lambda: "", expected=self._read) == "replaced":
             what = "was rebuilt by another process meanwhile: this epoch reads that one"
-        else:
-            what = "was withdrawn and is rebuilt now"
         warn(f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} {what}; this epoch "
              f"goes on after its {self._yielded:,} examples already yielded",
              CorruptSnapshotWarning)

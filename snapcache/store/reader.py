@@ -16,6 +16,7 @@ damage with ``verify=False``, would otherwise read outside its buffers). Any dam
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import threading
@@ -23,7 +24,7 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
 import xxhash
@@ -82,6 +83,19 @@ def way_out(storage: Storage) -> str:
             "and rerun the pipeline to rebuild it")
 
 
+def _about_shard(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A reader method taking a shard first: a CorruptSnapshotError it raises names that shard
+    (``error.shard``), for ``on_corrupt="rebuild"`` to know which commits list it."""
+    @functools.wraps(method)
+    def wrapper(self: Any, shard: ShardInfo, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, shard, *args, **kwargs)
+        except CorruptSnapshotError as e:
+            e.shard = e.shard or shard.path
+            raise
+    return wrapper
+
+
 class ShardFile:
     """An opened shard whose record batches are validated before they are handed out.
 
@@ -89,22 +103,27 @@ class ShardFile:
     """
 
     def __init__(self, file_reader: pa.RecordBatchFileReader,
-                 validator: BatchValidator | None, where: str, way_out: str):
+                 validator: BatchValidator | None, where: str, way_out: str,
+                 path: str | None = None):
         self._file, self._validator = file_reader, validator
-        self._where, self._way_out = where, way_out
+        self._where, self._way_out, self._path = where, way_out, path
         self.num_record_batches = file_reader.num_record_batches
         self.schema = file_reader.schema
 
     def get_batch(self, index: int, whole: bool = True) -> pa.RecordBatch:
         """Record batch ``index``, validated (``whole=False``: all but the tensors' shapes)."""
         try:
-            batch = self._file.get_batch(index)
-        except _DAMAGE as e:
-            raise CorruptSnapshotError(
-                f"{self._where} is corrupt: record batch {index} is damaged "
-                f"({type(e).__name__}: {e}). {self._way_out}") from None
-        return self.checked(batch, index, self._validator, self._where, self._way_out,
-                            structure_only=not whole)
+            try:
+                batch = self._file.get_batch(index)
+            except _DAMAGE as e:
+                raise CorruptSnapshotError(
+                    f"{self._where} is corrupt: record batch {index} is damaged "
+                    f"({type(e).__name__}: {e}). {self._way_out}") from None
+            return self.checked(batch, index, self._validator, self._where, self._way_out,
+                                structure_only=not whole)
+        except CorruptSnapshotError as e:
+            e.shard = e.shard or self._path
+            raise
 
     @staticmethod
     def checked(batch: pa.RecordBatch, index: int, validator: BatchValidator | None,
@@ -248,6 +267,7 @@ class SnapshotReader:
         for batch in self.record_batches(shards):
             yield decoder.columns(batch)  # type: ignore[union-attr]
 
+    @_about_shard
     def open_shard(self, shard: ShardInfo, *, verify: bool | None = None,
                    low_memory: bool = False) -> ShardFile:
         """Load one shard and check it against the manifest (bytes, checksum, rows, record
@@ -278,8 +298,9 @@ class SnapshotReader:
         if self._arrow_schema is not None and not reader.schema.equals(self._arrow_schema):
             raise CorruptSnapshotError(f"{where} does not have the manifest's schema. "
                                        f"{way_out(self.storage)}")
-        return ShardFile(reader, self._validator, where, way_out(self.storage))
+        return ShardFile(reader, self._validator, where, way_out(self.storage), shard.path)
 
+    @_about_shard
     def verified_shard(self, shard: ShardInfo) -> pa.Buffer:
         """The bytes of ``shard``, whole, checked against the manifest's checksum (unless
         ``verify=False``): remote shards through the node-local cache when one is configured,
@@ -304,6 +325,7 @@ class SnapshotReader:
                     f"{way_out(self.storage)}")
         return buffer
 
+    @_about_shard
     def read_batch(self, shard: ShardInfo, index: int, *, whole: bool = True
                    ) -> pa.RecordBatch:
         """Record batch ``index`` of ``shard`` alone, for random access: only its bytes are
@@ -327,6 +349,7 @@ class SnapshotReader:
             digest = None
         return self.batch_from_bytes(shard, index, data, whole=whole, digest=digest)
 
+    @_about_shard
     def batch_from_bytes(self, shard: ShardInfo, index: int, data: Any, *, whole: bool = True,
                          digest: str | None = None) -> pa.RecordBatch:
         """Record batch ``index`` of ``shard`` from its bytes ``data`` (``[batch_offsets[index],
@@ -358,6 +381,7 @@ class SnapshotReader:
         return ShardFile.checked(batch, index, self._validator, shard_where,
                                  way_out(self.storage), structure_only=not whole)
 
+    @_about_shard
     def row_at(self, shard: ShardInfo, index: int, batch: pa.RecordBatch, k: int) -> Any:
         """Example ``k`` of ``batch`` (record batch ``index`` of ``shard``, read with
         ``whole=False``), decoded alone and checked (:meth:`Decoder.row_at
@@ -410,6 +434,7 @@ class SnapshotReader:
         (after a record batch of them was read alone) are there; False on timeout."""
         return self._filler is None or self._filler.wait(timeout)
 
+    @_about_shard
     def check_batch(self, shard: ShardInfo, index: int, batch: pa.RecordBatch
                     ) -> pa.RecordBatch:
         """``batch`` (record batch ``index`` of ``shard``, read with ``whole=False``) with its
@@ -483,6 +508,7 @@ class SnapshotReader:
                 f"{way_out(self.storage)}")
         return buffer, mapped
 
+    @_about_shard
     def fetch_shard(self, shard: ShardInfo, into: "Streamed | None" = None) -> pa.Buffer:
         """A remote shard's bytes: through the node-local cache if there is one. ``into``: its
         bytes taken as they stream in, if it is downloaded now (see :meth:`Storage.read_bytes
@@ -495,6 +521,7 @@ class SnapshotReader:
                                   fetch, copy_in_background=True)
         return pa.py_buffer(fetch())
 
+    @_about_shard
     def check_shard(self, shard: ShardInfo) -> None:
         """Verify one shard completely: size, checksum, rows, schema, and every record batch
         validated as reading would (a crafted shard can carry a matching checksum)."""

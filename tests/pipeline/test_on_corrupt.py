@@ -94,3 +94,45 @@ def test_a_rebuild_never_withdraws_the_snapshot_another_job_rebuilt(root):
     assert sc.open_snapshot(root, fid).manifest == good  # not withdrawn, not rebuilt again
     assert [int(e["i"]) for e in reader] == list(range(1, N))
     assert sc.verify(root, [fid]).ok
+
+
+def load_file(path):
+    value = int(open(path).read())
+    return {"i": value, "x": np.full((64,), value % 256, np.uint8)}
+
+
+def test_rebuild_of_a_delta_snapshot_withdraws_every_version_listing_the_corrupt_shard(
+        tmp_path):
+    """A file source's snapshot is a lineage of versions that share shards: the versions that
+    list the corrupt shard are withdrawn (the lineage stays), the next build keeps none of its
+    segment, and the epoch goes on."""
+    src = tmp_path / "src"
+    src.mkdir()
+
+    def write(i):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+
+    def files(on_corrupt="raise"):
+        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
+                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
+                          on_corrupt=on_corrupt))
+    for i in range(30):
+        write(i)
+    assert sorted(int(e["i"]) for e in files()) == list(range(30))
+    for i in range(30, 40):
+        write(i)
+    assert sorted(int(e["i"]) for e in files()) == list(range(40))  # version 2 keeps v1's
+    snap = files().open_snapshot()
+    shard = snap.manifest.shards[1]  # written for version 1, listed by both
+    (lineage,) = os.listdir(tmp_path / "root")
+    path = tmp_path / "root" / lineage / shard.path
+    data = bytearray(path.read_bytes())
+    data[shard.batch_offsets[-2] + 8] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptSnapshotError):
+        list(files())
+    with pytest.warns(CorruptSnapshotWarning, match="rebuilt now"):
+        assert sorted(int(e["i"]) for e in files("rebuild")) == list(range(40))
+    assert sorted(int(e["i"]) for e in files()) == list(range(40))
+    assert sc.verify(str(tmp_path / "root")).ok
+    assert not path.exists()  # the corrupt shard is no version's: cleaned up

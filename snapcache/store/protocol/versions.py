@@ -384,6 +384,23 @@ def _held_by(storage: Storage, names: Sequence[str], runs: set[str]) -> set[str]
     return held
 
 
+def withdraw_listing(storage: Storage, shard: str) -> list[int]:
+    """Take back the commit of every version that lists ``shard`` (found corrupt): their
+    manifests are removed, newest first, so no reader opens them and the next build does not
+    keep their segments; their shards go with the clean-up after the next commit. Returns the
+    versions withdrawn."""
+    withdrawn = []
+    for version in reversed(versions(storage)):
+        try:
+            manifest = load_version(storage, version)
+        except CorruptSnapshotError:
+            manifest = None
+        if manifest is not None and any(s.path == shard for s in manifest.shards):
+            storage.remove(manifest_name(version))
+            withdrawn.append(version)
+    return withdrawn
+
+
 def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = False
                     ) -> list[str]:
     """Delete versions ``drop`` and every file only they referenced: a shard another version
