@@ -23,7 +23,7 @@ from snapcache.pipeline.streams import StreamSpec
 from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
 from snapcache.pipeline.explain import explain as explain_tree
-from snapcache.store.fs import Storage
+from snapcache.store.fs import Storage, check_url
 from snapcache.store.source_files import expand_files
 from snapcache.pipeline.handle import Snapshot
 
@@ -300,6 +300,7 @@ class Dataset:
         if delta is True:
             _check_delta(self._op, key)
         root = os.fspath(path) if path is not None else default_root()
+        check_url(root)  # "s3:/bucket" would be a local folder named "s3:"
         return self._then(ops.SnapshotOp, path=root, options=options)
 
     def __len__(self) -> int:
