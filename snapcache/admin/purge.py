@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterable
 
-from snapcache.admin.inventory import SnapshotInfo, find_all, open_root, scan
+from snapcache.admin.inventory import SnapshotInfo, find_all, locate, not_a_root, scan
 from snapcache.admin.units import format_age, format_size, parse_duration, parse_size
 from snapcache.store import layout
 from snapcache.store.protocol import versions
@@ -89,7 +89,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
       while the snapshot has a live read or write lease.
 
     Snapshots with a live lease are kept unless ``force=True``. ``dry_run=True`` deletes nothing
-    and reports what would go.
+    and reports what would go. One snapshot's own folder given as ``root`` is refused
+    (ValueError): purge it by id from its root.
 
     Example::
 
@@ -102,7 +103,10 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     if not ids and age is None and budget is None and not incomplete and not old_versions:
         raise ValueError("nothing selected: give snapshot ids, older_than, max_size, "
                          "incomplete=True or old_versions=True")
-    storage = open_root(root, storage_options)
+    storage, own = locate(root, storage_options)
+    if own is not None:  # refused: "purge this folder" and "tidy this root" are both guesses
+        raise not_a_root(storage, own, "purge it by id from its root "
+                                       f"(`snapcache purge {storage.url} {own[:12]}`)")
     wanted = {info.id for info in find_all(storage, ids)}
     snapshots = scan(storage)
     chosen, kept = _select(snapshots, wanted, age, budget, incomplete, force)

@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except (SnapcacheError, ValueError, OSError, ImportError) as e:
-        return _error(args, str(e) or type(e).__name__)
+        return _error(args, common.root_hint(args, e))
     except Exception as e:  # e.g. a cloud client's credential error: one line, not a traceback
         if args.debug:
             raise
