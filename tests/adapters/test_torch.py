@@ -266,3 +266,14 @@ def test_torch_dataset_pickles_its_op_graph():
     assert isinstance(copy, TorchDataset) and copy.epoch == 2
     assert [int(x) for x in copy] == list(range(5))
     json.dumps(copy.stream())
+
+
+def test_a_dataset_given_to_a_dataloader_itself_points_to_to_torch(root):
+    """DataLoader(ds) instead of DataLoader(ds.to_torch()): torch takes a Dataset (it has a
+    length) for a map-style dataset and indexes it; that says what to pass instead."""
+    ds = sc.Dataset.range(20).map(lambda i: {"x": np.zeros(2, np.float32)}).snapshot(
+        root, progress=False).batch(4)
+    with pytest.raises(TypeError, match=r"iterated, not indexed .* pass ds\.to_torch\(\)"):
+        next(iter(DataLoader(ds, batch_size=None)))
+    assert len(list(DataLoader(ds.to_torch(), batch_size=None))) == 5
+
