@@ -18,8 +18,7 @@ try:
     import jax
     import jax.numpy as jnp
 except ImportError:
-    print("this example needs JAX, which snapcache does not install: pip install jax")
-    raise SystemExit(0)
+    raise SystemExit("this example needs JAX, which snapcache does not install: pip install jax")
 
 WEIGHTS = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
 

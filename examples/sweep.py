@@ -7,7 +7,9 @@ wait for its commit and read it (``on_busy="wait"``, the default), or compute wi
 (``--on-busy compute``). Everything after ``.snapshot()`` differs per run and costs nothing.
 
     python examples/sweep.py                      # 4 runs, 2000 examples, 5 ms each
-    python examples/sweep.py --examples 200 --cost-ms 1 --json
+    python examples/sweep.py --examples 200 --epochs 3 --cost-ms 1 --json
+
+The snapshot root is a temporary folder, removed at the end, unless ``--root`` names one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,57 +72,78 @@ def train(root: str, examples: int, config: dict, on_busy: str, epochs: int = 2)
             weights -= config["lr"] * batch["x"].T @ error / len(error)
     digest = hashlib.sha256(b"".join(b"%d:%s" % pair for pair in sorted(seen))).hexdigest()
     return {**config, "loss": float(np.mean((weights - TRUE_WEIGHTS) ** 2)),
-            "examples": len(seen), "data_sha256": digest}
+            "examples": len(seen), "epochs": epochs, "data_sha256": digest}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--examples", type=int, default=2000)
+    parser.add_argument("--epochs", type=int, default=2, help="epochs of each run")
     parser.add_argument("--cost-ms", type=float, default=5.0, help="preprocessing per example")
-    parser.add_argument("--root", help="snapshot folder (default: a fresh temporary one)")
+    parser.add_argument("--root", help="snapshot folder, kept (default: a temporary one, "
+                                       "removed at the end)")
     parser.add_argument("--on-busy", choices=("wait", "compute"), default="wait")
     parser.add_argument("--json", action="store_true", help="print one JSON summary")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    root = args.root or tempfile.mkdtemp(prefix="snapcache-sweep-")
 
-    if args.worker is not None:  # one training run of the sweep
-        result = train(root, args.examples, CONFIGS[args.worker], args.on_busy)
+    if args.worker is not None:  # one training run of the sweep (--root is always given)
+        result = train(args.root, args.examples, CONFIGS[args.worker], args.on_busy,
+                       args.epochs)
         print(json.dumps(result))
         return
 
-    log = os.path.join(tempfile.mkdtemp(prefix="snapcache-sweep-log-"), "calls")
+    scratch = tempfile.mkdtemp(prefix="snapcache-sweep-")  # the call log, and the root
+    try:
+        summary = sweep(args, args.root or os.path.join(scratch, "snaps"), scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report(summary, args.json)
+
+
+def sweep(args: argparse.Namespace, root: str, scratch: str) -> dict:
+    """Start the runs at once, wait for them, and summarize."""
+    log = os.path.join(scratch, "calls")
     env = {**os.environ, "SWEEP_CALLS_LOG": log, "SWEEP_COST_S": str(args.cost_ms / 1000)}
     start = time.perf_counter()
     runs = [subprocess.Popen([sys.executable, __file__, "--worker", str(k), "--root", root,
-                              "--examples", str(args.examples), "--on-busy", args.on_busy],
+                              "--examples", str(args.examples), "--epochs", str(args.epochs),
+                              "--on-busy", args.on_busy],
                              env=env, stdout=subprocess.PIPE, text=True)
             for k in range(len(CONFIGS))]
     results = []
     for run in runs:
         out, _ = run.communicate()
         if run.returncode:
+            for other in runs:  # before their folders are removed
+                other.kill()
+                other.wait()
             sys.exit(f"a sweep run failed with exit status {run.returncode}")
         results.append(json.loads(out.strip().splitlines()[-1]))
     with open(log) as f:
         calls = len(f.read().split())
-    summary = {
+    return {
         "runs": results, "seconds": round(time.perf_counter() - start, 2),
         "snapshots": len([n for n in os.listdir(root) if not n.startswith(".")]),
         "preprocessing_calls": calls,
         "calls_without_sharing": args.examples * len(results),
         "calls_saved": args.examples * len(results) - calls,
         "same_data": len({r["data_sha256"] for r in results}) == 1,
-        "root": root,
+        "root": args.root,  # None: a temporary root, removed
     }
-    if args.json:
+
+
+def report(summary: dict, as_json: bool) -> None:
+    results, calls = summary["runs"], summary["preprocessing_calls"]
+    if as_json:
         print(json.dumps(summary))
         return
     for r in results:
         print(f"lr={r['lr']:<5} batch={r['batch_size']:<4} noise={r['noise']:<5} "
               f"weight error={r['loss']:.4f}  data {r['data_sha256'][:12]}")
+    where = summary["root"] or "a temporary root (removed; --root DIR keeps it)"
     print(f"{len(results)} runs in {summary['seconds']} s, {summary['snapshots']} snapshot in "
-          f"{root}; all saw the same data: {summary['same_data']}")
+          f"{where}; all saw the same data: {summary['same_data']}")
     saved = summary["calls_saved"]
     print(f"preprocessing calls: {calls} instead of {summary['calls_without_sharing']} "
           + (f"({saved} saved)" if saved >= 0 else

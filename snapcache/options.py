@@ -28,6 +28,11 @@ def default_root() -> str:
     return os.path.join(cache, "snapcache")
 
 
+def default_root_from_environment() -> bool:
+    """True if :func:`default_root` is ``$SNAPCACHE_ROOT`` (for messages about it)."""
+    return bool(os.environ.get("SNAPCACHE_ROOT"))
+
+
 def distributed_env() -> tuple[int, int]:
     """``(rank, world_size)`` from ``$RANK``/``$WORLD_SIZE`` (as ``torchrun`` sets them), else
     ``(0, 1)``. Read at call time."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from snapcache.options import default_root
+from snapcache.options import default_root, default_root_from_environment
 from snapcache.store import layout
 from snapcache.store.protocol import versions
 from snapcache.store.catalog import read_entry
@@ -106,23 +106,57 @@ def open_root(root: str | os.PathLike | None = None, storage_options: dict | Non
     if not storage.exists():
         if not storage.local and storage.bucket_exists():
             return storage  # an object store has no folders: an emptied root is empty
+        if root is None:
+            raise FileNotFoundError(_missing_default_root(storage.url))
         raise FileNotFoundError(f"snapshot root {storage.url} does not exist")
     if storage.local and not os.path.isdir(storage.root):
         raise NotADirectoryError(f"snapshot root {storage.url} is not a folder")
     return storage
 
 
+def _missing_default_root(url: str) -> str:
+    if default_root_from_environment():
+        return (f"snapshot root {url} (from $SNAPCACHE_ROOT) does not exist: set "
+                "$SNAPCACHE_ROOT to the folder holding your snapshots, or pass a root "
+                "(`snapcache ls ROOT`)")
+    return (f"no snapshots yet: the default snapshot root {url} does not exist (the first "
+            "`.snapshot()` without a path creates it); to look elsewhere, pass a root "
+            "(`snapcache ls ROOT`) or set $SNAPCACHE_ROOT")
+
+
+def locate(root: str | os.PathLike | None = None, storage_options: dict | None = None
+           ) -> tuple[Storage, str | None]:
+    """:func:`open_root`, except that one snapshot's folder given as the root (as
+    ``open_snapshot(folder)`` takes it: ``snaps/32f6d8...``) gives its root and its id;
+    ``(root, None)`` for a root."""
+    storage = open_root(root, storage_options)
+    parent, _, name = storage.url.rpartition("/")
+    if parent and not parent.endswith(":/") and layout.is_fingerprint(name) and \
+            layout.is_snapshot_folder(name, storage.listdir()):  # a LIST only for such names
+        return Storage(parent, storage_options), name
+    return storage, None
+
+
+def not_a_root(storage: Storage, own: str, way: str) -> ValueError:
+    """The error for the folder of snapshot ``own`` (in root ``storage``) given where a root
+    is needed, ``way`` saying what to do instead."""
+    return ValueError(f"{storage.url}/{own} is the folder of snapshot {own[:12]}, not a "
+                      f"snapshot root: {way}")
+
+
 def ls(root: str | os.PathLike | None = None, *, storage_options: dict | None = None
        ) -> list[SnapshotInfo]:
     """Every snapshot folder in ``root``: committed ones, most recently used first, then the
-    ones being written, abandoned or corrupt.
+    ones being written, abandoned or corrupt. A snapshot's own folder given as ``root``
+    lists that snapshot.
 
     Example::
 
         >>> [s.name for s in snapcache.ls("/tmp/snaps") if s.state == "committed"]
         ['train-224px', 'val-224px']
     """
-    return scan(open_root(root, storage_options))
+    storage, own = locate(root, storage_options)
+    return [describe(storage.child(own), own)] if own else scan(storage)
 
 
 def scan(storage: Storage) -> list[SnapshotInfo]:
@@ -225,18 +259,35 @@ def find_all(storage: Storage, wanted: Iterable[str]) -> list[SnapshotInfo]:
     return list(chosen.values())
 
 
-def info(root: str | os.PathLike | None, id: str, *,
+def info(root: str | os.PathLike | None, id: str | None = None, *,
          storage_options: dict | None = None) -> SnapshotInfo:
     """One snapshot of ``root``, by any unique prefix of its id (or its exact name), with its
-    manifest in :attr:`SnapshotInfo.manifest`.
+    manifest in :attr:`SnapshotInfo.manifest`. Without ``id``, like ``open_snapshot``: the
+    snapshot whose folder ``root`` is, or the only snapshot in ``root``.
 
     Example::
 
         snap = snapcache.info("/tmp/snaps", "3fa9c2")
         print(snap.manifest.schema)
     """
-    storage = open_root(root, storage_options)
-    return find(storage, id)
+    storage, own = locate(root, storage_options)
+    if own is not None:
+        if id is not None:
+            raise not_a_root(storage, own, "give the folder alone, or its root and an id "
+                                           f"(`snapcache info {storage.url} {id}`)")
+        return describe(storage.child(own), own)
+    if id is not None:
+        return find(storage, id)
+    names = sorted(n for n in storage.listdir() if layout.is_fingerprint(n))
+    if len(names) == 1:
+        return describe(storage.child(names[0]), names[0])
+    if not names:
+        raise ValueError(f"no snapshots in {storage.url}")
+    found = scan(storage)
+    shown = ", ".join(i.short_id + (f" ({i.name})" if i.name else "") for i in found[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    raise ValueError(f"{storage.url} holds {len(found)} snapshots ({shown}{more}): give one "
+                     "id (a unique prefix, as `snapcache ls` shows) or name")
 
 
 def delta_versions(snap: SnapshotInfo, storage_options: dict | None = None) -> list[Manifest]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Iterable
 
-from snapcache.admin.inventory import SnapshotInfo, find_all, open_root, scan
+from snapcache.admin.inventory import SnapshotInfo, find_all, locate, not_a_root, scan
 from snapcache.admin.units import format_age, format_size, parse_duration, parse_size
 from snapcache.store import layout
 from snapcache.store.protocol import versions
@@ -44,6 +44,19 @@ class PurgeItem:
 
 
 @dataclass(frozen=True)
+class OldVersions:
+    """The old versions of one delta snapshot that ``purge(old_versions=True)`` removed (on a
+    dry run: would remove), and the files that went with them: their manifests and records,
+    and the shards no remaining version lists."""
+
+    snapshot: SnapshotInfo
+    versions: tuple[int, ...]          # the version numbers removed, oldest first
+    newest: int                        # the version that stays
+    files: tuple[str, ...]             # names inside the snapshot folder
+    bytes: int
+
+
+@dataclass(frozen=True)
 class PurgeReport:
     """What ``purge`` deleted (on a dry run: would delete) and what it kept."""
 
@@ -51,11 +64,13 @@ class PurgeReport:
     dry_run: bool
     deleted: tuple[PurgeItem, ...]
     kept: tuple[PurgeItem, ...]        # selected, but in use (or failed to delete): reason says
-    tidied: tuple[str, ...]            # "<id>/<file>" leftovers removed from kept snapshots
+    tidied: tuple[str, ...]            # "<id>/<file>" removed from snapshots that stay:
+                                       # leftovers, and the files of old_versions
     tidied_bytes: int
     size_before: int                   # every snapshot folder in the root
     max_size: int | None = None
     aborted_uploads: tuple[str, ...] = ()   # S3: abandoned multipart uploads, "<key> (...)"
+    old_versions: tuple[OldVersions, ...] = ()  # delta snapshots' versions removed
 
     @property
     def freed_bytes(self) -> int:
@@ -86,10 +101,12 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
       older than ``lease_ttl`` (default: the default lease ttl) in folders without a live lease;
     - ``old_versions=True``: every version but the newest of delta snapshots that stay (a
       shard the newest version still lists stays: shards are reference-counted); skipped
-      while the snapshot has a live read or write lease.
+      while the snapshot has a live read or write lease. ``PurgeReport.old_versions`` says
+      which versions of which snapshot went, with their files.
 
     Snapshots with a live lease are kept unless ``force=True``. ``dry_run=True`` deletes nothing
-    and reports what would go.
+    and reports what would go. One snapshot's own folder given as ``root`` is refused
+    (ValueError): purge it by id from its root.
 
     Example::
 
@@ -102,7 +119,10 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     if not ids and age is None and budget is None and not incomplete and not old_versions:
         raise ValueError("nothing selected: give snapshot ids, older_than, max_size, "
                          "incomplete=True or old_versions=True")
-    storage = open_root(root, storage_options)
+    storage, own = locate(root, storage_options)
+    if own is not None:  # refused: "purge this folder" and "tidy this root" are both guesses
+        raise not_a_root(storage, own, "purge it by id from its root "
+                                       f"(`snapcache purge {storage.url} {own[:12]}`)")
     wanted = {info.id for info in find_all(storage, ids)}
     snapshots = scan(storage)
     chosen, kept = _select(snapshots, wanted, age, budget, incomplete, force)
@@ -117,15 +137,18 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
         leftovers += [(s, name, size) for s, name, size in _stale_tmp(snapshots, gone, ttl)
                       if (s.id, name) not in seen]
         uploads = _stale_uploads(storage, snapshots, ttl)
-    versions_gone = _old_versions(storage, others, force, dry_run, kept) if old_versions \
-        else []
+    dropped = _old_versions(storage, others, force, dry_run, kept) if old_versions else []
+    versions_gone = []
+    for old in dropped:
+        sizes = _file_sizes(old.snapshot)
+        versions_gone += [(old.snapshot, name, sizes.get(name, 0)) for name in old.files]
     if dry_run:
         leftovers += versions_gone
         return PurgeReport(storage.url, True, tuple(chosen), tuple(kept),
                            tuple(f"{s.id}/{name}" for s, name, _ in leftovers),
                            sum(size for *_, size in leftovers),
                            sum(s.size_bytes for s in snapshots), budget,
-                           tuple(text for _, text in uploads))
+                           tuple(text for _, text in uploads), tuple(dropped))
     deleted = []
     for item in chosen:
         why_not = _delete(storage.child(item.snapshot.id), force,
@@ -146,7 +169,7 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
         aborted.append(text)
     return PurgeReport(storage.url, False, tuple(deleted), tuple(kept), tuple(tidied),
                        tidied_bytes, sum(s.size_bytes for s in snapshots), budget,
-                       tuple(aborted))
+                       tuple(aborted), tuple(dropped))
 
 
 def _stale_tmp(snapshots: list[SnapshotInfo], gone: set[str], ttl: float
@@ -259,9 +282,9 @@ def _delete(folder: Storage, force: bool, linked: bool = False) -> str:
 
 
 def _old_versions(storage: Storage, snapshots: Iterable[SnapshotInfo], force: bool,
-                  dry_run: bool, kept: list[PurgeItem]) -> list[tuple[SnapshotInfo, str, int]]:
-    """The files of delta snapshots' old versions (deleted unless ``dry_run``): their
-    manifests first, then the files no remaining version refers to."""
+                  dry_run: bool, kept: list[PurgeItem]) -> list[OldVersions]:
+    """Delta snapshots' old versions (deleted unless ``dry_run``): their manifests first, then
+    the files no remaining version refers to."""
     removed = []
     for snap in snapshots:
         if len(snap.versions) < 2:
@@ -270,10 +293,16 @@ def _old_versions(storage: Storage, snapshots: Iterable[SnapshotInfo], force: bo
         if not force and (leases := live_leases(folder)):
             kept.append(PurgeItem(snap, f"old versions kept: in use: {describe_leases(leases)}"))
             continue
-        sizes = {f.path: f.size for f in snap.files}
         names = versions.delete_versions(folder, snap.versions[:-1], dry_run=dry_run)
-        removed += [(snap, name, sizes.get(name, 0)) for name in names]
+        sizes = _file_sizes(snap)
+        removed.append(OldVersions(snap, tuple(snap.versions[:-1]), snap.versions[-1],
+                                   tuple(names), sum(sizes.get(name, 0) for name in names)))
     return removed
+
+
+def _file_sizes(snap: SnapshotInfo) -> dict[str, int]:
+    """The size of each file of ``snap`` when it was listed."""
+    return {f.path: f.size for f in snap.files}
 
 
 def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:

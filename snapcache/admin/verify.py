@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from snapcache.admin.inventory import SnapshotInfo, delta_versions, find_all, open_root, scan
+from snapcache.admin.inventory import (
+    SnapshotInfo, delta_versions, describe, find_all, locate, not_a_root, scan)
 import xxhash
 
 from snapcache.errors import CorruptSnapshotError
@@ -71,7 +72,8 @@ def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
     ``ids`` (unique id prefixes or names; default: every committed or corrupt snapshot), and
     each sound shard's page checksum file against the shard and the manifest (an index:
     ``SnapshotCheck.index_problems``; ``repair_index=True`` rewrites a missing or damaged one
-    from the verified shard, its content pinned by the manifest's ``pages_checksum``).
+    from the verified shard, its content pinned by the manifest's ``pages_checksum``). A
+    snapshot's own folder given as ``root`` checks that snapshot.
 
     Example::
 
@@ -81,9 +83,14 @@ def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
     """
     if isinstance(ids, str):
         ids = [ids]
-    storage = open_root(root, storage_options)
+    storage, own = locate(root, storage_options)
     ids = list(ids)
-    if ids:
+    if own is not None:  # a snapshot's own folder: that snapshot
+        if ids:
+            raise not_a_root(storage, own, "give the folder alone, or its root and the ids "
+                                           f"(`snapcache verify {storage.url} {ids[0]}`)")
+        chosen = [describe(storage.child(own), own)]
+    elif ids:
         chosen = find_all(storage, ids)
     else:
         chosen = [s for s in scan(storage) if s.state in ("committed", "corrupt")]

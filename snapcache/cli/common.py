@@ -25,9 +25,10 @@ ROOT_HELP = ("snapshot root: a folder or fsspec URL such as s3://bucket/snaps "
 
 def add_root_option(parser: argparse.ArgumentParser, ids: str | None = None) -> None:
     """The root, the same way in every command: first positional or ``--root``; then the ids
-    (``ids``: None for none, "one" or "many"); and ``-o KEY=VALUE`` storage options.
+    (``ids``: None for none, "one" (at most one) or "many"); and ``-o KEY=VALUE`` storage
+    options.
     :func:`resolve_targets` sorts them out after parsing."""
-    usage = {None: "[ROOT]", "one": "[ROOT] ID", "many": "[ROOT] [ID ...]"}[ids]
+    usage = {None: "[ROOT]", "one": "[ROOT] [ID]", "many": "[ROOT] [ID ...]"}[ids]
     parser.add_argument("targets", nargs="*", metavar=usage,
                         help=ROOT_HELP + ("" if ids is None else
                                           "; then snapshot id prefixes or names"))
@@ -62,11 +63,25 @@ def resolve_targets(args: argparse.Namespace) -> None:
             raise ValueError(f"{text!r} looks like a path, not a snapshot id: the root comes "
                              f"first, once (`snapcache {command} ROOT {'ID' if kind == 'one' else '[ID ...]'}`"
                              " or --root ROOT)")
-    if kind == "one" and len(targets) != 1:
-        raise ValueError(f"`snapcache {command}` needs one snapshot id (or name) after the "
+    if kind == "one" and len(targets) > 1:
+        raise ValueError(f"`snapcache {command}` takes one snapshot id (or name) after the "
                          f"root; got {len(targets)} (see `snapcache ls`)")
     args.ids = targets
     args.storage_options = parse_storage_options(args.storage_option)
+
+
+def root_hint(args: argparse.Namespace, error: Exception) -> str:
+    """``error``'s message, and when the first id was looked up in the default root because
+    it did not look like a path (``snapcache verify snpas``), the other reading: a root
+    folder that does not exist (the unknown id's message is :func:`admin.inventory.find`'s)."""
+    message = str(error) or type(error).__name__
+    ids = getattr(args, "ids", None)
+    if not ids or getattr(args, "root", "") is not None:
+        return message
+    first = ids[0]
+    if isinstance(error, FileNotFoundError) or message.startswith(f"no snapshot {first!r}"):
+        return f"{message}; if {first!r} is meant as a root folder, it does not exist"
+    return message
 
 
 def parse_storage_options(pairs: list[str]) -> dict:

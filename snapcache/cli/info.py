@@ -25,7 +25,8 @@ def add_parser(commands) -> None:
     parser = commands.add_parser(
         "info", help="show one snapshot: schema, shards, fingerprint tree",
         description="Show one snapshot's manifest. ID is any unique prefix of its id (or its "
-                    "name).")
+                    "name); without ID, ROOT may be one snapshot's folder or a root holding "
+                    "only one snapshot.")
     common.add_root_option(parser, ids="one")
     parser.add_argument("--files", action="store_true",
                         help="delta snapshots: list the source files of the newest version")
@@ -34,7 +35,8 @@ def add_parser(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    snap = info(args.root, args.ids[0], storage_options=args.storage_options)
+    snap = info(args.root, args.ids[0] if args.ids else None,
+                storage_options=args.storage_options)
     files = source_files(snap, args.storage_options) if getattr(args, "files", False) \
         else None
     if args.json:

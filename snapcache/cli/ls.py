@@ -7,7 +7,7 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
-from snapcache.admin.inventory import open_root, scan
+from snapcache.admin.inventory import describe, locate, scan
 from snapcache.admin.units import format_size
 from snapcache.cli import common
 
@@ -16,15 +16,16 @@ def add_parser(commands) -> None:
     parser = commands.add_parser(
         "ls", help="list the snapshots in a root: state, size, last use, pipeline",
         description="List every snapshot folder in ROOT: committed snapshots, most recently "
-                    "used first, then writes in progress, abandoned writes and corrupt ones.")
+                    "used first, then writes in progress, abandoned writes and corrupt ones. "
+                    "One snapshot's folder given as ROOT lists that snapshot.")
     common.add_root_option(parser)
     common.add_json_option(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    storage = open_root(args.root, args.storage_options)
-    snaps = scan(storage)
+    storage, own = locate(args.root, args.storage_options)
+    snaps = [describe(storage.child(own), own)] if own else scan(storage)
     if args.json:
         common.print_json({
             "root": storage.url,
@@ -37,10 +38,14 @@ def run(args: argparse.Namespace) -> int:
         })
         return 0
     out = common.console()
-    if not snaps:
+    if own:
+        out.print(f"{storage.url}/{own} is the folder of one snapshot, in root {storage.url}",
+                  markup=False)
+    elif not snaps:
         out.print(f"no snapshots in {storage.url}", markup=False)
         return 0
-    out.print(f"snapshots in {storage.url}", markup=False)
+    else:
+        out.print(f"snapshots in {storage.url}", markup=False)
     out.print(table(snaps))
     garbage = [s for s in snaps if s.state == "abandoned" and not s.leased]
     if garbage:

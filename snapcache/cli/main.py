@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from datetime import datetime, timezone
 
 from snapcache.cli import common, info, ls, purge, verify
 from snapcache.errors import SnapcacheError
@@ -18,10 +19,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from snapcache.cli.pipeline_ref import load_pipeline
+    from snapcache.cli.pipeline_ref import committed_since, import_warning, load_pipeline
 
-    dataset = load_pipeline(args.pipeline)
+    started = datetime.now(timezone.utc)
+    dataset = load_pipeline(args.pipeline)  # imports the module: its top-level code runs
     explanation = dataset.explain(args.root, storage_options=args.storage_options or None)
+    built = committed_since(explanation.root, started, args.storage_options or None)
+    if built:
+        print(f"snapcache explain: {import_warning(args.pipeline, built)}", file=sys.stderr)
     print(explanation)
     return 0 if explanation.hit else 1
 
@@ -44,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_cmd_demo)
     explain = commands.add_parser(
         "explain", help="say whether a pipeline hits a snapshot and, if not, what differs",
-        description="Exit status: 0 if the pipeline hits a committed snapshot, 1 if it misses.")
+        description="Imports the module named by --pipeline (its top-level code runs: keep a "
+                    "training loop under `if __name__ == \"__main__\":`). Exit status: 0 if "
+                    "the pipeline hits a committed snapshot, 1 if it misses.")
     common.add_root_option(explain)
     explain.add_argument("--pipeline", required=True, metavar="MODULE:ATTR",
                          help="the Dataset to explain, e.g. train:dataset or train.py:build")
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except (SnapcacheError, ValueError, OSError, ImportError) as e:
-        return _error(args, str(e) or type(e).__name__)
+        return _error(args, common.root_hint(args, e))
     except Exception as e:  # e.g. a cloud client's credential error: one line, not a traceback
         if args.debug:
             raise

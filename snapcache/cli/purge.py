@@ -87,7 +87,7 @@ def _merge(plan: PurgeReport, done: PurgeReport) -> PurgeReport:
                     for item in done.deleted)
     return PurgeReport(done.root, False, deleted, plan.kept + done.kept, done.tidied,
                        done.tidied_bytes, plan.size_before, plan.max_size,
-                       done.aborted_uploads)
+                       done.aborted_uploads, done.old_versions)
 
 
 def show(report: PurgeReport, *, json_output: bool) -> None:
@@ -101,7 +101,11 @@ def show(report: PurgeReport, *, json_output: bool) -> None:
             "tidied": list(report.tidied), "freed_bytes": report.freed_bytes,
             "size_before": report.size_before, "size_after": report.size_after,
             "max_size": report.max_size, "budget_met": report.budget_met,
-            "aborted_uploads": list(report.aborted_uploads)})
+            "aborted_uploads": list(report.aborted_uploads),
+            "old_versions": [{"id": old.snapshot.id, "name": old.snapshot.name,
+                              "versions": list(old.versions), "newest": old.newest,
+                              "files": list(old.files), "bytes": old.bytes}
+                             for old in report.old_versions]})
         return
     out = common.console()
     verb = "would delete" if report.dry_run else "deleted"
@@ -112,10 +116,19 @@ def show(report: PurgeReport, *, json_output: bool) -> None:
     if report.kept:
         out.print(f"kept {common.plural(len(report.kept), 'selected snapshot')}")
         out.print(table(report.kept))
-    if report.tidied:
-        out.print(f"{'would remove' if report.dry_run else 'removed'} "
-                  f"{common.plural(len(report.tidied), 'leftover file')} of committed snapshots "
-                  f"({format_size(report.tidied_bytes)})")
+    remove = "would remove" if report.dry_run else "removed"
+    for old in report.old_versions:
+        s = old.snapshot
+        numbers = ", ".join(str(v) for v in old.versions)
+        out.print(f"{remove} {'version' if len(old.versions) == 1 else 'versions'} {numbers} "
+                  f"of {s.short_id}" + (f" ({s.name})" if s.name else "") +
+                  f": {common.plural(len(old.files), 'file')}, {format_size(old.bytes)}; "
+                  f"version {old.newest}, the newest, stays", markup=False)
+    versions_bytes = sum(old.bytes for old in report.old_versions)
+    leftovers = len(report.tidied) - sum(len(old.files) for old in report.old_versions)
+    if leftovers:
+        out.print(f"{remove} {common.plural(leftovers, 'leftover file')} of committed "
+                  f"snapshots ({format_size(report.tidied_bytes - versions_bytes)})")
     for upload in report.aborted_uploads:
         out.print(f"{'would abort' if report.dry_run else 'aborted'} abandoned upload {upload}",
                   markup=False)

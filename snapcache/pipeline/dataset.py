@@ -19,11 +19,11 @@ from snapcache.pipeline.build import SnapshotBuilder
 from snapcache.pipeline.explain import Explanation
 from snapcache.pipeline.iterator import DatasetIterator, Deferred
 from snapcache.pipeline.rebuild import Rebuilding
-from snapcache.pipeline.streams import StreamSpec
+from snapcache.pipeline.streams import StreamSpec, indexable
 from snapcache.runtime import stats
 from snapcache.runtime.process import check_picklable
 from snapcache.pipeline.explain import explain as explain_tree
-from snapcache.store.fs import Storage
+from snapcache.store.fs import Storage, check_url
 from snapcache.store.source_files import expand_files
 from snapcache.pipeline.handle import Snapshot
 
@@ -142,7 +142,7 @@ class Dataset:
         The dataset is fingerprinted by its state (its attributes, tensors by content); if it
         holds something that cannot be hashed, name the version with ``snapshot(key=...)``.
         """
-        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        if not indexable(dataset):
             raise TypeError(f"from_torch needs a map-style dataset with __getitem__ and __len__; "
                             f"got {type(dataset).__name__} (for an IterableDataset use "
                             "Dataset.from_generator(iter, dataset))")
@@ -300,6 +300,7 @@ class Dataset:
         if delta is True:
             _check_delta(self._op, key)
         root = os.fspath(path) if path is not None else default_root()
+        check_url(root)  # "s3:/bucket" would be a local folder named "s3:"
         return self._then(ops.SnapshotOp, path=root, options=options)
 
     def __len__(self) -> int:
@@ -317,6 +318,20 @@ class Dataset:
 
     def __bool__(self) -> bool:
         return True  # a pipeline is a pipeline, whether or not its length is known
+
+    _snapcache_iterable_only = True
+    """Not read by index, despite ``__getitem__`` (see :func:`streams.indexable`)."""
+
+    def __getitem__(self, index: Any) -> Any:
+        """A pipeline is iterated, not indexed: a TypeError saying what to use instead. (With
+        ``__len__`` and no ``__getitem__``, ``DataLoader(ds)`` took it for a map-style dataset
+        and failed inside torch with "'Dataset' object is not subscriptable".)"""
+        raise TypeError(
+            f"a snapcache Dataset is iterated, not indexed (ds[{index!r}]): for a torch "
+            "DataLoader pass ds.to_torch() (DataLoader(ds.to_torch(), batch_size=None) when "
+            "the pipeline batches); for random access to the rows of its snapshot, "
+            "ds.open_snapshot()[i], or ds.open_snapshot().to_torch_map_style() with a sampler; "
+            "ds.take(n) for the first n examples")
 
     # -- running -------------------------------------------------------------------------------
     def __iter__(self) -> DatasetIterator:

@@ -40,6 +40,8 @@ from snapcache.errors import CorruptSnapshotError, LeaseLostError
 from snapcache.fingerprint.units import (
     UnitDiff, describe_delta, diff_units, occurrence_keys, unit_key, unit_label, units_digest)
 from snapcache.pipeline import interrupt, ops, streams
+from snapcache.pipeline.snapshot_exec import (
+    _read, check_root, make_folder, open_reader, root_errors)
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest
@@ -274,12 +276,11 @@ def survey(storage: Storage, units: SourceUnits, previous: Work | None = None) -
 def run_delta(op: ops.SnapshotOp, epoch: int, *, source: ops.Op, lineage, describe: str
               ) -> Iterator[Any]:
     """One epoch of a delta snapshot op (see the module docstring)."""
-    from snapcache.pipeline.snapshot_exec import _read, open_reader
-
     options = op.options
-    storage = Storage(op.path, options.storage_options).child(lineage.digest)
+    storage = check_root(op).child(lineage.digest)
     units = source_units(source, lambda: storage)
     spec = streams.current()
+    make_folder(op, storage)
     manifest = _negotiate(op, epoch, storage, units, source=source, lineage=lineage,
                           describe=describe, stream=spec.index, count=spec.count)
     if manifest is None:  # on_busy="compute": another process builds it
@@ -339,8 +340,9 @@ def advance(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits
         for j in order if compute else ():
             if not work.pending(j, count):
                 continue
-            lease = WriteLease.acquire(storage, run_id=run_id, stream=j, streams=count,
-                                       ttl=ttl)
+            with root_errors(op, storage):
+                lease = WriteLease.acquire(storage, run_id=run_id, stream=j, streams=count,
+                                           ttl=ttl)
             if lease is None:
                 busy = busy or j == stream
                 continue
@@ -373,8 +375,9 @@ def advance(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnits
             missing = tuple(j for j in range(count) if work.pending(j, count))
             return Progress(None, busy, written, missing)
         if own is None:
-            own = WriteLease.acquire(storage, run_id=run_id, stream=stream, streams=count,
-                                     ttl=ttl)
+            with root_errors(op, storage):
+                own = WriteLease.acquire(storage, run_id=run_id, stream=stream, streams=count,
+                                         ttl=ttl)
             if own is None:  # its holder commits
                 return Progress(None, True, written)
         try:

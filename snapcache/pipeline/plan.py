@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from snapcache.fingerprint import FingerprintNode
 from snapcache.fingerprint.tree import combine, leaf, pipeline_root
 from snapcache.pipeline import ops
-from snapcache.pipeline.snapshot_exec import run_snapshot
+from snapcache.pipeline.snapshot_exec import check_root, run_snapshot
 from snapcache.pipeline.streams import StreamSpec
 
 if TYPE_CHECKING:
@@ -173,7 +173,6 @@ def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
     """Where ``op``'s snapshot lives and its committed manifest, if any: ``manifest.json`` of
     its fingerprint's folder, or for a delta snapshot the version built from exactly the
     pipeline's files."""
-    from snapcache.pipeline.snapshot_exec import check_root
     from snapcache.store.protocol import versions
     from snapcache.store.reader import load_manifest
 
@@ -220,6 +219,7 @@ def iterate(op: ops.Op, epoch: int, stream: StreamSpec | None = None) -> Iterato
 
 @ops.runs(ops.SnapshotOp)
 def _run_snapshot(op: ops.SnapshotOp, epoch: int) -> Iterator[Any]:
+    check_root(op)  # StoreError at once for a root that is a file or lies under one
     source = delta_source(op)
     if source is not None:
         from snapcache.pipeline.delta_exec import run_delta

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import logging
@@ -52,14 +53,13 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     # an element-wise upstream. Otherwise one stream writes everything, the others wait.
     alone = spec.count > 1 and not ops.splittable(op.parent)
     writing = streams.StreamSpec() if alone else spec
-    try:
+    make_folder(op, storage)
+    with root_errors(op, storage):
         decision = negotiate(storage, run_id=run_id, stream=writing.index,
                              streams=writing.count,
                              on_busy="wait" if alone else options.coordination.on_busy,
                              lease_ttl=options.coordination.lease_ttl,
                              wait_timeout=options.coordination.wait_timeout)
-    except (NotADirectoryError, FileExistsError, PermissionError) as e:
-        raise unusable_root(op.path, e) from e
 
     def fields() -> dict:
         return commit_fields(options.write, key=options.key, name=options.name,
@@ -148,11 +148,24 @@ def epoch_progress(op: ops.SnapshotOp, storage: Storage, writing: streams.Stream
 
 
 def check_root(op: ops.SnapshotOp) -> Storage:
-    """``op``'s snapshot root; StoreError at once if it is a local file."""
+    """``op``'s snapshot root; StoreError at once if it is a local file or lies under one."""
     root = Storage(op.path, op.options.storage_options)
-    if root.local and os.path.exists(root.root) and not os.path.isdir(root.root):
-        raise unusable_root(op.path, NotADirectoryError(20, "Not a directory"))
+    if root.local:
+        found = _nearest_existing(root.root)
+        if not os.path.isdir(found):
+            raise unusable_root(op.path, NotADirectoryError(errno.ENOTDIR, "Not a directory"),
+                                file=found)
     return root
+
+
+def _nearest_existing(path: str) -> str:
+    """``path`` itself if it exists, else its closest ancestor that does."""
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
 
 
 def snapshot_storage(op: ops.SnapshotOp, digest: str) -> Storage:
@@ -160,17 +173,57 @@ def snapshot_storage(op: ops.SnapshotOp, digest: str) -> Storage:
     return check_root(op).child(digest)
 
 
-def unusable_root(root: str, error: OSError) -> StoreError:
-    """One line naming the root, what is wrong with it and the way out."""
+def make_folder(op: ops.SnapshotOp, storage: Storage) -> None:
+    """Create the snapshot folder ``storage`` of ``op``'s root (nothing if it exists, as
+    when a committed snapshot is read): on local disk, a root that cannot hold it is a
+    StoreError naming the root and the way out rather than an OSError from the first file
+    written into it. Object stores have no folders: nothing to do there."""
+    if not storage.local:
+        return
+    try:
+        storage.makedirs()
+    except OSError as e:
+        raise unusable_root(op.path, e) from e
+
+
+@contextlib.contextmanager
+def root_errors(op: ops.SnapshotOp, storage: Storage) -> Iterator[None]:
+    """Around a writer's first files in its snapshot folder (its lease): an OSError there is
+    about the root (a local one read-only or full, a folder where a file should go), so it
+    becomes the StoreError of :func:`unusable_root`. Elsewhere only refused permissions."""
+    try:
+        yield
+    except (NotADirectoryError, FileExistsError, PermissionError) as e:
+        raise unusable_root(op.path, e) from e
+    except OSError as e:
+        if not storage.local:
+            raise
+        raise unusable_root(op.path, e) from e
+
+
+_NOT_WRITABLE = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+                 errno.EROFS: "read-only file system"}
+
+
+def unusable_root(root: str, error: OSError, file: str | None = None) -> StoreError:
+    """One line naming the root, what is wrong with it and the way out (``file``: the file
+    found where the root or one of its parents should be a folder)."""
     path = os.path.abspath(os.path.expanduser(root)) if "://" not in root else root
-    if isinstance(error, PermissionError):
-        why = "is not writable (permission denied)"
-        way = "pass snapshot() a folder you can write to (or set $SNAPCACHE_ROOT), or fix " \
-              "its permissions"
-    else:
-        why = "is a file, not a folder" if os.path.isfile(path) else \
-            f"cannot hold snapshot folders ({error.strerror or error})"
+    elsewhere = "pass snapshot() a folder you can write to, or set $SNAPCACHE_ROOT"
+    if isinstance(error, PermissionError) or error.errno in _NOT_WRITABLE:
+        cause = _NOT_WRITABLE.get(error.errno, "permission denied")
+        why = f"is not writable ({cause})"
+        way = elsewhere + (" (or fix its permissions)" if cause == "permission denied" else "") \
+            + "; reading a snapshot that already exists from a read-only root works"
+    elif file is not None and file != path:
+        why = f"is inside {file}, which is a file, not a folder"
         way = "pass snapshot() a folder path (or set $SNAPCACHE_ROOT), or move the file away"
+    elif file is not None or os.path.isfile(path):
+        why = "is a file, not a folder"
+        way = "pass snapshot() a folder path (or set $SNAPCACHE_ROOT), or move the file away"
+    else:
+        what = "hold snapshot folders" if os.path.isdir(path) else "be created"
+        why, way = f"cannot {what} ({error.strerror or error})", elsewhere
     return StoreError(f"snapshot root {path} {why}: {way}")
 
 

@@ -53,13 +53,21 @@ def reset(token) -> None:
     _CURRENT.reset(token)
 
 
+def indexable(items: Any) -> bool:
+    """True if ``items`` is read by index: it has ``__getitem__`` and ``__len__`` (a list, a
+    numpy array, a map-style torch dataset), and is not a snapcache ``Dataset``, whose
+    ``__getitem__`` only says to iterate it (its class sets ``_snapcache_iterable_only``)."""
+    return hasattr(items, "__getitem__") and hasattr(items, "__len__") and \
+        not getattr(type(items), "_snapcache_iterable_only", False)
+
+
 def split(items: Any) -> Iterator[Any]:
     """This stream's share of a source's items (indexed access where the source allows)."""
     spec = current()
     if spec.trivial:
         return iter(items)
     start = spec.index + spec.count * spec.skip
-    if hasattr(items, "__getitem__") and hasattr(items, "__len__"):
+    if indexable(items):
         return (items[i] for i in range(start, len(items), spec.count))
     return itertools.islice(iter(items), start, None, spec.count)
 

@@ -12,6 +12,7 @@ import collections
 import hashlib
 import os
 import posixpath
+import re
 import threading
 from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple
 
@@ -49,6 +50,22 @@ def _filesystem(url: str, storage_options: dict | None) -> tuple[fsspec.Abstract
         raise ImportError(f"snapcache needs {hint} to access {protocol}:// URLs ({url!r})") from e
 
 
+_ONE_SLASH = re.compile(r"^([a-z][a-z0-9+.-]*):/(?!/)")
+
+
+def check_url(url: str | os.PathLike) -> None:
+    """ValueError for a path that is a URL with a slash missing (``s3:/bucket/snaps``): taken
+    as a local path it would silently make a folder named ``s3:`` in the working directory."""
+    text = os.fspath(url)
+    found = _ONE_SLASH.match(text)
+    if found is None or (os.name == "nt" and len(found.group(1)) == 1):  # C:/ is a drive
+        return
+    scheme = found.group(1)
+    raise ValueError(f"{text!r} looks like a URL with a slash missing: write "
+                     f"'{scheme}://{text[found.end():]}' ({text!r} would be a local folder "
+                     f"named '{scheme}:' in the working directory)")
+
+
 def _protocol(fs: fsspec.AbstractFileSystem) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
@@ -78,6 +95,7 @@ class Storage:
 
     def __init__(self, url: str | os.PathLike, storage_options: dict | None = None):
         url = os.fspath(url)
+        check_url(url)
         if "://" not in url:
             url = os.path.abspath(os.path.expanduser(url))
         self.url = url.rstrip("/")

@@ -73,6 +73,14 @@ def is_fingerprint(name: str) -> bool:
     return bool(_FINGERPRINT_RE.match(name))
 
 
+def is_snapshot_folder(name: str, entries: Iterable[str]) -> bool:
+    """True if a folder called ``name`` holding ``entries`` is one snapshot's folder rather
+    than a root (a root holds snapshot folders, not files of its own): its name is a
+    fingerprint, and it holds a manifest or a writer's shards."""
+    return is_fingerprint(name) and any(
+        entry == MANIFEST or run_of(entry) is not None for entry in entries)
+
+
 def is_safe_shard_path(path: str) -> bool:
     """A manifest's shard path must name a plain file inside the snapshot folder."""
     return (

@@ -311,3 +311,39 @@ def test_torch_dataset_pickles_its_op_graph():
     assert isinstance(copy, TorchDataset) and copy.epoch == 2
     assert [int(x) for x in copy] == list(range(5))
     json.dumps(copy.stream())
+
+
+def test_a_dataset_given_to_a_dataloader_itself_points_to_to_torch(root):
+    """DataLoader(ds) instead of DataLoader(ds.to_torch()): torch takes a Dataset (it has a
+    length) for a map-style dataset and indexes it; that says what to pass instead."""
+    ds = sc.Dataset.range(20).map(lambda i: {"x": np.zeros(2, np.float32)}).snapshot(
+        root, progress=False).batch(4)
+    with pytest.raises(TypeError, match=r"iterated, not indexed .* pass ds\.to_torch\(\)"):
+        next(iter(DataLoader(ds, batch_size=None)))
+    assert len(list(DataLoader(ds.to_torch(), batch_size=None))) == 5
+
+
+def _guide_block(containing: str) -> str:
+    guide = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guide.md")
+    with open(guide) as f:
+        blocks = [part.split("```")[0] for part in f.read().split("```python\n")[1:]]
+    [block] = [b for b in blocks if containing in b]
+    return block
+
+
+def test_the_guides_distributed_sampler_snippet_runs_outside_torchrun(root, monkeypatch):
+    """The random-access snippet of docs/guide.md, as written, without a process group: the
+    ranks' samplers split the rows."""
+    assert not torch.distributed.is_initialized()
+    ds = sc.Dataset.range(30).map(lambda i: {"i": i}).snapshot(root, progress=False)
+    list(ds)
+    block = _guide_block("DistributedSampler(").replace("range(10)", "range(1)")  # 1 epoch
+    shares = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        namespace = {"ds": ds}
+        exec(compile(block, "docs/guide.md", "exec"), namespace)
+        shares.append(sorted(int(i) for batch in namespace["loader"] for i in batch["i"]))
+    assert len(shares[0]) == len(shares[1]) == 15
+    assert sorted(shares[0] + shares[1]) == list(range(30))

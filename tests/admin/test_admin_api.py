@@ -51,6 +51,46 @@ def test_missing_root_and_default_root(tmp_path, monkeypatch):
     assert [s.name for s in sc.ls()] == ["env"]
 
 
+def test_a_missing_default_root_says_it_is_the_default_and_how_to_choose(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.delenv("SNAPCACHE_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(FileNotFoundError) as caught:
+        sc.ls()
+    message = str(caught.value)
+    assert f"the default snapshot root {tmp_path}/cache/snapcache does not exist" in message
+    assert "the first `.snapshot()` without a path creates it" in message
+    assert "pass a root" in message and "set $SNAPCACHE_ROOT" in message
+    monkeypatch.setenv("SNAPCACHE_ROOT", str(tmp_path / "nope"))
+    with pytest.raises(FileNotFoundError, match=r"snapshot root .*/nope \(from \$SNAPCACHE_ROOT\) "
+                                                r"does not exist"):
+        sc.ls()
+
+
+def test_a_snapshot_folder_given_as_the_root_is_that_snapshot(root, three):
+    fid = three["mid"]
+    folder = os.path.join(root, fid)
+    assert [s.id for s in sc.ls(folder)] == [fid]
+    assert admin.info(folder).id == fid and admin.info(folder).manifest is not None
+    report = admin.verify(folder)
+    assert report.ok and report.root == root and [c.snapshot.id for c in report.checks] == [fid]
+    with pytest.raises(ValueError, match=f"{folder} is the folder of snapshot {fid[:12]}, not a "
+                                         f"snapshot root: purge it by id from its root"):
+        sc.purge(folder, older_than="1d")
+    with pytest.raises(ValueError, match="give the folder alone, or its root and an id"):
+        admin.info(folder, "new")
+    assert exists(root, fid)
+
+
+def test_info_without_an_id_takes_the_only_snapshot(tmp_path, three, root):
+    with pytest.raises(ValueError, match=r"holds 3 snapshots \(.* \(new\), .*\): give one id"):
+        admin.info(root)
+    alone = str(tmp_path / "alone")
+    fid = make_snapshot(alone, "only")
+    assert admin.info(alone).id == fid
+    assert admin.info(alone).id == sc.open_snapshot(alone).id
+
+
 def test_info_by_prefix_name_and_errors(root, three):
     fid = three["mid"]
     assert admin.info(root, fid[:6]).name == "mid"

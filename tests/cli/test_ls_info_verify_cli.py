@@ -182,3 +182,54 @@ def test_verify_of_a_damaged_shard_does_not_touch_its_page_checksum_file(root):
     proc = run_cli("verify", "--root", root, "--repair-index")
     assert proc.returncode == 1 and "checksum" in proc.stdout
     assert "repaired" not in proc.stdout and not folder.exists(layout.pages_name(shard))
+
+
+def test_a_missing_default_root_says_it_is_the_default_and_how_to_choose(tmp_path):
+    """The first command a new user types after the demo, on a fresh machine."""
+    env = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": "", "SNAPCACHE_ROOT": ""}
+    proc = run_cli("ls", env=env)
+    default = tmp_path / "home" / ".cache" / "snapcache"
+    assert_one_line_error(proc, f"the default snapshot root {default} does not exist",
+                          "the first `.snapshot()` without a path creates it",
+                          "pass a root (`snapcache ls ROOT`) or set $SNAPCACHE_ROOT")
+
+
+def test_a_snapshot_folder_given_as_the_root(any_root):
+    root = any_root
+    fid = make_snapshot(root, "train")
+    folder = f"{root}/{fid}"
+    proc = run_cli("ls", folder)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"{folder} is the folder of one snapshot, in root {root}"
+    assert lines[2].split()[:3] == [fid[:12], "train", "committed"]
+    doc = json.loads(run_cli("ls", folder, "--json").stdout)
+    assert doc["root"] == root and [s["id"] for s in doc["snapshots"]] == [fid]
+    for args in ([folder], [root]):  # the snapshot's folder, or a root holding only it
+        proc = run_cli("info", *args)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"snapshot {fid[:12]} (train)\nid         {fid}")
+    proc = run_cli("verify", folder)
+    assert proc.returncode == 0 and f"ok     {fid[:12]} (train)" in proc.stdout, proc.stderr
+    assert_one_line_error(run_cli("purge", folder, "--older-than", "1d"),
+                          f"{folder} is the folder of snapshot {fid[:12]}, not a snapshot root",
+                          f"(`snapcache purge {root} {fid[:12]}`)")
+
+
+def test_info_without_an_id_on_a_root_of_several_names_them(filled):
+    root, ids = filled
+    assert_one_line_error(run_cli("info", root), f"{root} holds 3 snapshots (",
+                          f"{ids['val'][:12]} (val)", "give one id")
+    assert_one_line_error(run_cli("info", root, "train", "val"),
+                          "`snapcache info` takes one snapshot id (or name)")
+
+
+def test_a_mistyped_root_taken_for_an_id_says_so(root):
+    """`snapcache verify snpas`: not a path, so an id in the default root; say both readings."""
+    make_snapshot(root, "train")
+    proc = run_cli("verify", "snpas", env={"SNAPCACHE_ROOT": root})
+    assert_one_line_error(proc, f"no snapshot 'snpas' in {root}",
+                          "if 'snpas' is meant as a root folder, it does not exist")
+    proc = run_cli("verify", "snpas", "--root", root)  # the root was given: an id, surely
+    assert_one_line_error(proc, f"no snapshot 'snpas' in {root}")
+    assert "root folder" not in proc.stderr

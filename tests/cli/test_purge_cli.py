@@ -178,3 +178,39 @@ def test_purge_racing_a_reader(any_root):
     # Either the reader finishes from the shards it already holds, with the right data, or it
     # stops with a clear error naming the missing shard: never wrong data.
     assert result == f"OK {n}" or (result.startswith("CORRUPT") and "missing" in result), result
+
+
+def _delta_versions(tmp_path, root: str, count: int) -> str:
+    """A delta snapshot (files, the default) with versions 1..count (one file more each)."""
+    import numpy as np
+
+    import snapcache as sc
+
+    files = tmp_path / "files"
+    files.mkdir()
+    for version in range(1, count + 1):
+        np.save(files / f"f{version:02d}.npy", np.full(4, version))
+        ds = sc.Dataset.from_files(str(files / "*.npy")).map(np.load).snapshot(
+            root, name="logs", progress=False)
+        assert len(list(ds)) == version
+        del ds  # a pipeline that can read again holds a read lease: let it go
+    [snap] = sc.ls(root)
+    assert snap.versions == tuple(range(1, count + 1))
+    return snap.id
+
+
+def test_old_versions_are_named_by_number(tmp_path, root):
+    fid = _delta_versions(tmp_path, root, 3)
+    proc = run_cli("purge", root, "--old-versions", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.splitlines()[0]
+    assert line.startswith(f"would remove versions 1, 2 of {fid[:12]} (logs): ")
+    assert line.endswith("; version 3, the newest, stays")
+    assert "leftover" not in proc.stdout
+    code, doc = purge_json(root, "--old-versions")
+    [old] = doc["old_versions"]
+    assert old["id"] == fid and old["versions"] == [1, 2] and old["newest"] == 3
+    assert {f"{fid}/{name}" for name in old["files"]} <= set(doc["tidied"])
+    assert any(name.endswith("manifest-000001.json") for name in old["files"])
+    proc = run_cli("info", root, fid[:8])
+    assert "versions   3 (newest 3)" in proc.stdout

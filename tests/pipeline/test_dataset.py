@@ -163,6 +163,24 @@ def test_datasets_are_immutable():
     assert "range(0, 4) -> map" in repr(doubled)
 
 
+def test_a_dataset_is_iterated_not_indexed_and_says_what_to_use():
+    ds = sc.Dataset.range(6).map(lambda i: 2 * i)
+    for index in (0, slice(0, 2)):
+        with pytest.raises(TypeError) as caught:
+            ds[index]
+        message = str(caught.value)
+        assert message.startswith(f"a snapcache Dataset is iterated, not indexed (ds[{index!r}])")
+        for way in ("pass ds.to_torch()", "ds.open_snapshot()[i]",
+                    "ds.open_snapshot().to_torch_map_style()", "ds.take(n)"):
+            assert way in message
+    # Nothing that reads collections by index takes a Dataset for one: it is iterated.
+    nested = sc.Dataset.from_iterable(ds)
+    assert list(nested) == [0, 2, 4, 6, 8, 10]
+    assert [list(nested.iterate(stream=(k, 2))) for k in range(2)] == [[0, 4, 8], [2, 6, 10]]
+    with pytest.raises(TypeError, match="from_torch needs a map-style dataset"):
+        sc.Dataset.from_torch(ds)
+
+
 def test_public_names_are_pinned():
     assert sorted(sc.__all__) == sorted([
         "AUTOTUNE", "CorruptSnapshotError", "Dataset", "FingerprintError", "SnapcacheError",

@@ -131,3 +131,114 @@ def test_a_read_only_root_gives_one_clear_line(tmp_path):
     assert "\n" not in message
     assert f"snapshot root {path} is not writable (permission denied)" in message
     assert "a folder you can write to" in message
+
+
+def _numbers(root, kind: str, files=None) -> sc.Dataset:
+    """An ordinary snapshot of a range, or a delta snapshot of files."""
+    if kind == "range":
+        source = sc.Dataset.range(5).map(lambda i: np.full(3, i))
+    else:
+        source = sc.Dataset.from_files(str(files / "*.npy")).map(np.load)
+    return source.snapshot(str(root), progress=False)
+
+
+@pytest.fixture
+def npy_files(tmp_path):
+    folder = tmp_path / "files"
+    folder.mkdir()
+    for i in range(5):
+        np.save(folder / f"f{i}.npy", np.full(3, i))
+    return folder
+
+
+@pytest.mark.parametrize("kind", ["range", "files"])
+def test_a_root_inside_a_file_gives_one_clear_line(tmp_path, npy_files, kind):
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    with pytest.raises(StoreError) as caught:
+        list(_numbers(afile / "snaps", kind, npy_files))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"snapshot root {afile / 'snaps'} is inside {afile}, which is a file" in message
+    assert "pass snapshot() a folder path (or set $SNAPCACHE_ROOT)" in message
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_root_that_cannot_be_created_gives_one_clear_line():
+    with pytest.raises(StoreError) as caught:
+        list(sc.Dataset.range(3).snapshot("/proc/snaps", progress=False))
+    assert str(caught.value).startswith("snapshot root /proc/snaps cannot be created (")
+    assert "pass snapshot() a folder you can write to, or set $SNAPCACHE_ROOT" in str(
+        caught.value)
+
+
+def test_a_read_only_root_reads_its_snapshots_and_names_the_way_out_for_new_ones(
+        tmp_path, npy_files):
+    root = tmp_path / "snaps"
+    expected = {kind: [e.tolist() for e in _numbers(root, kind, npy_files)]
+                for kind in ("range", "files")}
+    undo = [_make_read_only(folder) for folder in [*root.iterdir(), root]]
+    try:
+        for kind, examples in expected.items():  # a new pipeline object: read, not computed
+            assert [e.tolist() for e in _numbers(root, kind, npy_files)] == examples
+        with pytest.raises(StoreError) as caught:
+            list(sc.Dataset.range(7).snapshot(str(root), progress=False))
+    finally:
+        for step in reversed(undo):
+            step()
+    message = str(caught.value)
+    assert f"snapshot root {root} is not writable (permission denied)" in message
+    assert "reading a snapshot that already exists from a read-only root works" in message
+
+
+READ_ONLY_CHILD = """
+import sys, numpy as np, snapcache as sc
+from snapcache.errors import StoreError
+root, files, mode = sys.argv[1:]
+for source in (sc.Dataset.range(5).map(lambda i: np.full(3, i)),
+               sc.Dataset.from_files(files + "/*.npy").map(np.load)):
+    print(len(list(source.snapshot(root, progress=False))))
+for pipeline in (sc.Dataset.range(7), sc.Dataset.from_files(files + "/f[12].npy")) \
+        if mode == "read-only" else ():
+    try:
+        list(pipeline.snapshot(root, progress=False))
+    except StoreError as e:
+        print(e)
+"""
+
+
+def test_a_read_only_file_system_reads_and_refuses_in_one_line(tmp_path, npy_files):
+    """A root on a read-only mount (EROFS, not a permission error): the audit's repro. The
+    child builds two snapshots, then, on the root mounted read-only, reads them and is
+    refused new ones."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount a read-only file system")
+    root = tmp_path / "snaps"
+    child = [sys.executable, "-c", READ_ONLY_CHILD, str(root), str(npy_files)]
+    built = subprocess.run([*child, "build"], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0 and built.stdout.splitlines() == ["5", "5"], built.stderr
+    script = f'mount --bind {root} {root} && mount -o remount,bind,ro {root} && exec "$@"'
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *child, "read-only"],
+                          capture_output=True, text=True, timeout=120)
+    if "mount" in proc.stderr and proc.returncode != 0:
+        pytest.skip(f"cannot mount here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["5", "5"]  # both snapshots read from the read-only root
+    assert len(lines) == 4, proc.stdout
+    for line in lines[2:]:
+        assert line.startswith(f"snapshot root {root} is not writable (read-only file "
+                               "system): pass snapshot() a folder you can write to, or set "
+                               "$SNAPCACHE_ROOT; reading a snapshot that already exists")
+
+
+def test_a_url_with_a_slash_missing_is_refused_when_the_pipeline_is_built(tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"'s3:/bucket/snaps' looks like a URL with a slash "
+                                         r"missing: write 's3://bucket/snaps'"):
+        sc.Dataset.range(3).snapshot("s3:/bucket/snaps")
+    monkeypatch.setenv("SNAPCACHE_ROOT", "gs:/bucket/snaps")
+    with pytest.raises(ValueError, match="write 'gs://bucket/snaps'"):
+        sc.Dataset.range(3).snapshot()
+    assert os.listdir(tmp_path) == []

@@ -66,8 +66,7 @@ class IterableSource(Op):
 
     @property
     def traits(self) -> Traits:
-        indexable = hasattr(self.items, "__getitem__") and hasattr(self.items, "__len__")
-        return Traits(source=True, seekable=indexable, length="rule")
+        return Traits(source=True, seekable=streams.indexable(self.items), length="rule")
 
     def describe(self) -> str:
         n = len(self.items) if hasattr(self.items, "__len__") else "?"
