@@ -24,9 +24,8 @@ try:
     import albumentations as A
     import cv2
 except ImportError:
-    print("this example needs albumentations, which snapcache does not install: "
-          "pip install albumentations")
-    raise SystemExit(0)
+    raise SystemExit("this example needs albumentations, which snapcache does not install: "
+                     "pip install albumentations")
 
 SIZE = 96   # stored size (decode + resize once, before the snapshot)
 CROP = 80   # trained size (random crop each epoch, after it)

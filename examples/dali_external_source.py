@@ -22,9 +22,9 @@ import snapcache as sc
 try:
     from nvidia.dali import fn, pipeline_def, types
 except ImportError:
-    print("this example needs NVIDIA DALI, which snapcache does not install: "
-          "pip install nvidia-dali-cuda120 (see https://docs.nvidia.com/deeplearning/dali)")
-    raise SystemExit(0)
+    raise SystemExit("this example needs NVIDIA DALI, which snapcache does not install: "
+                     "pip install nvidia-dali-cuda120 "
+                     "(see https://docs.nvidia.com/deeplearning/dali)")
 
 SIZE, CROP = 72, 64
 
