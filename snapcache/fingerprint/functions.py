@@ -223,6 +223,8 @@ def _attribute_chains(instructions: list[dis.Instruction]
                 top = pending.partition(".")[0]
                 imported[ins.argval] = top if ins.argval == top else pending
                 pending = None
+        elif op == "POP_TOP" and pending_from and fromlist is None:
+            pass  # ``import a.b.c as d``: IMPORT_FROM b, SWAP, POP_TOP, IMPORT_FROM c, STORE d
         elif op not in ("SWAP", "ROT_TWO"):
             pending = pending_from = None
     if current is not None:

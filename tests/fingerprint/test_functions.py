@@ -484,8 +484,12 @@ def user_package(tmp_path, monkeypatch):
     (tmp_path / "fp_pkg" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
 
-    def write(name: str, src: str) -> None:
-        (tmp_path / "fp_pkg" / f"{name}.py").write_text(textwrap.dedent(src))
+    def write(name: str, src: str) -> None:  # name: "helpers", "sub/helpers"
+        path = tmp_path / "fp_pkg" / f"{name}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not (path.parent / "__init__.py").exists():
+            (path.parent / "__init__.py").write_text("")
+        path.write_text(textwrap.dedent(src))
         for m in [m for m in sys.modules if m == "fp_pkg" or m.startswith("fp_pkg.")]:
             del sys.modules[m]
     yield write
@@ -496,6 +500,7 @@ def user_package(tmp_path, monkeypatch):
 IMPORTS_INSIDE = {
     "from-import": "def f(x):\n    from fp_pkg.helpers import scale\n    return scale(x)\n",
     "import-as": "def f(x):\n    import fp_pkg.helpers as h\n    return h.scale(x)\n",
+    "deep import-as": "def f(x):\n    import fp_pkg.sub.helpers as h\n    return h.scale(x)\n",
     "import dotted": "def f(x):\n    import fp_pkg.helpers\n    return fp_pkg.helpers.scale(x)\n",
     "relative module": "def f(x):\n    from . import helpers\n    return helpers.scale(x)\n",
     "relative from-import": "def f(x):\n    from .helpers import FACTOR\n    return x * FACTOR\n",
@@ -508,8 +513,10 @@ IMPORTS_INSIDE = {
 def test_helpers_imported_inside_the_function_are_followed(user_package, case):
     """A snapshot that exists is read without running the function: what it imports when it runs
     is imported (user modules only) and followed when it is fingerprinted."""
+    module = "sub/helpers" if "fp_pkg.sub." in IMPORTS_INSIDE[case] else "helpers"
+
     def digest(factor: int, other: int = 0) -> str:
-        user_package("helpers", f"""
+        user_package(module, f"""
             FACTOR = {factor}
             def scale(x):
                 return x * FACTOR
@@ -518,7 +525,7 @@ def test_helpers_imported_inside_the_function_are_followed(user_package, case):
             """)
         user_package("user", IMPORTS_INSIDE[case])
         import fp_pkg.user
-        assert "fp_pkg.helpers" not in sys.modules  # not imported until fingerprinted
+        assert "fp_pkg." + module.replace("/", ".") not in sys.modules  # until fingerprinted
         return fp(fp_pkg.user.f)
     first = digest(2)
     assert digest(3) != first
