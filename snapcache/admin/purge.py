@@ -128,7 +128,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     chosen, kept = _select(snapshots, wanted, age, budget, incomplete, force)
     others = [s for s in snapshots if s.state == "committed" and s.link_target is None and
               s.id not in {item.snapshot.id for item in chosen}]
-    leftovers = [(s, name, size) for s in others for name, size in _leftovers(s)]
+    leftovers = [(s, name, size) for s in others
+                 for name, size in _leftovers(s, storage.child(s.id))]
     uploads = []
     if incomplete:
         ttl = CoordinationOptions().lease_ttl if lease_ttl is None else lease_ttl
@@ -305,7 +306,7 @@ def _file_sizes(snap: SnapshotInfo) -> dict[str, int]:
     return {f.path: f.size for f in snap.files}
 
 
-def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:
+def _leftovers(snap: SnapshotInfo, folder: Storage) -> list[tuple[str, int]]:
     """Files of a committed snapshot that nothing needs: the rule of ``streams.cleanup`` plus
     expired leases."""
     assert snap.manifest is not None
@@ -315,6 +316,9 @@ def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:
         layout.with_pages(shard.path for shard in snap.manifest.shards)
     live_runs = {lease.owner for lease in snap.live_leases if lease.kind == "write"}
     live_files = {lease.name for lease in snap.live_leases}
+    delta = snap.referenced is not None
+    if delta and live_runs:  # a live build of its next version: its records, and what they list
+        listed |= versions.held_by(folder, [f.path for f in snap.files], live_runs)
     result = []
     for f in snap.files:
         run = layout.run_of(f.path)
@@ -323,7 +327,8 @@ def _leftovers(snap: SnapshotInfo) -> list[tuple[str, int]]:
         owner = run or versions.record_owner(f.path)
         stale_shard = owner is not None and owner not in live_runs
         # a temporary file may be written right now: only _stale_tmp judges those
-        bookkeeping = f.path.startswith(("progress-", "stream-")) and not layout.is_tmp(f.path)
+        bookkeeping = f.path.startswith(("progress-", "stream-")) and not layout.is_tmp(f.path) \
+            and not (delta and owner in live_runs)
         expired_lease = f.path.startswith(("lease-", "reader-")) and f.path.endswith(".json") \
             and f.path not in live_files
         if stale_shard or bookkeeping or expired_lease:

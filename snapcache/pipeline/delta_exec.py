@@ -46,7 +46,8 @@ from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest
 from snapcache.store.protocol import (
-    StreamRecord, WriteLease, commit_fields, progress_by_task, versions)
+    StreamRecord, WriteLease, commit_fields, missing_shards, progress_by_task, versions,
+    write_progress)
 from snapcache.store.protocol.negotiate import Poll
 from snapcache.store.protocol.versions import SegmentRecord as Segment
 from snapcache.store.schema import Schema, merge_schemas
@@ -460,6 +461,15 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     unit_rows = unit_rows_of(op.parent, source, chosen) if known else None
     task = task_digest([key for key, _ in members])
     start, resume = _resumable(earlier, unit_rows) if unit_rows is not None else (0, None)
+    if resume is not None:
+        # This run's record of them at once: the clean-up after another build's commit keeps
+        # what live runs' records list (they are named by the run that wrote them). Then
+        # check they are still there (that clean-up may have listed the folder before).
+        resume = dataclasses.replace(resume, stream=seq, streams=seq + 1, run_id=run_id,
+                                     task=task)
+        write_progress(storage, resume)
+        if missing_shards(storage, resume.shards):
+            start, resume = 0, None
     if resume is not None:
         log.info("delta snapshot %s: %d of %d files of a segment were computed by an "
                  "interrupted run: computing the other %d", storage.url, start, len(chosen),

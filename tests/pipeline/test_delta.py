@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import snapcache as sc
-from snapcache.store.protocol import versions
+from snapcache.store.protocol import versions, write_leases
 from snapcache.store.fs import Storage
 
 CALLS: list[str] = []
@@ -555,7 +555,7 @@ STOPPING_CHILD = textwrap.dedent('''
         name = os.path.basename(path)
         if name == os.environ.get("STOP_AT"):
             open(os.environ["PAUSE"], "w").close()
-            while True:
+            while not os.path.exists(os.environ.get("GO", "/nonexistent")):
                 time.sleep(0.05)
         with open(calls, "a") as f:
             f.write(name + "\\n")
@@ -592,6 +592,43 @@ def test_a_build_killed_inside_a_segment_keeps_its_finished_shards(src, tmp_path
     assert rest == [f"f{i:04d}.txt" for i in range(40 - len(rest), 40)]  # a suffix, once
     assert [tuple(x) for x in json.load(open(tmp_path / "out"))] == expected(src)
     assert versions.versions(lineage(root)) == [1]
+
+
+def test_purge_during_a_build_that_resumed_a_killed_runs_shards_deletes_none_of_them(
+        src, tmp_path):
+    """The kept shards of a killed run (named by it) are recorded as the live build's at once:
+    purge's tidying of the lineage (a committed version, a dead run's files) leaves them."""
+    from snapcache.admin.purge import purge
+
+    root, calls, pause, go = tmp_path / "root", tmp_path / "calls", tmp_path / "pause", \
+        tmp_path / "go"
+
+    def child(**env):
+        return subprocess.Popen([sys.executable, "-c", STOPPING_CHILD, str(src), str(root),
+                                 str(tmp_path / "out"), str(calls)],
+                                env={**os.environ, **env})
+    assert child().wait(timeout=120) == 0  # version 1: the 12 files
+    for i in range(12, 52):
+        write(src, i)
+    first = child(STOP_AT="f0040.txt", PAUSE=str(pause))  # version 2: killed inside it
+    wait_for(pause, first)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
+    os.remove(pause)
+    live = child(STOP_AT="f0048.txt", PAUSE=str(pause), GO=str(go))  # resumed, then paused
+    try:
+        wait_for(pause, live)
+        storage = lineage(root)
+        writers = {x.owner for x in write_leases(storage)}
+        held = versions.held_by(storage, storage.listdir(), writers)
+        assert held  # the killed run's shards the live build kept, recorded as its own
+        report = purge(str(root), older_than="3650d")  # selects nothing; tidies leftovers
+        assert not {n.split("/", 1)[1] for n in report.tidied} & held, report.tidied
+    finally:
+        go.touch()
+    assert live.wait(timeout=120) == 0
+    assert [tuple(x) for x in json.load(open(tmp_path / "out"))] == expected(src)
+    assert versions.versions(lineage(root)) == [1, 2]
 
 
 def test_two_concurrent_delta_builds_compute_the_new_files_once(src, tmp_path):

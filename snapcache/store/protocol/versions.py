@@ -335,9 +335,11 @@ def referenced(storage: Storage, names: Sequence[str] | None = None,
 
 
 def record_owner(name: str) -> str | None:
-    """The build run a segment record or source record belongs to (None for other files)."""
-    segment, units = _SEGMENT_RE.match(name), _UNITS_RE.match(name)
-    return segment.group(1) if segment else units.group(2) if units else None
+    """The build run a segment record, progress record or source record belongs to (None for
+    other files)."""
+    record = _SEGMENT_RE.match(name) or _PROGRESS_RE.match(name)
+    units = _UNITS_RE.match(name)
+    return record.group(1) if record else units.group(2) if units else None
 
 
 def cleanup(storage: Storage, committed_run: str) -> list[str]:
@@ -348,30 +350,25 @@ def cleanup(storage: Storage, committed_run: str) -> list[str]:
     needed = referenced(storage, names)
     live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
     live_runs.discard(committed_run)
-    needed |= _held_by(storage, names, live_runs)
+    needed |= held_by(storage, names, live_runs)
     removed = []
     for name in names:
         if name in needed:
             continue
-        run = layout.run_of(name)
-        record = _SEGMENT_RE.match(name) or _PROGRESS_RE.match(name)
-        units = _UNITS_RE.match(name)
-        owner = run or (record.group(1) if record else units.group(2) if units else None)
+        owner = layout.run_of(name) or record_owner(name)
         if owner is not None and owner not in live_runs:
             storage.remove(name)
             removed.append(name)
     return removed
 
 
-def _held_by(storage: Storage, names: Sequence[str], runs: set[str]) -> set[str]:
+def held_by(storage: Storage, names: Sequence[str], runs: set[str]) -> set[str]:
     """The shards the segment and progress records of live ``runs`` list: a build resuming an
     interrupted run's task keeps that run's finished shards (named by it) as its own."""
     held: set[str] = set()
     for name in names:
         segment = _SEGMENT_RE.match(name)
-        progress = _PROGRESS_RE.match(name)
-        owner = segment.group(1) if segment else progress.group(1) if progress else None
-        if owner is None or owner not in runs:
+        if not (segment or _PROGRESS_RE.match(name)) or record_owner(name) not in runs:
             continue
         try:
             data = storage.read_bytes(name)
