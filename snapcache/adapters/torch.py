@@ -313,6 +313,16 @@ def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
     known: list[dict] = []
     yielded = False
     for rank, state in enumerate(ranks):
+        steps = state.get("_steps_since_snapshot") or 0
+        if steps:
+            whose = "the" if len(ranks) == 1 else f"rank {rank}'s"
+            raise ValueError(
+                f"{whose} loader state was saved {steps} batches after its workers' last "
+                "snapshot (StatefulDataLoader(snapshot_every_n_steps > 1)): the workers' "
+                "positions lag what the loader "
+                "yielded, and only the loader's own load_state_dict replays those batches, with "
+                "the same workers. For job_state (another world size or worker count), create "
+                "the loader with snapshot_every_n_steps=1 (the default)")
         datasets = _worker_states(state)
         yielded |= any(isinstance(d, dict) and d.get("yielded") for d in datasets)
         workers = [d.get("iterator") if isinstance(d, dict) else None for d in datasets]

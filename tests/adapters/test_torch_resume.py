@@ -229,3 +229,22 @@ def test_map_style_dataset_over_a_snapshot_with_a_sampler(root):
             assert torch.equal(batch["x"][:, 0], batch["id"].float())
             seen.extend(batch["id"].tolist())
     assert set(seen) == set(range(N))
+
+
+def test_job_state_refuses_a_state_saved_between_worker_snapshots(root):
+    ds = build(root).batch(4)
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2,
+                                snapshot_every_n_steps=5)
+    it = iter(loader)
+    take(it, 7)
+    state = loader.state_dict()
+    del it
+    assert state["_steps_since_snapshot"]
+    with pytest.raises(ValueError, match="snapshot_every_n_steps=1"):
+        job_state(state)
+    # the loader's own resume, with the same workers, is exact
+    again = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2,
+                               snapshot_every_n_steps=5)
+    again.load_state_dict(state)
+    rest = ids_of(again)
+    assert len(rest) == N - 28 and len(set(rest)) == len(rest)
