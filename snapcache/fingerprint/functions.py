@@ -175,21 +175,24 @@ def _analyse(code: types.CodeType) -> _CodeInfo:
     names = [i.argval for i in instructions if i.opname in _GLOBAL_LOADS]
     names += [n for info in nested for n in info.global_names]
     names = [n for n in names if n not in stored]
-    chains = _attribute_chains(instructions) + [c for info in nested for c in info.chains]
+    chains, imported = _attribute_chains(instructions)
+    chains += [c for info in nested for c in info.chains] + _inherited_chains(code, imported)
     return _CodeInfo(bytecode, constants, xxhash.xxh3_128(bytecode + constants).digest(),
                      tuple(dict.fromkeys(names)), tuple(dict.fromkeys(chains)))
 
 
-def _attribute_chains(instructions: list[dis.Instruction]
-                      ) -> list[tuple[str, str, tuple, int | None]]:
+def _attribute_chains(instructions: list[dis.Instruction], inherited: dict[str, str] | None = None
+                      ) -> tuple[list[tuple[str, str, tuple, int | None]], dict[str, str]]:
     """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes,
-    with the number of arguments it is called with right there (see :func:`_call_arguments`).
+    with the number of arguments it is called with right there (see :func:`_call_arguments`);
+    and the names the code imports (local name -> module path).
 
     A name imported inside the code (``import helpers``, ``from helpers import scale``,
     ``from . import sibling``) is a chain of kind "import" whose root is the dotted path it was
-    imported by, with a leading dot per level of a relative import (``.sibling``)."""
+    imported by, with a leading dot per level of a relative import (``.sibling``).
+    ``inherited``: names an enclosing function imported, read here through closure cells."""
     chains: list[tuple[str, str, tuple, int | None]] = []
-    imported: dict[str, str] = {}  # local name -> module path, from imports inside the code
+    imported: dict[str, str] = dict(inherited or {})  # local name -> module path
     current: tuple[str, str, list[str]] | None = None
     pending = pending_from = None
     fromlist: Any = None
@@ -229,7 +232,24 @@ def _attribute_chains(instructions: list[dis.Instruction]
             pending = pending_from = None
     if current is not None:
         chains.append((current[0], current[1], tuple(current[2]), None))
-    return chains
+    return chains, imported
+
+
+def _inherited_chains(code: types.CodeType, imported: dict[str, str]
+                      ) -> list[tuple[str, str, tuple, int | None]]:
+    """The reads nested code (a comprehension, a lambda, an inner function) makes, through its
+    closure cells, of names ``code`` imported: ``import helpers`` then
+    ``[helpers.scale(v) for v in x]``."""
+    found: list[tuple[str, str, tuple, int | None]] = []
+    for const in code.co_consts:
+        if not isinstance(const, types.CodeType):
+            continue
+        inherit = {name: imported[name] for name in const.co_freevars if name in imported}
+        if inherit:
+            chains, inner = _attribute_chains(list(dis.get_instructions(const)), inherit)
+            found += [c for c in chains if c[0] == "import"]
+            found += _inherited_chains(const, inner)
+    return found
 
 
 _CALLS = frozenset({"PRECALL", "CALL", "CALL_KW"})  # PRECALL: 3.11; CALL_KW: 3.13

@@ -506,6 +506,10 @@ IMPORTS_INSIDE = {
     "relative from-import": "def f(x):\n    from .helpers import FACTOR\n    return x * FACTOR\n",
     "nested function": "def f(x):\n    def g(y):\n        from fp_pkg import helpers\n"
                        "        return helpers.scale(y)\n    return g(x)\n",
+    "used in a comprehension": "def f(x):\n    import fp_pkg.helpers as h\n"
+                                "    return [h.scale(v) for v in x]\n",
+    "used in a lambda": "def f(x):\n    from fp_pkg.helpers import scale\n"
+                         "    return list(map(lambda v: scale(v), x))\n",
 }
 
 
