@@ -54,6 +54,9 @@ shards out in blocks of :data:`~snapcache.store.order.FALLBACK_BLOCK` rows (a fe
 each: 65,536 for this many rows) and plan the epoch's pieces before any of them is open. A
 claim of more is a damaged or hostile manifest, or a snapshot so old and so large that it is
 to be rebuilt (the next run records the record batches)."""
+MIN_PAGE_SIZE = 4 << 10
+"""The smallest page of a page checksum file (its pages are powers of two from there): so the
+table beside a shard is at most 1/512 of it, whatever a manifest says."""
 WAY_OUT = ("The manifest is damaged or was edited: delete the snapshot (`snapcache purge` "
            "with its id) and rerun the pipeline to rebuild it")
 """What to do about a manifest that is not valid (every such error ends with it)."""
@@ -346,6 +349,9 @@ def _pages(doc: dict, path: str, bad) -> tuple[int | None, str | None]:
             and isinstance(pages, str)):
         raise bad(f"shard {path!r}: page_size and pages_checksum must both be given, a "
                   "positive int and a string")
+    if size < MIN_PAGE_SIZE or size & (size - 1):
+        raise bad(f"shard {path!r}: page_size {size} is not a power of two of at least "
+                  f"{MIN_PAGE_SIZE} bytes")
     if len(pages) != 16 or not layout.is_hex(pages):
         raise bad(f"shard {path!r}: pages_checksum must be one {CHECKSUM_ALGORITHM} digest "
                   "(16 hex digits)")
