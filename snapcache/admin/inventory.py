@@ -7,6 +7,11 @@ States:
 ``abandoned``  no manifest and no live write lease: a writer died (its shards may be resumed by
                the next run of the same pipeline, or purged with ``--incomplete``)
 ``corrupt``    ``manifest.json`` exists but cannot be read (see :attr:`SnapshotInfo.problem`)
+
+A snapshot folder is a folder of the root named by a fingerprint (``layout.is_fingerprint``)
+that holds at least one file snapcache writes (``layout.is_own_file``): any other folder,
+empty or holding only other files, is not one and is not listed. A snapshot folder that also
+holds other files lists them in :attr:`SnapshotInfo.foreign_files`; ``purge`` leaves it alone.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ class SnapshotInfo:
         return self.id[:12]
 
     @property
+    def foreign_files(self) -> tuple[str, ...]:
+        """Files in the folder that snapcache does not write (a user's): ``purge`` never
+        deletes a folder holding any (a symbolic link to one loses only the link)."""
+        return tuple(f.path for f in self.files if not layout.is_own_file(f.path))
+
+    @property
     def compression_ratio(self) -> float | None:
         """Uncompressed over stored shard bytes (2.0: shards take half the raw size)."""
         stored = self.manifest.total_bytes if self.manifest is not None else 0
@@ -92,6 +103,7 @@ class SnapshotInfo:
             "versions": list(self.versions) or None,
             "corrupt_leases": list(self.corrupt_leases),
             "link_target": self.link_target, "tmp_files": self.tmp_files,
+            "foreign_files": list(self.foreign_files),
             "live_leases": [{"kind": lease.kind, "host": lease.host, "pid": lease.pid,
                              "file": lease.name} for lease in self.live_leases],
         }
@@ -162,7 +174,13 @@ def ls(root: str | os.PathLike | None = None, *, storage_options: dict | None = 
 def scan(storage: Storage) -> list[SnapshotInfo]:
     infos = [describe(storage.child(name), name) for name in storage.listdir()
              if layout.is_fingerprint(name)]
-    return sorted(infos, key=_order)
+    return sorted((info for info in infos if _snapshot_folder(info)), key=_order)
+
+
+def _snapshot_folder(info: SnapshotInfo) -> bool:
+    """Whether a folder named like a snapshot is one: it holds a file snapcache writes (a
+    symbolic link to a folder is judged by what it points to)."""
+    return any(layout.is_own_file(f.path) for f in info.files)
 
 
 def _order(info: SnapshotInfo) -> tuple:
@@ -236,7 +254,8 @@ def find(storage: Storage, wanted: str) -> SnapshotInfo:
     names = [n for n in storage.listdir() if layout.is_fingerprint(n)]
     ids = [n for n in names if n.startswith(text)] if layout.is_hex(text) else []
     if ids:
-        matches = [describe(storage.child(n), n) for n in ids[:6]]
+        matches = [info for info in (describe(storage.child(n), n) for n in ids[:6])
+                   if _snapshot_folder(info)]
     else:
         matches = [i for i in scan(storage) if i.name == wanted]
     if len(matches) == 1:

@@ -16,6 +16,10 @@ Safety rules (see docs/cli.md):
 - Nothing outside the root is ever deleted: a snapshot folder that is a symbolic link is
   reported with its target and only the link is removed (its bytes are not counted as freed);
   a linked snapshot's files are never tidied.
+- Nothing but snapcache's is ever deleted: only folders named by a fingerprint and holding a
+  file snapcache writes are snapshot folders (:mod:`~snapcache.admin.inventory`), one that
+  also holds any other file is kept with those files named (checked again just before it
+  would go), and tidying removes only files snapcache writes.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from snapcache.admin.inventory import SnapshotInfo, find_all, locate, not_a_root, scan
-from snapcache.admin.units import format_age, format_size, parse_duration, parse_size
+from snapcache.admin.units import (format_age, format_names, format_size, parse_duration,
+                                   parse_size)
 from snapcache.store import layout
 from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
@@ -153,7 +158,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     deleted = []
     for item in chosen:
         why_not = _delete(storage.child(item.snapshot.id), force,
-                          linked=item.snapshot.link_target is not None)
+                          linked=item.snapshot.link_target is not None,
+                          state=item.snapshot.state)
         if why_not:
             kept.append(PurgeItem(item.snapshot, why_not))
         else:
@@ -210,7 +216,9 @@ def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
     kept: list[PurgeItem] = []
 
     def take(snap: SnapshotInfo, reason: str) -> None:
-        if snap.leased and not force:
+        if snap.link_target is None and snap.foreign_files:
+            kept.append(PurgeItem(snap, _foreign(snap.foreign_files, snap.state)))
+        elif snap.leased and not force:
             kept.append(PurgeItem(snap, f"in use: {describe_leases(snap.live_leases)} "
                                         "(pass --force to delete anyway)"))
         elif snap.link_target is not None:
@@ -247,6 +255,13 @@ def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
     return chosen, kept
 
 
+def _foreign(names: Sequence[str], state: str) -> str:
+    """Why a folder (in ``state``) holding files snapcache does not write is kept."""
+    what = "not a snapshot" if state not in ("committed", "corrupt") else "not only a snapshot"
+    return (f"{what}, left alone: it holds files snapcache does not write "
+            f"({format_names(names)}); move them out of the folder to let purge delete it")
+
+
 def describe_leases(leases: Iterable[LeaseInfo]) -> str:
     """``"read lease of pid 123 on host-a"``, joined with commas."""
     now = time.time()
@@ -256,15 +271,19 @@ def describe_leases(leases: Iterable[LeaseInfo]) -> str:
                      for lease in leases)
 
 
-def _delete(folder: Storage, force: bool, linked: bool = False) -> str:
-    """Delete one snapshot folder, manifest first; return why it was kept instead, or "".
-    A ``linked`` folder (a symbolic link) loses only the link."""
+def _delete(folder: Storage, force: bool, linked: bool = False, state: str = "") -> str:
+    """Delete one snapshot folder (in ``state``), manifest first; return why it was kept
+    instead, or "". A ``linked`` folder (a symbolic link) loses only the link; a folder
+    holding a file snapcache does not write is kept."""
     try:
         if not force and (leases := live_leases(folder)):
             return f"in use: {describe_leases(leases)} (a process started using it just now)"
         if linked or folder.link_target() is not None:
             folder.remove_link()
             return ""
+        foreign = [f.path for f in folder.walk() if not layout.is_own_file(f.path)]
+        if foreign:  # put there since the plan was made
+            return _foreign(foreign, state)
 
         def in_use() -> str:  # a reader that came while the manifest was being withdrawn
             leases = [] if force else live_leases(folder)
@@ -322,7 +341,7 @@ def _leftovers(snap: SnapshotInfo, folder: Storage) -> list[tuple[str, int]]:
     result = []
     for f in snap.files:
         run = layout.run_of(f.path)
-        if f.path in listed or "/" in f.path:
+        if f.path in listed or not layout.is_own_file(f.path):
             continue
         owner = run or versions.record_owner(f.path)
         stale_shard = owner is not None and owner not in live_runs

@@ -1,4 +1,5 @@
-"""Sizes and durations as people type them: ``200GB``, ``1.5TiB``, ``500M``, ``7d``, ``90s``.
+"""Sizes and durations as people type them: ``200GB``, ``1.5TiB``, ``500M``, ``7d``, ``90s``;
+and lists of names cut short for a message.
 
 >>> parse_size("1.5KiB"), parse_size("2GB"), parse_duration("12h")
 (1536, 2000000000, 43200.0)
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import Sequence
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -82,3 +84,9 @@ def format_age(seconds: float | None) -> str:
                 name = "day"
             return "just now" if name == "s" and count < 10 else f"{count} {name} ago"
     raise AssertionError("unreachable")
+
+
+def format_names(names: Sequence[str], most: int = 3) -> str:
+    """``"a, b, c and 2 more"``: the first ``most`` of ``names``, and how many are left out."""
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")

@@ -8,7 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from snapcache.admin.inventory import describe, locate, scan
-from snapcache.admin.units import format_size
+from snapcache.admin.units import format_names, format_size
 from snapcache.cli import common
 
 
@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         out.print(f"snapshots in {storage.url}", markup=False)
     out.print(table(snaps))
-    garbage = [s for s in snaps if s.state == "abandoned" and not s.leased]
+    garbage = [s for s in snaps if s.state == "abandoned" and not s.leased and
+               not (s.foreign_files and s.link_target is None)]
     if garbage:
         size = format_size(sum(s.size_bytes for s in garbage))
         out.print(f"abandoned writes hold {size} ({common.plural(len(garbage), 'folder')}): "
@@ -60,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
         if snap.link_target is not None:
             out.print(f"{snap.short_id} is a symbolic link to {snap.link_target}: its bytes are "
                       "outside the root (purge removes only the link)", markup=False)
+        elif snap.foreign_files:
+            names = snap.foreign_files
+            out.print(f"{snap.short_id} holds {common.plural(len(names), 'file')} snapcache "
+                      f"does not write ({format_names(names)}): purge leaves it alone",
+                      markup=False)
     corrupt = [s for s in snaps if s.state == "corrupt"]
     for snap in corrupt:
         out.print(Text.assemble(("corrupt", "bold red"), f" {snap.short_id}: {snap.problem}"))

@@ -25,10 +25,10 @@ import xxhash
 
 from snapcache.errors import StoreError
 from snapcache.store import layout
+from snapcache.store.manifest import MIN_PAGE_SIZE
 
 _HEADER_PREFIX = 16  # an IPC file's magic (8 bytes), then the schema message's marker and length
 PAGES_PER_BATCH = 64  # page checksums a record batch (of the writer's target size), at most
-MIN_PAGE = 4 << 10
 
 
 def page_size_for(batch_bytes: int) -> int:
@@ -36,7 +36,7 @@ def page_size_for(batch_bytes: int) -> int:
     :data:`PAGES_PER_BATCH` pages a record batch (at least 4 KiB), so that a row read alone
     reads a few pages instead of its record batch, and the page table (8 bytes a page, beside
     the shard) is about 0.05% of the shard."""
-    size = MIN_PAGE
+    size = MIN_PAGE_SIZE
     while size * PAGES_PER_BATCH < batch_bytes:
         size *= 2
     return size

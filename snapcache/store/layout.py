@@ -11,6 +11,11 @@
     <root>/<fingerprint>/progress-<n>-<i>-<run>.json  shards finished so far by one writer run
     <root>/<fingerprint>/stream-<n>-<i>.json     stream i of n is complete (its shard list)
     <root>/<fingerprint>/last-used.json          when the snapshot was last read
+
+A delta snapshot's lineage folder also holds ``manifest-<v>.json``, ``units-<v>-<run>.arrow``
+and ``segment-<run>-<seq>.json`` (see :mod:`snapcache.store.protocol.versions`).
+:func:`is_own_file` recognises every one of these names, and :func:`is_fingerprint` the
+folders they live in: nothing else in a root is snapcache's.
 """
 
 from __future__ import annotations
@@ -25,7 +30,17 @@ SHARD_SUFFIX = ".arrow"
 PAGES_SUFFIX = ".pages"
 TMP_SUFFIX = ".tmp"
 
-_FINGERPRINT_RE = re.compile(r"^[0-9a-f]{8,64}$")
+FINGERPRINT_DIGITS = 32
+"""A snapshot folder's name: the xxh3-128 hex digest of its pipeline, of its ``key``, or of a
+delta snapshot's lineage (``FingerprintNode.digest``), always this many lowercase digits."""
+_FINGERPRINT_RE = re.compile(rf"^[0-9a-f]{{{FINGERPRINT_DIGITS}}}$")
+_OWN_FILE_RE = re.compile(
+    r"^(?:manifest\.json|manifest-\d+\.json|last-used\.json"
+    r"|lease-\d+-\d+-\d+\.json|reader-[0-9a-f]+\.json"
+    r"|progress-\d+-\d+-[0-9a-f]+\.json|stream-\d+-\d+\.json"
+    r"|segment-[0-9a-f]+-\d+\.json|units-\d+-[0-9a-f]+\.arrow"
+    r"|[0-9a-f]+-\d+-\d+\.arrow(?:\.pages)?)"
+    r"(?:(?:\.[0-9a-f]{16})?\.tmp)?$")
 
 
 def new_run_id() -> str:
@@ -69,7 +84,9 @@ def is_hex(text: str) -> bool:
 
 
 def is_fingerprint(name: str) -> bool:
-    """True if a folder name inside a root can be a snapshot folder."""
+    """True if a folder name inside a root can be a snapshot folder: a fingerprint of
+    :data:`FINGERPRINT_DIGITS` hex digits, the only names snapcache gives them (a user's
+    folder named like a date or a short hash is not one)."""
     return bool(_FINGERPRINT_RE.match(name))
 
 
@@ -79,6 +96,16 @@ def is_snapshot_folder(name: str, entries: Iterable[str]) -> bool:
     fingerprint, and it holds a manifest or a writer's shards."""
     return is_fingerprint(name) and any(
         entry == MANIFEST or run_of(entry) is not None for entry in entries)
+
+
+def is_own_file(name: str) -> bool:
+    """True if ``name`` (a path inside a snapshot folder) is a file snapcache writes there: a
+    manifest (or a delta snapshot's version), a shard or its page checksum file, a lease, a
+    progress record, a stream marker, the last-use record, a delta build's segment or source
+    record, or a temporary file of any of them (``<name>.<16 hex>.tmp``, older releases'
+    ``<name>.tmp``). Files in subfolders never are: snapcache makes none. A folder holding any
+    other file is someone else's, and ``purge`` never deletes it."""
+    return "/" not in name and bool(_OWN_FILE_RE.match(name))
 
 
 def is_safe_shard_path(path: str) -> bool:

@@ -34,6 +34,33 @@ their ``ls`` shows the folder as unreadable, never as an abandoned write that ``
 --incomplete`` deletes (docs/format.md, "Delta by default")."""
 CHECKSUM_ALGORITHM = "xxh3_64"
 SHARD_COMPRESSIONS = ("zstd", "lz4", "none")
+MAX_ROWS_PER_BYTE = 1 << 18
+"""The most rows a byte of a shard file can hold: an example has at least one field and columns
+are non-nullable, so a row costs at least one bit of a decoded buffer (a bool scalar's), and a
+byte of a compressed IPC body decodes to at most 32 KiB (zstd's densest block: a 3-byte header
+and one byte repeated 128 KiB times; an lz4 frame holds about 255 bytes a byte, a raw buffer
+one). A shard entry claiming more than ``MAX_ROWS_PER_BYTE * bytes`` rows is corrupt: no file
+of that size holds them. Readers lay a snapshot out from the manifest before any shard is open
+(:mod:`snapcache.store.order`), so the claim is checked here, not at the file."""
+MAX_BATCH_ROWS = 1 << 16
+"""The most rows of one record batch: the writer cuts them there at most (and did so before it
+recorded ``batch_rows``), so an entry of ``batch_rows`` claiming more is corrupt. Readers plan
+an epoch (blocks, then pieces of a few thousand positions) before they open a shard; bounded
+so, what a manifest claims costs them what a real snapshot with a manifest that long would."""
+MAX_UNLISTED_ROWS = 1 << 28
+"""The most rows the shards without ``batch_rows`` (written before snapcache recorded it) may
+hold together. Nothing in the manifest bounds how such a count is cut up, and readers lay these
+shards out in blocks of :data:`~snapcache.store.order.FALLBACK_BLOCK` rows (a few dozen bytes
+each: 65,536 for this many rows) and plan the epoch's pieces before any of them is open. A
+claim of more is a damaged or hostile manifest, or a snapshot so old and so large that it is
+to be rebuilt (the next run records the record batches)."""
+MIN_PAGE_SIZE = 4 << 10
+"""The smallest page of a page checksum file (its pages are powers of two from there): so the
+table beside a shard is at most 1/512 of it, whatever a manifest says."""
+WAY_OUT = ("The manifest is damaged or was edited: delete the snapshot (`snapcache purge` "
+           "with its id) and rerun the pipeline to rebuild it")
+"""What to do about a manifest that is not valid (every such error ends with it)."""
+_INT64 = (1 << 63) - 1  # what Arrow and the readers' numpy arrays count rows and bytes in
 
 
 def now_iso() -> str:
@@ -168,13 +195,14 @@ class Manifest:
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
-            raise CorruptSnapshotError(f"{where}: manifest is not valid JSON ({e})") from None
+            raise CorruptSnapshotError(f"{where}: manifest is not valid JSON ({e}). {WAY_OUT}"
+                                       ) from None
         return cls.from_json(doc, where=where)
 
     @classmethod
     def from_json(cls, doc: Any, *, where: str) -> "Manifest":
         def bad(msg: str) -> CorruptSnapshotError:
-            return CorruptSnapshotError(f"{where}: invalid manifest: {msg}")
+            return CorruptSnapshotError(f"{where}: invalid manifest: {msg}. {WAY_OUT}")
 
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise bad(f"not a {FORMAT} manifest")
@@ -207,6 +235,14 @@ class Manifest:
         for name, value in totals.items():
             if name in doc and doc[name] != value:
                 raise bad(f"{name} {doc[name]!r} disagrees with the shard list ({value})")
+            if value > _INT64:
+                raise bad(f"the shards' {name} add up to {value}, more than a 64-bit count")
+        unlisted = sum(s.rows for s in shards if s.batch_rows is None)
+        if unlisted > MAX_UNLISTED_ROWS:
+            raise bad(f"its shards without batch_rows claim {unlisted} rows, more than the "
+                      f"{MAX_UNLISTED_ROWS} readers lay out without a record batch list (a "
+                      "damaged manifest, or a snapshot from before snapcache recorded "
+                      "batch_rows too large to be read that way)")
         tree = doc.get("fingerprint_tree")
         delta = _delta_fields(doc, version, shards, bad)
         return cls(
@@ -272,6 +308,9 @@ def _shard(doc: Any, index: int, bad) -> ShardInfo:
         v = doc.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise bad(f"shard {path!r}: {key} must be a non-negative int, got {v!r}")
+    if doc["rows"] > MAX_ROWS_PER_BYTE * doc["bytes"]:
+        raise bad(f"shard {path!r}: {doc['rows']} rows cannot fit in {doc['bytes']} bytes "
+                  f"(a byte of a shard holds at most {MAX_ROWS_PER_BYTE} rows)")
     checksum = doc.get("checksum")
     algo, _, digest = str(checksum).partition(":")
     if algo != CHECKSUM_ALGORITHM or len(digest) != 16:
@@ -281,8 +320,12 @@ def _shard(doc: Any, index: int, bad) -> ShardInfo:
     if batch_rows is not None and not (isinstance(batch_rows, list) and all(
             isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in batch_rows)):
         raise bad(f"shard {path!r}: batch_rows must be a list of row counts")
+    if batch_rows is not None and any(r > MAX_BATCH_ROWS for r in batch_rows):
+        raise bad(f"shard {path!r}: batch_rows lists a record batch of {max(batch_rows)} "
+                  f"rows, more than the {MAX_BATCH_ROWS} a record batch holds")
     if batch_rows is not None and sum(batch_rows) != doc["rows"]:
-        batch_rows = None  # the shard's own row count is checked when it is opened
+        raise bad(f"shard {path!r}: batch_rows add up to {sum(batch_rows)} rows, the shard "
+                  f"has {doc['rows']}")
     compression = doc.get("compression")
     if compression is not None and compression not in SHARD_COMPRESSIONS:
         raise bad(f"shard {path!r}: compression {compression!r} is not one of "
@@ -306,6 +349,9 @@ def _pages(doc: dict, path: str, bad) -> tuple[int | None, str | None]:
             and isinstance(pages, str)):
         raise bad(f"shard {path!r}: page_size and pages_checksum must both be given, a "
                   "positive int and a string")
+    if size < MIN_PAGE_SIZE or size & (size - 1):
+        raise bad(f"shard {path!r}: page_size {size} is not a power of two of at least "
+                  f"{MIN_PAGE_SIZE} bytes")
     if len(pages) != 16 or not layout.is_hex(pages):
         raise bad(f"shard {path!r}: pages_checksum must be one {CHECKSUM_ALGORITHM} digest "
                   "(16 hex digits)")

@@ -57,12 +57,21 @@ class Layout:
                     batch_rows: Sequence[Sequence[int] | None] | None = None) -> "Layout":
         """``shard_rows[i]`` rows in shard i; ``batch_rows[i]`` its record batches' rows
         (None when unknown)."""
-        # Lists extended a shard at a time, made arrays once (a snapshot of 64 KiB record
-        # batches has thousands: a loop per block was most of opening it for random access).
+        # Record batches: lists extended a shard at a time, made arrays once (a snapshot of
+        # 64 KiB record batches has thousands: a loop per block was most of opening it for
+        # random access). Fallback blocks: arrays, no Python object a block (how many there are
+        # follows from a row count alone; the manifest bounds it: manifest.MAX_UNLISTED_ROWS).
+        parts: list[tuple[np.ndarray, ...]] = []
         rows: list[int] = []
         shard: list[int] = []
         batch: list[int] = []
-        offset: list[int] = []
+
+        def flush() -> None:
+            if rows:
+                parts.append((np.asarray(rows, np.int64), np.asarray(shard, np.int64),
+                              np.asarray(batch, np.int64), np.zeros(len(rows), np.int64)))
+                del rows[:], shard[:], batch[:]
+
         for i, total in enumerate(shard_rows):
             known = batch_rows[i] if batch_rows is not None else None
             if known is not None and sum(known) == total:
@@ -70,19 +79,20 @@ class Layout:
                     [j for j, r in enumerate(known) if r > 0]
                 rows.extend(known if 0 not in known else [known[j] for j in kept])
                 batch.extend(kept)
-                offset.extend([0] * len(kept))
                 shard.extend([i] * len(kept))
-            else:
-                starts = range(0, total, FALLBACK_BLOCK)
-                rows.extend(min(FALLBACK_BLOCK, total - o) for o in starts)
-                batch.extend([-1] * len(starts))
-                offset.extend(starts)
-                shard.extend([i] * len(starts))
-        counts = np.asarray(rows, dtype=np.int64)
+            elif total > 0:
+                flush()
+                starts = np.arange(0, total, FALLBACK_BLOCK, dtype=np.int64)
+                parts.append((np.minimum(FALLBACK_BLOCK, total - starts),
+                              np.full(len(starts), i, np.int64),
+                              np.full(len(starts), -1, np.int64), starts))
+        flush()
+        if not parts:
+            parts.append(tuple(np.zeros(0, np.int64) for _ in range(4)))
+        counts, shards, batches, offsets = (np.concatenate(arrays) for arrays in zip(*parts))
         start = np.zeros(len(counts), np.int64)
         np.cumsum(counts[:-1], out=start[1:])
-        as_array = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
-        return cls(start, counts, as_array(shard), as_array(batch), as_array(offset))
+        return cls(start, counts, shards, batches, offsets)
 
     @property
     def num_rows(self) -> int:
@@ -358,16 +368,20 @@ class Share:
             hi = self.length
         return rounds, lo, hi
 
-    def _natural(self, k: int) -> list[tuple[int, int]]:
+    def _natural(self, k: int) -> Iterator[tuple[int, int]]:
+        # one at a time: a snapshot of billions of rows read in windows of a hundred has tens
+        # of millions of them, and a reader wants the first ones first
         if self.bounds is not None:
             a, b = self.bounds[k], self.bounds[k + 1]
-            return [(a, b)] if b > a else []
+            if b > a:
+                yield a, b
+            return
         n, c = self.streams, self.chunk
         rounds, lo, hi = self._tail(k)
-        pieces = [((r * n + k) * c, (r * n + k + 1) * c) for r in range(rounds)]
+        for r in range(rounds):
+            yield (r * n + k) * c, (r * n + k + 1) * c
         if hi > lo:
-            pieces.append((lo, hi))
-        return pieces
+            yield lo, hi
 
     def _natural_count(self, k: int) -> int:
         if self.bounds is not None:
@@ -386,22 +400,21 @@ class Share:
         least = min(counts)
         return least if least == max(counts) else least // self.unit * self.unit
 
-    def sequence_pieces(self, k: int | None = None) -> list[tuple[int, int]]:
+    def sequence_pieces(self, k: int | None = None) -> Iterator[tuple[int, int]]:
         """Stream ``k``'s pieces in sequence coordinates, balanced; padding wraps around."""
         k = self.index if k is None else k
         want = self.count(k)
-        pieces, got = [], 0
+        got = 0
         for a, b in self._natural(k):
             if got >= want:
                 break
             b = min(b, a + want - got)
-            pieces.append((a, b))
+            yield a, b
             got += b - a
         while got < want and self.length:  # pad: the sequence's first positions again
             take = min(want - got, self.length)
-            pieces.append((0, take))
+            yield 0, take
             got += take
-        return pieces
 
     def to_positions(self, a: int, b: int) -> list[tuple[int, int]]:
         """Sequence coordinates ``[a, b)`` as position ranges."""

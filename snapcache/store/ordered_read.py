@@ -35,9 +35,18 @@ if TYPE_CHECKING:
 
 
 def layout_of(manifest: Manifest) -> Layout:
-    """The blocks of a committed snapshot (its record batches when the manifest lists them)."""
-    return Layout.from_shards([s.rows for s in manifest.shards],
-                              [s.batch_rows for s in manifest.shards])
+    """The blocks of a committed snapshot (its record batches when the manifest lists them).
+    Their count follows from the manifest alone, which :class:`Manifest` bounds; memory this
+    process cannot give them is a :class:`CorruptSnapshotError` too, never a raw error."""
+    try:
+        return Layout.from_shards([s.rows for s in manifest.shards],
+                                  [s.batch_rows for s in manifest.shards])
+    except (MemoryError, OverflowError) as e:
+        raise CorruptSnapshotError(
+            f"snapshot {manifest.fingerprint[:12]}: its manifest's {manifest.num_examples} "
+            f"rows in {len(manifest.shards)} shards cannot be laid out ({type(e).__name__}): "
+            "the manifest is damaged or was edited. Delete the snapshot with `snapcache "
+            f"purge {manifest.fingerprint[:12]}` and rerun the pipeline to rebuild it") from None
 
 
 class _Shards:

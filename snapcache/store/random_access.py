@@ -36,6 +36,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+from snapcache.errors import CorruptSnapshotError
 from snapcache.store.layout import pages_name
 from snapcache.store.reader import way_out
 from snapcache.store.row_read import Held, RowDecoder, load_pages, map_shard, read_row, \
@@ -154,7 +155,10 @@ class PageRows(_RowsAlone):
         if reader.verify and sum(usable) <= EAGER_PAGE_TABLES:
             for index, ok in enumerate(usable):  # read now: a first row then reads its pages
                 if ok:
-                    self._table(index)
+                    try:
+                        self._table(index)
+                    except CorruptSnapshotError:
+                        pass  # said by the first read of a row of that shard
 
     @classmethod
     def of(cls, reader: "SnapshotReader", layout: "Layout", held: HeldShards
@@ -190,11 +194,12 @@ class PageRows(_RowsAlone):
     def _table(self, index: int) -> Any:
         table = self.tables.get(index)
         if table is None:
-            table = load_pages(self.paths[index], self.reader.manifest.shards[index])
+            shard, reader = self.reader.manifest.shards[index], self.reader
+            table = load_pages(self.paths[index], shard,
+                               lambda: (reader.where(shard), way_out(reader.storage)))
             if table is None:
                 log.warning("%s: its page checksum file %s is missing or damaged; its rows are "
-                            "read with their record batches", self.reader.where(
-                                self.reader.manifest.shards[index]),
+                            "read with their record batches", reader.where(shard),
                             pages_name(self.paths[index]))
                 table = NO_PAGES
             self.tables[index] = table

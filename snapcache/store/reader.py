@@ -277,9 +277,13 @@ class SnapshotReader:
         hashed, and again by :meth:`release_pages` as its batches are decoded, so that resident
         memory stays within the prefetch budget even when one shard is larger than it.
         """
+        return self._opened(shard, self.verify if verify is None else verify, low_memory)[1]
+
+    def _opened(self, shard: ShardInfo, verify: bool, low_memory: bool
+                ) -> tuple[pa.Buffer, ShardFile]:
+        """(the shard's bytes, the shard opened from them): :meth:`open_shard`'s work."""
         where = self.where(shard)
-        buffer = self._verified(shard, where, self.verify if verify is None else verify,
-                                low_memory)
+        buffer = self._verified(shard, where, verify, low_memory)
         try:
             # Our own threads decode batches in parallel; Arrow's would only oversubscribe.
             reader = pa.ipc.open_file(buffer, options=_READ_OPTIONS)
@@ -298,7 +302,8 @@ class SnapshotReader:
         if self._arrow_schema is not None and not reader.schema.equals(self._arrow_schema):
             raise CorruptSnapshotError(f"{where} does not have the manifest's schema. "
                                        f"{way_out(self.storage)}")
-        return ShardFile(reader, self._validator, where, way_out(self.storage), shard.path)
+        return buffer, ShardFile(reader, self._validator, where, way_out(self.storage),
+                                 shard.path)
 
     @_about_shard
     def verified_shard(self, shard: ShardInfo) -> pa.Buffer:
@@ -351,16 +356,17 @@ class SnapshotReader:
 
     @_about_shard
     def batch_from_bytes(self, shard: ShardInfo, index: int, data: Any, *, whole: bool = True,
-                         digest: str | None = None) -> pa.RecordBatch:
+                         digest: str | None = None, verify: bool | None = None
+                         ) -> pa.RecordBatch:
         """Record batch ``index`` of ``shard`` from its bytes ``data`` (``[batch_offsets[index],
         batch_offsets[index + 1])`` of the file): checked against the manifest's checksum of
-        that batch (unless ``verify=False``; ``digest``: the xxh3_64 hex digest of ``data``
-        if the caller took it), decoded with the manifest's schema, its rows counted and
-        validated (``whole``: as :meth:`read_batch`); CorruptSnapshotError naming the shard and
-        the record batch if any of it fails."""
+        that batch (unless ``verify=False``, by default the reader's; ``digest``: the xxh3_64
+        hex digest of ``data`` if the caller took it), decoded with the manifest's schema, its
+        rows counted and validated (``whole``: as :meth:`read_batch`); CorruptSnapshotError
+        naming the shard and the record batch if any of it fails."""
         shard_where = self.where(shard)
         where = f"{shard_where} record batch {index}"
-        if self.verify:
+        if self.verify if verify is None else verify:
             actual = digest or xxhash.xxh3_64(memoryview(data)).hexdigest()
             if actual != shard.batch_checksums[index]:
                 raise CorruptSnapshotError(
@@ -524,10 +530,20 @@ class SnapshotReader:
     @_about_shard
     def check_shard(self, shard: ShardInfo) -> None:
         """Verify one shard completely: size, checksum, rows, schema, and every record batch
-        validated as reading would (a crafted shard can carry a matching checksum)."""
-        shard_file = self.open_shard(shard, verify=True)
+        validated as reading would (a crafted shard can carry a matching checksum); where the
+        manifest indexes its record batches, each one as the readers that use the index read
+        it (local sequential reads, ``snap[i]``): its bytes against its own checksum, decoded
+        with the manifest's schema, its rows against ``batch_rows`` (:meth:`batch_from_bytes`,
+        which they call). A shard can match its checksum while its index does not match it
+        (an edited manifest): every read of it would then fail."""
+        buffer, shard_file = self._opened(shard, True, False)
         for index in range(shard_file.num_record_batches):
             shard_file.get_batch(index)
+        if shard.batch_index and shard.batch_offsets is not None:
+            offsets = shard.batch_offsets
+            for index, (start, end) in enumerate(zip(offsets, offsets[1:])):
+                self.batch_from_bytes(shard, index, buffer.slice(start, end - start),
+                                      verify=True)
 
     def verify_all(self) -> list[str]:
         """Check every shard; return one line per problem (empty if the snapshot is sound)."""

@@ -63,16 +63,34 @@ def readable_alone(shard: ShardInfo, local: bool) -> bool:
         and shard.batch_checksums is not None and shard.batch_rows is not None
 
 
-def load_pages(path: str, shard: ShardInfo) -> bytes | None:
+def load_pages(path: str, shard: ShardInfo,
+               names: Callable[[], tuple[str, str]] | None = None) -> bytes | None:
     """The page table of ``shard`` (the local file ``path``): its ``.pages`` file, checked
     against the manifest's ``pages_checksum``; None if that file is missing or does not match
-    (an index, not data: the rows of such a shard are read by record batch instead)."""
+    (an index, not data: the rows of such a shard are read by record batch instead).
+
+    The shard itself is looked at first: missing, or of another size than the manifest's
+    ``bytes``, it is CorruptSnapshotError (``names()``: how errors name the shard, and what to
+    do), as for every read of it. The page file is read only if its own size is the one the
+    shard's size implies, so no read is sized by the manifest alone."""
+    def damaged(problem: str) -> CorruptSnapshotError:
+        where, way_out = names() if names is not None else (f"shard {path!r}", "")
+        return CorruptSnapshotError(f"{where}: {problem}. {way_out}".rstrip())
+
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise damaged(f"the shard is missing ({path})") from None
+    if size != shard.bytes:
+        raise damaged(f"the shard has {size} bytes, the manifest says {shard.bytes}")
     try:
         fd = os.open(layout.pages_name(path), os.O_RDONLY)
     except OSError:
         return None
     try:
-        table = _pread(fd, 8 * shard.pages + 1, 0)  # one more: a longer file does not match
+        if os.fstat(fd).st_size != 8 * shard.pages:
+            return None
+        table = _pread(fd, 8 * shard.pages + 1, 0)  # one more: a file grown since does not match
     except OSError:
         return None
     finally:

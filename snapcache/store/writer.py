@@ -29,7 +29,7 @@ from snapcache.store.indexed_file import (HashingSink, IndexedFileWriter, page_s
                                           store_page_table)
 from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
-    CHECKSUM_ALGORITHM, Manifest, ShardInfo, now_iso)
+    CHECKSUM_ALGORITHM, MAX_BATCH_ROWS, Manifest, ShardInfo, now_iso)
 from snapcache.store.schema import merge_schemas
 from snapcache.store.upload import Spool, Uploads
 from snapcache.store.protocol import (
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 _END = object()
 
 
-def batch_rows(example_bytes: int, target_bytes: int, most: int = 1 << 16) -> int:
+def batch_rows(example_bytes: int, target_bytes: int, most: int = MAX_BATCH_ROWS) -> int:
     """Rows per record batch: the largest power of two whose batch stays within the target.
 
     Powers of two make the record batches line up with the batch sizes users pick (32, 256,

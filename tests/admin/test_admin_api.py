@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 
+import numpy as np
 import pytest
 
 import snapcache as sc
@@ -119,6 +121,40 @@ def test_verify_finds_a_flipped_byte(root, three):
     assert seen == sorted(seen) and seen[-1] == sum(
         c.snapshot.manifest.total_bytes for c in report.checks)
     assert admin.verify(root, ["new"]).ok
+
+
+@pytest.mark.parametrize("damage", ["a digit of a batch checksum", "two batches' rows swapped"])
+def test_verify_checks_the_record_batch_index_that_reads_use(root, damage):
+    """Local sequential reads and ``snap[i]`` read record batches through the manifest's index
+    (``batch_offsets``, ``batch_checksums``, ``batch_rows``), not the whole-shard checksum: an
+    index that disagrees with a shard that matches its checksum fails every read, so verify
+    fails too, naming the record batch and the way out (whose first step is verify)."""
+    ds = sc.Dataset.range(300).map(lambda i: {"x": np.full(8, i), "i": i}).snapshot(
+        root, key="indexed", name="indexed", record_batch_size=2048, progress=False)
+    assert [e["i"] for e in ds] == list(range(300))
+    assert admin.verify(root=root).ok
+    snap = admin.info(root, "indexed")
+    folder = Storage(root).child(snap.id)
+    doc = json.loads(folder.read_bytes("manifest.json"))
+    shard = doc["shards"][0]
+    if damage.startswith("a digit"):
+        digest = shard["batch_checksums"][0]
+        shard["batch_checksums"][0] = ("0" if digest[0] != "0" else "1") + digest[1:]
+        expected = "record batch 0 is corrupt: checksum"
+    else:
+        rows = shard["batch_rows"]
+        assert rows[0] != rows[-1], rows
+        rows[0], rows[-1] = rows[-1], rows[0]
+        expected = f"record batch 0 has {rows[-1]} rows, the manifest says {rows[0]}"
+    folder.write_atomic("manifest.json", json.dumps(doc).encode())
+
+    report = admin.verify(root=root)
+    assert not report.ok and [c.snapshot.id for c in report.failed] == [snap.id]
+    [problem] = report.failed[0].problems
+    assert shard["path"] in problem and expected in problem, problem
+    assert "snapcache purge" in problem and "rerun the pipeline" in problem
+    with pytest.raises(sc.CorruptSnapshotError, match=expected):  # what verify spares readers
+        list(ds)
 
 
 def test_purge_needs_a_selection(root, three):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import re
 import signal
@@ -14,7 +15,8 @@ import time
 import pytest
 
 import snapcache as sc
-from admin_fixtures import expected_example, live_lease, make_snapshot, run_cli, set_last_used
+from admin_fixtures import (abandoned_write, expected_example, live_lease, make_snapshot,
+                            run_cli, set_last_used)
 from snapcache.errors import StoreError
 
 
@@ -174,3 +176,118 @@ def test_purge_incomplete_aborts_abandoned_multipart_uploads(s3_root):
     assert key in text and "multipart upload started" in text
     assert storage.incomplete_uploads() == []
     assert [s.state for s in sc.ls(s3_root)] == ["committed"]
+
+
+# -- folders that are not snapcache's ----------------------------------------------------------
+
+def user_folder(root, name, files=("notes.txt",)):
+    folder = os.path.join(root, name)
+    os.makedirs(folder, exist_ok=True)
+    for file in files:
+        path = os.path.join(folder, file)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("my notes, not a snapshot")
+        _age(path, 100 * 86400)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["20240101", "deadbeefcafe", "a" * 32, "b" * 64])
+def test_a_user_folder_named_in_hex_is_no_snapshot_and_no_purge_touches_it(root, name):
+    """Snapshot folders are 32 hex digits and hold snapcache's files: a folder named like a
+    date or a hash, holding only its owner's files (older than any age limit), is not listed
+    and survives every purge (an audit found `20240101/notes.txt` deleted as an abandoned
+    write)."""
+    fp = make_snapshot(root, "snap")
+    folder = user_folder(root, name, ["notes.txt", "sub/more.txt"])
+    assert [s.id for s in sc.ls(root)] == [fp]
+    for criteria in ({"incomplete": True}, {"max_size": 0}, {"older_than": "1d"}):
+        report = sc.purge(root, dry_run=True, **criteria)
+        assert name not in {i.snapshot.id for i in report.deleted + report.kept}, criteria
+    proc = run_cli("purge", root, "--incomplete", "--max-size", "0", "--yes")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(os.listdir(folder)) == ["notes.txt", "sub"] and not os.path.exists(
+        os.path.join(root, fp))
+    proc = run_cli("purge", root, name[:8])
+    assert proc.returncode == 2 and "no snapshot" in proc.stderr
+
+
+def test_a_snapshot_folder_holding_other_files_is_left_alone_with_them_named(root):
+    """An abandoned write with a user's file in it is "not a snapshot, left alone", whatever
+    selects it (also --force); a committed snapshot holding one too. ls says so."""
+    abandoned_write(root, "ab" * 16)
+    user_folder(root, "ab" * 16, ["notes.txt"])
+    fp = make_snapshot(root, "snap")
+    user_folder(root, fp, ["README.md"])
+    [snap, mixed] = sc.ls(root)
+    assert (mixed.state, mixed.foreign_files) == ("abandoned", ("notes.txt",))
+    assert snap.foreign_files == ("README.md",) and snap.to_json()["foreign_files"] == [
+        "README.md"]
+    out = run_cli("ls", root).stdout
+    assert "abababababab holds 1 file snapcache does not write (notes.txt): purge leaves it " \
+           "alone" in out
+    assert "abandoned writes hold" not in out
+
+    report = sc.purge(root, incomplete=True, max_size=0, ids=[fp], force=True)
+    assert report.deleted == ()
+    reasons = {item.snapshot.id: item.reason for item in report.kept}
+    assert reasons["ab" * 16].startswith("not a snapshot, left alone: it holds files snapcache "
+                                         "does not write (notes.txt)")
+    assert reasons[fp].startswith("not only a snapshot, left alone") and "README.md" in \
+        reasons[fp] and "move them out of the folder" in reasons[fp]
+    proc = run_cli("purge", root, "--incomplete")
+    assert proc.returncode == 1 and "not a snapshot, left alone" in proc.stdout
+    assert sorted(os.listdir(os.path.join(root, "ab" * 16))) == [
+        "0badc0de-0000-000000.arrow", "lease-0001-0000-000001.json", "notes.txt",
+        "progress-0001-0000-0badc0de.json"]
+    os.unlink(os.path.join(root, "ab" * 16, "notes.txt"))  # moved out: purge may go on
+    assert [i.snapshot.id for i in sc.purge(root, incomplete=True).deleted] == ["ab" * 16]
+
+
+def test_a_file_put_in_a_folder_while_purge_runs_keeps_it(root, monkeypatch):
+    """The folder is looked at again just before it goes."""
+    purge_module = importlib.import_module("snapcache.admin.purge")
+    abandoned_write(root, "cd" * 16)
+    real_scan = purge_module.scan
+
+    def scan_then_a_user_writes(storage):
+        found = real_scan(storage)
+        user_folder(root, "cd" * 16, ["late.txt"])
+        return found
+
+    monkeypatch.setattr(purge_module, "scan", scan_then_a_user_writes)
+    report = sc.purge(root, incomplete=True)
+    assert report.deleted == () and "late.txt" in report.kept[0].reason
+    assert os.path.exists(os.path.join(root, "cd" * 16, "late.txt"))
+
+
+def test_tidying_a_committed_snapshot_removes_only_snapcache_files(root):
+    fp = make_snapshot(root, "snap")
+    names = ["progress-report.json", "stream-of-thought.json", "lease-notes.json"]
+    user_folder(root, fp, names)
+    leftover = os.path.join(root, fp, "progress-0001-0000-0123abcd.json")
+    with open(leftover, "w") as f:
+        f.write("{}")
+    report = sc.purge(root, older_than="1000d")
+    assert report.tidied == (f"{fp}/progress-0001-0000-0123abcd.json",)
+    assert all(os.path.exists(os.path.join(root, fp, name)) for name in names)
+
+
+def test_every_file_snapcache_writes_in_a_snapshot_folder_is_recognised():
+    from snapcache.store import layout
+    from snapcache.store.protocol import versions
+
+    shard = layout.shard_name("0badc0de", 1, 2)
+    ours = [layout.MANIFEST, layout.LAST_USED, shard, layout.pages_name(shard),
+            layout.progress_name(4, 3, "0badc0de"), layout.marker_name(4, 3),
+            "lease-0004-0003-000002.json", "reader-0badc0de.json",
+            "progress-000004-000003-0badc0de.json",  # a delta build's, per task
+            versions.manifest_name(7), versions.units_name(7, "0badc0de"),
+            versions.segment_name("0badc0de", 5)]
+    ours += [layout.tmp_name(n) for n in ours] + [n + ".tmp" for n in ours]  # older: <n>.tmp
+    assert [n for n in ours if not layout.is_own_file(n)] == []
+    theirs = ["notes.txt", "manifest.json.bak", "data.arrow", "sub/manifest.json",
+              "0badc0de-0001-000002.arrow.orig", "x.tmp", "progress-report.json"]
+    assert [n for n in theirs if layout.is_own_file(n)] == []
+    assert layout.is_fingerprint("0123456789abcdef" * 2)
+    assert not any(map(layout.is_fingerprint, ["20240101", "0123abcd" * 3, "f" * 64, "A" * 32]))

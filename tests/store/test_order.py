@@ -57,6 +57,44 @@ def test_runs_and_blocks_in_agree_with_locate(shards, seed, window, cuts):
             assert listed == firsts
 
 
+def blocks_by_definition(shard_rows, batch_rows, block):
+    """The blocks of a layout, one tuple ``(rows, shard, batch, offset)`` each, as the module
+    docstring defines them."""
+    out = []
+    for i, total in enumerate(shard_rows):
+        known = batch_rows[i]
+        if known is not None and sum(known) == total:
+            out += [(r, i, j, 0) for j, r in enumerate(known) if r > 0]
+        else:
+            out += [(min(block, total - o), i, -1, o) for o in range(0, total, block)]
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(shards=st.lists(st.tuples(st.lists(st.integers(0, 9), max_size=4),
+                                 st.sampled_from(["known", "unknown", "wrong sum"])),
+                       max_size=6),
+       block=st.integers(1, 7))
+def test_layouts_are_their_blocks_by_definition(shards, block):
+    """Record batches where the manifest lists them, else fallback blocks of FALLBACK_BLOCK
+    rows (built without a Python object a block: their count follows from a claimed row count
+    alone), in shard order: the same blocks, so the same orders, as ever."""
+    from snapcache.store import order
+
+    rows = [sum(b) + (kind == "wrong sum") for b, kind in shards]
+    known = [b if kind != "unknown" else None for b, kind in shards]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(order, "FALLBACK_BLOCK", block)
+        layout = Layout.from_shards(rows, known)
+    want = blocks_by_definition(rows, known, block)
+    got = list(zip(layout.rows.tolist(), layout.shard.tolist(), layout.batch.tolist(),
+                   layout.offset.tolist()))
+    assert got == want and layout.num_rows == sum(rows)
+    assert layout.start.tolist() == np.cumsum([0] + [r for r, *_ in want])[:-1].tolist()
+    assert all(a.dtype == np.int64 for a in (layout.start, layout.rows, layout.shard,
+                                             layout.batch, layout.offset))
+
+
 def test_unseeded_is_the_rows_in_order():
     layout = Layout.from_shards([5, 7], [[2, 3], None])
     assert EpochOrder(layout, None, 3, 10).rows(0, 12).tolist() == list(range(12))

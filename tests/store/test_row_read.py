@@ -234,6 +234,9 @@ def test_a_record_batch_slot_holding_the_schema_message_is_refused(tmp_path):
     ({"page_size": "12"}, "must both be given"),
     ({"page_size": None}, "must both be given"),
     ({"page_size": 0}, "must both be given"),
+    ({"page_size": 1}, "page_size 1 is not a power of two of at least 4096 bytes"),
+    ({"page_size": 2048}, "page_size 2048 is not a power of two"),
+    ({"page_size": 6144}, "page_size 6144 is not a power of two"),
     ({"pages_checksum": "00"}, "pages_checksum must be"),
     ({"pages_checksum": "x"}, "pages_checksum must be"),
 ])
@@ -264,6 +267,32 @@ def test_a_manifest_without_page_checksums_reads_record_batches_as_before(tmp_pa
     old = sc.open_snapshot(str(tmp_path))
     assert_same_example(example(5), old[5])
     assert reads.preads == [] and len(reads.others) == 1
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["tables-at-open", "tables-at-first-row"])
+@pytest.mark.parametrize("claimed", [2**45, "one more"])
+def test_a_shard_of_another_size_than_the_manifest_says_is_corrupt_before_its_pages_are_read(
+        tmp_path, monkeypatch, claimed, eager):
+    """The page file's read is sized from the shard's real size, never from the manifest's
+    alone: a manifest claiming 32 TiB would have had a page table of 64 GiB read."""
+    from snapcache.store import random_access
+
+    if not eager:
+        monkeypatch.setattr(random_access, "EAGER_PAGE_TABLES", 0)
+    snap, storage = build(str(tmp_path))
+    doc = manifest_doc(storage)
+    real = doc["shards"][0]["bytes"]
+    doc["shards"][0]["bytes"] = claimed = real + 1 if claimed == "one more" else claimed
+    doc["total_bytes"] = sum(s["bytes"] for s in doc["shards"])
+    write_manifest(storage, doc)
+    reads = Reads(monkeypatch)
+    fresh = sc.open_snapshot(str(tmp_path))   # the other shards' tables are read
+    with pytest.raises(sc.CorruptSnapshotError,
+                       match=f"has {real} bytes, the manifest says {claimed}.*snapcache purge"):
+        fresh[0]
+    assert all(n <= 8 * snap.shards[1].pages + 1 for _, n in reads.preads), reads.preads
+    row = snap.shards[0].rows + 1  # the other shards still read
+    assert_same_example(example(row), fresh[row])
 
 
 def test_a_missing_shard_is_named(tmp_path):
@@ -372,7 +401,8 @@ def test_an_unusable_page_file_falls_back_to_the_record_batch(tmp_path, monkeypa
         reads.preads.clear()
         assert_same_example(example(3), fresh[3])
     assert "page checksum file" in caplog.text and shard.path in caplog.text
-    table = [(0, 8 * shard.pages + 1)] if damage != "missing" else []  # the page file, once
+    # the page file, read once when it has the length its shard implies (else not at all)
+    table = [(0, 8 * shard.pages + 1)] if damage == "flipped" else []
     if eager:
         assert [at for at, _ in at_open] == [0] * (len(snap.shards) - (not table))
         assert at_open[:1] == table or not table
