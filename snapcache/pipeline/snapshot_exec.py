@@ -193,14 +193,18 @@ def root_errors(op: ops.SnapshotOp, storage: Storage) -> Iterator[None]:
     becomes the StoreError of :func:`unusable_root`. Elsewhere only refused permissions."""
     try:
         yield
+    except StoreError:  # snapcache's own (a LeaseTimeoutError is a TimeoutError, an OSError)
+        raise
     except (NotADirectoryError, FileExistsError, PermissionError) as e:
         raise unusable_root(op.path, e) from e
     except OSError as e:
-        if not storage.local:
+        if not storage.local or e.errno not in _ROOT_ERRNOS:  # a race, a timeout: not the root
             raise
         raise unusable_root(op.path, e) from e
 
 
+_ROOT_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT,
+                          errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG})
 _NOT_WRITABLE = {errno.EACCES: "permission denied", errno.EPERM: "permission denied",
                  errno.EROFS: "read-only file system"}
 
