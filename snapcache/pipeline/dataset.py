@@ -403,7 +403,7 @@ class Dataset:
         snap = plan.last_snapshot(op)
         if snap is not None and snap.options.on_corrupt == "rebuild":
             iterator: Iterator[Any] = Rebuilding(
-                make, lambda: plan.committed_snapshot(snap)[0], lambda: plan.commit_name(snap),
+                make, lambda: plan.snapshot_folder(snap), lambda: plan.commit_name(snap),
                 delta=plan.delta_source(snap) is not None)
         else:
             iterator = make()

@@ -185,6 +185,16 @@ def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
     return storage, versions.find_version(storage, delta_units(op, source).digest)
 
 
+def snapshot_folder(op: ops.SnapshotOp) -> "Storage":
+    """Where ``op``'s snapshot lives (a delta snapshot: its lineage folder), without reading
+    its manifest."""
+    from snapcache.pipeline.snapshot_exec import check_root
+
+    root = check_root(op)
+    source = delta_source(op)
+    return root.child((snapshot_tree(op) if source is None else lineage_tree(op)).digest)
+
+
 def commit_name(op: ops.SnapshotOp) -> str | None:
     """The name of the manifest a read of ``op``'s snapshot reads: ``manifest.json``, or a
     delta snapshot's version ``manifest-<v>.json``; None while it is not committed."""

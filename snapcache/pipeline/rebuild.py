@@ -46,12 +46,18 @@ class Rebuilding:
         self._name: str | None = None
         self._read: bytes | None = None
         try:
-            self._name = commit()
+            try:
+                self._name = commit()
+            except CorruptSnapshotError:  # an unreadable manifest: its bytes, as they are
+                self._name = None if delta else layout.MANIFEST
             if self._name is not None:
                 self._read = folder().read_bytes(self._name)
         except (CorruptSnapshotError, OSError):
             pass
-        self._it: Iterator[Any] = make()
+        try:
+            self._it: Iterator[Any] = make()
+        except CorruptSnapshotError as error:  # met when the epoch starts: rebuilt at next()
+            self._it = _raising(error)
         self._yielded = 0
         self._rebuilt = False
 
@@ -122,6 +128,11 @@ class Rebuilding:
 
     def close(self) -> None:
         self._close_current()
+
+
+def _raising(error: BaseException) -> Iterator[Any]:
+    raise error
+    yield  # a generator
 
 
 __all__ = ["ON_CORRUPT", "CorruptSnapshotWarning", "Rebuilding"]

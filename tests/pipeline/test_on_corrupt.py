@@ -136,3 +136,18 @@ def test_rebuild_of_a_delta_snapshot_withdraws_every_version_listing_the_corrupt
     assert sorted(int(e["i"]) for e in files()) == list(range(40))
     assert sc.verify(str(tmp_path / "root")).ok
     assert not path.exists()  # the corrupt shard is no version's: cleaned up
+
+
+def test_rebuild_of_an_unreadable_manifest(root):
+    assert [e["i"] for e in pipeline(root)] == list(range(N))
+    snap = pipeline(root).open_snapshot()
+    path = os.path.join(root, snap.id, "manifest.json")
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])  # bit rot: a truncated manifest
+    with pytest.raises(CorruptSnapshotError, match="not valid JSON"):
+        list(pipeline(root))
+    with pytest.warns(CorruptSnapshotWarning, match="rebuilt now"):
+        assert [int(e["i"]) for e in pipeline(root, "rebuild")] == list(range(N))
+    assert [int(e["i"]) for e in pipeline(root)] == list(range(N))
