@@ -43,8 +43,11 @@ user's code, not to snapcache's.
 
 from __future__ import annotations
 
+import functools
 import os
+import site
 import sys
+import sysconfig
 import warnings
 
 __all__ = [
@@ -146,5 +149,22 @@ def warn(message: str, category: type[Warning]) -> None:
     level, frame = 1, sys._getframe(0)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         level, frame = level + 1, frame.f_back
+    # Then past the libraries that called into snapcache (a DataLoader's fetch, the standard
+    # library's threads), when a frame of the user's comes after them.
+    first_outside, below = level, frame
+    while below is not None and below.f_code.co_filename.startswith(_library_prefixes()):
+        level, below = level + 1, below.f_back
+    if below is None:  # only libraries (a DataLoader worker): the first frame outside snapcache
+        level = first_outside
     # Every frame snapcache's (its own entry point run by path): warn from its caller.
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)
+
+
+@functools.lru_cache(maxsize=1)
+def _library_prefixes() -> tuple[str, ...]:
+    """Where the standard library and installed packages live (their frames are not the
+    user's), and frozen modules."""
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    dirs |= set(getattr(site, "getsitepackages", lambda: [])())
+    return tuple(os.path.join(d, "") for d in dirs if d) + ("<frozen ",)

@@ -347,3 +347,17 @@ def test_the_guides_distributed_sampler_snippet_runs_outside_torchrun(root, monk
         shares.append(sorted(int(i) for batch in namespace["loader"] for i in batch["i"]))
     assert len(shares[0]) == len(shares[1]) == 15
     assert sorted(shares[0] + shares[1]) == list(range(30))
+
+
+def _noisy(i):
+    return {"x": np.float64(i + np.random.rand())}
+
+
+def test_a_warning_met_inside_a_dataloader_points_at_the_users_loop(tmp_path):
+    ds = sc.Dataset.range(4).map(_noisy).snapshot(str(tmp_path / "snaps"), progress=False)
+    with pytest.warns(RandomnessWarning) as caught:
+        line = sys._getframe().f_lineno + 1
+        for _ in torch.utils.data.DataLoader(ds.to_torch(), batch_size=None, num_workers=0):
+            pass
+    [warning] = [w for w in caught if issubclass(w.category, RandomnessWarning)]
+    assert (warning.filename, warning.lineno) == (__file__, line)  # not torch's fetch.py
