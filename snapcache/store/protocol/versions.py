@@ -351,15 +351,22 @@ def cleanup(storage: Storage, committed_run: str) -> list[str]:
     live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
     live_runs.discard(committed_run)
     needed |= held_by(storage, names, live_runs)
-    removed = []
-    for name in names:
-        if name in needed:
-            continue
-        owner = layout.run_of(name) or record_owner(name)
-        if owner is not None and owner not in live_runs:
-            storage.remove(name)
-            removed.append(name)
-    return removed
+    doomed = [name for name in names if name not in needed and
+              (owner := layout.run_of(name) or record_owner(name)) is not None and
+              owner not in live_runs]
+    if doomed:
+        # A build may have started since the listing and kept some of these shards as its own
+        # (a killed run's, see delta_exec._compute): look at the live runs' records again.
+        now = storage.listdir()
+        runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
+        runs.discard(committed_run)
+        kept = held_by(storage, [n for n in now if n not in names or
+                                 record_owner(n) in runs - live_runs], runs)
+        doomed = [name for name in doomed if name not in kept and
+                  (layout.run_of(name) or record_owner(name)) not in runs]
+    for name in doomed:
+        storage.remove(name)
+    return doomed
 
 
 def held_by(storage: Storage, names: Sequence[str], runs: set[str]) -> set[str]:
