@@ -153,8 +153,9 @@ class Snapshot:
         if entry.manifest is not None:
             self._manifest = entry.manifest
             return "committed"
-        if not self._folder.exists() or not self._folder.listdir():
-            return "absent"
+        if not self._folder.exists() or not any(map(layout.is_own_file,
+                                                    self._folder.listdir())):
+            return "absent"  # nothing of snapcache's (another's files are never a snapshot)
         if any(lease.kind == "write" for lease in protocol.live_leases(self._folder)):
             return "writing"
         return "abandoned"
