@@ -81,28 +81,23 @@ class Rebuilding:
         folder = self._folder()
         # Only the commit this epoch read is withdrawn: another process meeting the same damage
         # may have rebuilt it meanwhile, and that snapshot is good (and may be being read).
-        what = "was withdrawn and is rebuilt now"
+        name = self._name
         if self._delta:
             # A version of a delta snapshot: every version listing the corrupt shard goes (the
             # next build must not keep its segment); the lineage itself stays.
-            gone = versions.withdraw_listing(folder, error.shard) if error.shard else []
-            name = self._name
-            if name is None:  # the epoch that built it: the version it committed
+            if error.shard and versions.withdraw_listing(folder, error.shard):
+                name = None
+            elif name is None:  # the epoch that built it: the version it committed
                 try:
                     name = self._commit()
                 except (CorruptSnapshotError, OSError):
                     name = None
-            if not gone and name is not None:
-                try:
-                    now = folder.read_bytes(name)
-                except FileNotFoundError:
-                    now = None
-                if now is not None and self._read not in (None, now):
-                    what = "was rebuilt by another process meanwhile: this epoch reads that one"
-                elif now is not None:
-                    folder.remove(name)
-        elif withdraw_manifest(folder, lambda: "", expected=self._read) == "replaced":
-            what = "was rebuilt by another process meanwhile: this epoch reads that one"
+        elif name is None:
+            name = layout.MANIFEST
+        replaced = name is not None and withdraw_manifest(
+            folder, lambda: "", expected=self._read, name=name) == "replaced"
+        what = "was rebuilt by another process meanwhile: this epoch reads that one" \
+            if replaced else "was withdrawn and is rebuilt now"
         warn(f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} {what}; this epoch "
              f"goes on after its {self._yielded:,} examples already yielded",
              CorruptSnapshotWarning)

@@ -85,20 +85,22 @@ def record_last_use(storage: Storage) -> None:
                          durable=False)
 
 
-def withdraw_manifest(storage: Storage, in_use, expected: bytes | None = None) -> str:
+def withdraw_manifest(storage: Storage, in_use, expected: bytes | None = None,
+                      name: str = layout.MANIFEST) -> str:
     """Take the commit back before deleting a snapshot: remove the manifest (so no new reader
     opens it), then ask ``in_use()`` again; if a reader came meanwhile, put the manifest back
     exactly as it was and return ``in_use()``'s description. "" once withdrawn (or absent).
     With ``expected`` (the manifest's bytes as the caller read them), a manifest that is not
-    that one is left alone: "replaced" is returned (another process committed a new one)."""
+    that one is left alone: "replaced" is returned (another process committed a new one).
+    ``name``: the manifest's file (a delta snapshot's version: ``manifest-<v>.json``)."""
     try:
-        manifest = storage.read_bytes(layout.MANIFEST)
+        manifest = storage.read_bytes(name)
     except FileNotFoundError:
         return ""
     if expected is not None and manifest != expected:
         return "replaced"
-    storage.remove(layout.MANIFEST)
+    storage.remove(name)
     busy = in_use()
     if busy:
-        storage.create_exclusive(layout.MANIFEST, manifest)
+        storage.create_exclusive(name, manifest)
     return busy
