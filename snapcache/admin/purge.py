@@ -340,10 +340,9 @@ def _leftovers(snap: SnapshotInfo, folder: Storage) -> list[tuple[str, int]]:
         listed |= versions.held_by(folder, [f.path for f in snap.files], live_runs)
     result = []
     for f in snap.files:
-        run = layout.run_of(f.path)
         if f.path in listed or not layout.is_own_file(f.path):
             continue
-        owner = run or versions.record_owner(f.path)
+        owner = versions.owner_of(f.path)
         stale_shard = owner is not None and owner not in live_runs
         # a temporary file may be written right now: only _stale_tmp judges those
         bookkeeping = f.path.startswith(("progress-", "stream-")) and not layout.is_tmp(f.path) \

@@ -342,6 +342,12 @@ def record_owner(name: str) -> str | None:
     return record.group(1) if record else units.group(2) if units else None
 
 
+def owner_of(name: str) -> str | None:
+    """The writer run a file of a lineage folder belongs to: a shard's (or its page file's),
+    a segment, progress or source record's; None for other files."""
+    return layout.run_of(name) or record_owner(name)
+
+
 def cleanup(storage: Storage, committed_run: str) -> list[str]:
     """After ``committed_run`` committed a version: remove segment records, progress records,
     source records, and shards no version lists and no other live writer owns or holds.
@@ -352,8 +358,7 @@ def cleanup(storage: Storage, committed_run: str) -> list[str]:
     live_runs.discard(committed_run)
     needed |= held_by(storage, names, live_runs)
     doomed = [name for name in names if name not in needed and
-              (owner := layout.run_of(name) or record_owner(name)) is not None and
-              owner not in live_runs]
+              (owner := owner_of(name)) is not None and owner not in live_runs]
     if doomed:
         # A build may have started since the listing and kept some of these shards as its own
         # (a killed run's, see delta_exec._compute): look at the live runs' records again.
@@ -362,8 +367,7 @@ def cleanup(storage: Storage, committed_run: str) -> list[str]:
         runs.discard(committed_run)
         kept = held_by(storage, [n for n in now if n not in names or
                                  record_owner(n) in runs - live_runs], runs)
-        doomed = [name for name in doomed if name not in kept and
-                  (layout.run_of(name) or record_owner(name)) not in runs]
+        doomed = [name for name in doomed if name not in kept and owner_of(name) not in runs]
     for name in doomed:
         storage.remove(name)
     return doomed
@@ -419,7 +423,7 @@ def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = Fa
     for name in names:
         if name in needed or name in manifests:
             continue
-        owner = layout.run_of(name) or record_owner(name)
+        owner = owner_of(name)
         if owner is not None and owner not in live_runs:
             others.append(name)
     if not dry_run:
