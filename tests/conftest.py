@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
+
+# The processes tests start (killed writers, CLI runs, DataLoader workers) import this
+# checkout's snapcache, like the test process does, whatever an installed copy points at.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (_CHECKOUT, os.environ.get("PYTHONPATH")) if p)
 
 
 class CallCounter:
