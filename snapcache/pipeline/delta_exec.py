@@ -479,20 +479,10 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
                             run_id=run_id, lease=lease, resume=resume, task=task)
     upstream = ops.run(ops.rebase(op.parent, source.with_units(chosen[start:])), epoch,
                        streams.StreamSpec()) if start < len(chosen) else iter(())
-    keep = False  # an interruption keeps what was computed, for the next run (see _resumable)
-    with interrupt.sigterm_exits():
-        try:
-            for example in upstream:
-                writer.write(example)
-            record = writer.finish()
-        except (KeyboardInterrupt, SystemExit, GeneratorExit):
-            keep = True
-            raise
-        finally:
-            writer.abort(keep=keep)  # no-op once finished
-            close = getattr(upstream, "close", None)
-            if close is not None:
-                close()
+    with interrupt.keeps_written(writer, upstream):  # (for the next run: see _resumable)
+        for example in upstream:
+            writer.write(example)
+        record = writer.finish()
     if unit_rows is not None and sum(unit_rows) != record.rows:
         unit_rows = None  # the ops' length rules disagree with what was written
     segment = Segment(members, record.shards, record.schema, unit_rows)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 _lock = threading.Lock()
 _depth = 0
@@ -51,3 +51,23 @@ def sigterm_exits() -> Iterator[None]:
                     signal.getsignal(signal.SIGTERM) is _exit_on_sigterm:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 _installed = False
+
+
+@contextlib.contextmanager
+def keeps_written(writer: Any, source: Any) -> Iterator[None]:
+    """A writing epoch's body: while open, SIGTERM exits (:func:`sigterm_exits`). On leaving,
+    ``source`` is closed and ``writer`` aborted (a no-op after its commit or finish): its
+    finished shards stay for a resume, and after an interruption (Ctrl-C, SIGTERM, a consumer
+    that closes the epoch) the shard in progress too; after an error it is deleted."""
+    keep = False
+    with sigterm_exits():
+        try:
+            yield
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            keep = True
+            raise
+        finally:
+            writer.abort(keep=keep)
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()

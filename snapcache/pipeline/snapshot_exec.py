@@ -383,48 +383,36 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
            progress: EpochProgress | None = None) -> Iterator[Any]:
     done = 0
     finished = False  # the source is exhausted: committing
-    keep = False  # an interruption keeps the examples written so far
-    terminate = interrupt.sigterm_exits()
-    terminate.__enter__()
     try:
-        if resumed is not None:  # the examples of finished shards: read back, not recomputed
-            for item in resumed.examples():
-                done += 1
-                yield item
-        try:
-            for item in source:
-                writer.write(item)
-                done += 1
-                yield item
-            finished = True
-            manifest = writer.commit()
-            if progress is not None and manifest is not None and \
-                    manifest.writer.get("run_id") == writer.run_id:  # we committed it
-                progress.finish()
-        except LeaseLostError as lost:
-            # Fenced out: this writer commits nothing. If the one that took over has committed
-            # meanwhile, the epoch goes on with its snapshot instead of failing.
-            rest = committed_by_another(done, finished)
-            if rest is None:
-                raise
-            log.warning("%s; the snapshot was committed by the other writer: this epoch goes "
-                        "on reading it", lost)
-            yield from rest
-    except (KeyboardInterrupt, SystemExit, GeneratorExit):
-        keep = True
-        raise
+        with interrupt.keeps_written(writer, source):
+            if resumed is not None:  # the examples of finished shards: read back, not recomputed
+                for item in resumed.examples():
+                    done += 1
+                    yield item
+            try:
+                for item in source:
+                    writer.write(item)
+                    done += 1
+                    yield item
+                finished = True
+                manifest = writer.commit()
+                if progress is not None and manifest is not None and \
+                        manifest.writer.get("run_id") == writer.run_id:  # we committed it
+                    progress.finish()
+            except LeaseLostError as lost:
+                # Fenced out: this writer commits nothing. If the one that took over has
+                # committed meanwhile, the epoch goes on with its snapshot instead of failing.
+                rest = committed_by_another(done, finished)
+                if rest is None:
+                    raise
+                log.warning("%s; the snapshot was committed by the other writer: this epoch "
+                            "goes on reading it", lost)
+                yield from rest
     finally:
-        # No-op after a commit; otherwise finished shards stay for a resume, and on an
-        # interruption the shard in progress too.
-        writer.abort(keep=keep)
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
         if lease is not None:
             lease.release()
         if writer.storage.local:  # (object stores have no empty folders: no LIST for it)
             writer.storage.remove_if_empty()  # a failed epoch that wrote nothing leaves nothing
-        terminate.__exit__(None, None, None)
 
 
 def _partial_manifest(resume: StreamRecord, fingerprint: str) -> Manifest:
