@@ -148,17 +148,9 @@ class Snapshot:
                 return "writing"
             return "absent"
         entry = read_entry(self._folder, self.id)
-        if entry.problem:
-            return "corrupt"
         if entry.manifest is not None:
             self._manifest = entry.manifest
-            return "committed"
-        if not self._folder.exists() or not any(map(layout.is_own_file,
-                                                    self._folder.listdir())):
-            return "absent"  # nothing of snapcache's (another's files are never a snapshot)
-        if any(lease.kind == "write" for lease in protocol.live_leases(self._folder)):
-            return "writing"
-        return "abandoned"
+        return entry.state
 
     @property
     def problem(self) -> str:

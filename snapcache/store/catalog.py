@@ -19,7 +19,8 @@ from snapcache.store.reader import load_manifest
 STATES = ("committed", "writing", "abandoned", "absent", "corrupt")
 """``committed``: a manifest, readable; ``writing``: no manifest, a live write lease;
 ``abandoned``: no manifest, no live writer (the next run resumes it); ``absent``: nothing
-there; ``corrupt``: a manifest that cannot be read."""
+of snapcache's there (no folder, or one holding none of the files snapcache writes: another's
+files are never a snapshot); ``corrupt``: a manifest that cannot be read."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Entry:
     manifest: Manifest | None   # None: not committed (being written, or abandoned)
     problem: str = ""           # why the manifest could not be read, if it could not
     writing: bool = False       # not committed and a writer holds a live lease
+    own_files: bool = True      # the folder holds a file snapcache writes (layout.is_own_file)
     versions: tuple[int, ...] = ()
     """A delta snapshot's committed versions (``manifest`` is the newest)."""
     referenced: frozenset[str] | None = None
@@ -38,12 +40,14 @@ class Entry:
 
     @property
     def state(self) -> str:
-        """One of :data:`STATES` (never "absent": the folder exists)."""
+        """One of :data:`STATES`."""
         if self.problem:
             return "corrupt"
         if self.manifest is not None:
             return "committed"
-        return "writing" if self.writing else "abandoned"
+        if self.writing:
+            return "writing"
+        return "abandoned" if self.own_files else "absent"
 
 
 def read_entry(folder: Storage, fingerprint: str) -> Entry:
@@ -59,7 +63,8 @@ def read_entry(folder: Storage, fingerprint: str) -> Entry:
     except CorruptSnapshotError as e:
         return Entry(fingerprint, folder.url, None, problem=str(e))
     return Entry(fingerprint, folder.url, manifest, writing=manifest is None and any(
-        lease.kind == "write" for lease in live_leases(folder)))
+        lease.kind == "write" for lease in live_leases(folder)),
+        own_files=any(map(layout.is_own_file, names)))
 
 
 def scan(root: Storage) -> list[Entry]:

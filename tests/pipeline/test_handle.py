@@ -79,13 +79,14 @@ def test_states_absent_writing_abandoned_committed_corrupt(tmp_path):
     folder.makedirs()
     folder.write_atomic("notes.txt", b"not snapcache's")
     assert snap.state == "absent"  # a folder of someone else's files is no snapshot
+    assert ds.explain().state == "absent"  # explain says the same (it said "abandoned")
     lease = WriteLease.acquire(folder, run_id="feedbeef")
     try:
         assert snap.state == "writing"
     finally:
         lease.release()
     folder.write_atomic("feedbeef-0000-000000.arrow", b"partial")
-    assert snap.state == "abandoned"
+    assert snap.state == "abandoned" and ds.explain().state == "abandoned"
     with pytest.raises(sc.SnapshotStateError, match="purge --incomplete"):
         len(snap)
     list(ds)
