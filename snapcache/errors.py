@@ -91,9 +91,11 @@ class StoreError(SnapcacheError):
 
 class CorruptSnapshotError(StoreError):
     """A snapshot's bytes or manifest cannot be trusted. ``shard``: the path (in its folder) of
-    the shard found corrupt, when one was."""
+    the shard found corrupt, when one was; ``manifest``: the manifest file (in its folder)
+    found unreadable, when a delta snapshot's version was."""
 
     shard: str | None = None
+    manifest: str | None = None
 
 
 class UnknownFormatVersionError(CorruptSnapshotError):

@@ -81,11 +81,15 @@ class Rebuilding:
         folder = self._folder()
         # Only the commit this epoch read is withdrawn: another process meeting the same damage
         # may have rebuilt it meanwhile, and that snapshot is good (and may be being read).
-        name = self._name
+        name, expected = self._name, self._read
         if self._delta:
             # A version of a delta snapshot: every version listing the corrupt shard goes (the
-            # next build must not keep its segment); the lineage itself stays.
-            if error.shard and versions.withdraw_listing(folder, error.shard):
+            # next build must not keep its segment), or the version whose manifest cannot be
+            # read; the lineage itself stays.
+            if error.manifest:
+                expected = versions.still_unreadable(folder, error.manifest)
+                name = error.manifest if expected is not None else None
+            elif error.shard and versions.withdraw_listing(folder, error.shard):
                 name = None
             elif name is None:  # the epoch that built it: the version it committed
                 try:
@@ -95,7 +99,7 @@ class Rebuilding:
         elif name is None:
             name = layout.MANIFEST
         replaced = name is not None and withdraw_manifest(
-            folder, lambda: "", expected=self._read, name=name) == "replaced"
+            folder, lambda: "", expected=expected, name=name) == "replaced"
         what = "was rebuilt by another process meanwhile: this epoch reads that one" \
             if replaced else "was withdrawn and is rebuilt now"
         warn(f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} {what}; this epoch "

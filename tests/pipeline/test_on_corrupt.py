@@ -151,3 +151,37 @@ def test_rebuild_of_an_unreadable_manifest(root):
     with pytest.warns(CorruptSnapshotWarning, match="rebuilt now"):
         assert [int(e["i"]) for e in pipeline(root, "rebuild")] == list(range(N))
     assert [int(e["i"]) for e in pipeline(root)] == list(range(N))
+
+
+def test_rebuild_of_a_delta_snapshot_whose_newest_version_manifest_is_unreadable(tmp_path):
+    """A version's manifest damaged (truncated): the default raises naming it; "rebuild"
+    withdraws that version only and builds it again from the older one's segments."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+
+    def files(on_corrupt="raise"):
+        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
+                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
+                          on_corrupt=on_corrupt))
+    assert sorted(int(e["i"]) for e in files()) == list(range(20))
+    for i in range(20, 25):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+    assert sorted(int(e["i"]) for e in files()) == list(range(25))
+    (lineage,) = os.listdir(tmp_path / "root")
+    folder = tmp_path / "root" / lineage
+    newest = folder / "manifest-000002.json"
+    newest.write_bytes(newest.read_bytes()[:100])
+    with pytest.raises(CorruptSnapshotError, match="manifest-000002.json") as e:
+        list(files())
+    assert e.value.manifest == "manifest-000002.json"
+    with pytest.warns(CorruptSnapshotWarning, match="rebuilt now"):
+        assert sorted(int(e["i"]) for e in files("rebuild")) == list(range(25))
+    assert (folder / "manifest-000001.json").exists()  # the good version stays
+    assert sorted(int(e["i"]) for e in files()) == list(range(25))
+    assert sc.verify(str(tmp_path / "root")).ok
+    # another job meeting the same damage later finds the version readable: it withdraws nothing
+    from snapcache.store.fs import Storage
+    from snapcache.store.protocol import versions
+    assert versions.still_unreadable(Storage(str(folder)), "manifest-000002.json") is None

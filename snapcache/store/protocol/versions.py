@@ -100,11 +100,29 @@ def load_version(storage: Storage, version: int) -> Manifest | None:
         data = storage.read_bytes(name)
     except FileNotFoundError:
         return None
-    manifest = Manifest.loads(data, where=storage.url_of(name))
-    if manifest.version != version or manifest.source is None:
-        raise CorruptSnapshotError(f"{storage.url_of(name)}: not version {version} of a delta "
-                                   "snapshot (version or source record missing)")
+    try:
+        manifest = Manifest.loads(data, where=storage.url_of(name))
+        if manifest.version != version or manifest.source is None:
+            raise CorruptSnapshotError(f"{storage.url_of(name)}: not version {version} of a "
+                                       "delta snapshot (version or source record missing)")
+    except CorruptSnapshotError as e:
+        e.manifest = name  # (on_corrupt="rebuild" withdraws it)
+        raise
     return manifest
+
+
+def still_unreadable(storage: Storage, name: str) -> bytes | None:
+    """The bytes of version manifest ``name`` if it still cannot be read (None: it reads now,
+    another process having committed that version again, or it is gone)."""
+    data = None
+    try:
+        data = storage.read_bytes(name)
+        load_version(storage, int(_MANIFEST_RE.match(name).group(1)))
+    except CorruptSnapshotError:
+        return data
+    except OSError:
+        pass
+    return None
 
 
 def newest(storage: Storage, names: Sequence[str] | None = None) -> Manifest | None:
