@@ -76,6 +76,22 @@ def test_dataloader_with_two_workers_writes_one_snapshot_and_delivers_each_examp
     assert len(calls(log)) == N
 
 
+def test_take_with_two_workers_yields_the_first_k_once_and_splits_the_work(tmp_path, root):
+    """take(k) under DataLoader workers: k examples in all (it was k per worker), the
+    expensive map before a snapshot split between the workers."""
+    log = str(tmp_path / "calls")
+    ds = sc.Dataset.range(2 * N).take(N).map(counted(log)).snapshot(root, progress=False)
+    loader = DataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+    assert sorted(ids_of(loader)) == list(range(N))
+    assert sorted(calls(log)) == list(range(N))
+    assert snapshot_streams(root, ds) == {0, 1}           # each worker computed its half
+    for head in (ds.take(7), sc.Dataset.range(2 * N).take(N).shuffle(8, seed=1),
+                 ds.shuffle(8, seed=1).take(7)):
+        loader = DataLoader(head.to_torch(), batch_size=None, num_workers=2)
+        assert sorted(ids_of(loader)) == sorted(int(e["id"]) if isinstance(e, dict) else int(e)
+                                                for e in head) and len(head) == len(list(head))
+
+
 def test_set_epoch_reshuffles_the_order_but_not_the_set(root):
     ds = sc.Dataset.range(N).snapshot(root, progress=False).shuffle(16, seed=3).batch(4)
     torch_ds = ds.to_torch()

@@ -123,6 +123,60 @@ def test_known_length_is_the_real_length(build, expected):
         assert sum(1 for _ in ds) == expected
 
 
+TAKE_UPSTREAMS = {
+    "range": (lambda: snapcache.Dataset.range(40), True),
+    "list, map, prefetch": (lambda: snapcache.Dataset.from_iterable(list(range(40)))
+                            .map(double).prefetch(), True),
+    "generator": (lambda: snapcache.Dataset.from_generator(lambda: iter(range(40))), True),
+    "take of a take": (lambda: snapcache.Dataset.range(60).take(40), True),
+    "filter": (lambda: snapcache.Dataset.range(80).filter(keep_even), False),
+    "seeded shuffle": (lambda: snapcache.Dataset.range(40).shuffle(8, seed=1), False),
+}
+
+
+@pytest.mark.parametrize("count", [2, 3, 5])
+@pytest.mark.parametrize("upstream", list(TAKE_UPSTREAMS))
+@pytest.mark.parametrize("k", [0, 1, 7, 13, 40, 100])
+def test_streams_take_the_first_k_together(upstream, count, k):
+    """take(k) run as n streams (DataLoader workers, ranks) yields the first k examples of one
+    run, not k per stream: after a strided upstream each stream its own (so a snapshot of it
+    is written by every stream), otherwise stream 0 all of them."""
+    make, positional = TAKE_UPSTREAMS[upstream]
+    ds = make().take(k)
+    alone = list(ds)
+    assert len(alone) == ops.known_length(ds._op) or ops.known_length(ds._op) is None
+    shares = [list(ds.iterate(epoch=0, stream=(i, count))) for i in range(count)]
+    assert sorted(x for share in shares for x in share) == sorted(alone)
+    if positional:
+        assert shares == [alone[i::count] for i in range(count)]
+    else:
+        assert shares == [alone] + [[]] * (count - 1)
+    assert splittable(pipeline(ds)) is positional
+    assert ops.strided(pipeline(make())) is positional
+
+
+def test_a_take_after_a_snapshot_under_streams_is_the_snapshots_first_k(tmp_path):
+    ds = snapcache.Dataset.range(100).map(double).snapshot(str(tmp_path), progress=False)
+    list(ds)
+    taken = ds.take(30)
+    shares = [list(taken.iterate(epoch=0, stream=(i, 4))) for i in range(4)]
+    assert [x for share in shares for x in share] == list(taken) == [2 * i for i in range(30)]
+
+
+def test_a_take_before_a_snapshot_is_written_by_every_stream(tmp_path):
+    """range(400).take(200).map(f).snapshot() with 2 workers: each computes its half (it was
+    one worker computing all 200 while the other waited)."""
+    ds = snapcache.Dataset.range(400).take(200).map(double).snapshot(
+        str(tmp_path), progress=False)
+    outputs = [list(ds.iterate(epoch=0, stream=(i, 2))) for i in range(2)]
+    assert sorted(x for out in outputs for x in out) == [2 * i for i in range(200)]
+    manifest = ds.open_snapshot().manifest
+    assert manifest.num_examples == 200
+    # shards are named <run>-<stream>-<seq>: each stream wrote its 100
+    assert sorted((s.path.split("-")[1], s.rows) for s in manifest.shards) == [
+        ("0000", 100), ("0001", 100)]
+
+
 def test_per_stream_and_structure_traits():
     ds = snapcache.Dataset.range(10)
     per_stream = {node.kind for node in ops.lineage(

@@ -16,7 +16,7 @@ types; the derived decisions (stream splitting, resume, length) are the function
 """
 
 from snapcache.pipeline.ops.base import (RUNNERS, Op, Traits, callable_name, closing, counted,
-                                         lineage, run, runs, upstream)
+                                         lineage, run, runs, strided, upstream)
 from snapcache.pipeline.ops.batch import BatchOp
 from snapcache.pipeline.ops.buffering import CacheOp, CacheState, PrefetchOp
 from snapcache.pipeline.ops.elementwise import FilterOp, MapOp
@@ -33,16 +33,18 @@ __all__ = [
     "BatchOp", "CacheOp", "CacheState", "PrefetchOp", "FilterOp", "MapOp", "InterleaveOp",
     "ShuffleOp", "REPEAT_EPOCH_STRIDE", "RepeatOp", "ShardOp", "TakeOp", "SnapshotOp",
     "snapshot_below", "FilesSource", "GeneratorSource", "IterableSource", "ParquetSource",
-    "RangeSource", "TorchSource", "splittable", "resumable", "known_length", "delta_source",
-    "rebase",
+    "RangeSource", "TorchSource", "splittable", "strided", "resumable", "known_length",
+    "delta_source", "rebase",
 ]
 
 
 def splittable(op: Op | None) -> bool:
     """True if running the pipeline up to ``op`` as N streams, each on its share of the
-    source, yields the same examples as one run: only element-wise ops after the source."""
-    return op is None or all(node.traits.source or node.traits.element_wise
-                             for node in lineage(op))
+    source, yields the same examples as one run: only element-wise ops after the source, and
+    takes of a strided upstream (:func:`strided`: the streams take the first k together)."""
+    return op is None or all(
+        node.traits.source or node.traits.element_wise or
+        (node.traits.prefix and strided(node.parent)) for node in lineage(op))
 
 
 def resumable(op: Op | None) -> bool:

@@ -43,13 +43,19 @@ class Traits:
     - ``keeps_copy``: it stores what passes through (cache, snapshot); a pass over part of the
       input would store a partial copy, so a resume cannot skip through it.
     - ``seekable`` (sources): the source can start at any example (resume skips by count).
+    - ``strided`` (sources): stream ``i`` of ``n`` yields the examples at positions ``i``,
+      ``i + n``, ``i + 2n``, ... of one stream's run (a take of the first ``k`` can then be
+      split between the streams exactly).
+    - ``prefix``: it passes a prefix of its input, unchanged (take): what passes keeps its
+      position.
     - ``length``: how the number of items changes: ``"keep"`` (same as upstream), ``"rule"``
       (the op's :meth:`Op.length` computes it) or ``"unknown"``.
     - ``structure_preserving``: the example structure (keys, dtypes, trailing shapes) is kept;
       ``batch_dims`` leading dimensions are added (1 for batch).
-    - ``per_stream``: applied to each stream's share separately it produces something else
-      than applied once to everything (take keeps k per stream, batch and shard group the
-      shares).
+    - ``per_stream``: applied to each stream's share separately it would produce something
+      else than applied once to everything (batch and shard group the shares; take runs
+      differently under several streams so that they take the first k together: each its
+      own after a :func:`strided` upstream, otherwise stream 0 all of them).
     - ``content``: it changes the examples, so it counts towards fingerprints (prefetch, cache
       and snapshot do not).
     - ``per_input``: each output comes from one input alone, though outputs of several inputs
@@ -66,6 +72,8 @@ class Traits:
     order_preserving: bool = True
     keeps_copy: bool = False
     seekable: bool = False
+    strided: bool = False
+    prefix: bool = False
     length: str = "unknown"
     structure_preserving: bool = False
     batch_dims: int = 0
@@ -161,6 +169,24 @@ def lineage(op: Op) -> list[Op]:
         chain.append(node)
         node = node.parent
     return chain[::-1]
+
+
+def strided(op: Op | None) -> bool:
+    """True if stream ``i`` of ``n`` of the pipeline up to ``op`` yields the examples at
+    positions ``i``, ``i + n``, ... of one stream's run: a strided source, then only ops that
+    keep each example's position (element-wise, one-to-one and in order, keeping no copy; or
+    a prefix)."""
+    if op is None:
+        return False
+    for node in lineage(op):
+        t = node.traits
+        if t.source:
+            if not t.strided:
+                return False
+        elif not (t.prefix or (t.element_wise and t.one_to_one and t.order_preserving and
+                               not t.keeps_copy)):
+            return False
+    return True
 
 
 # -- runners -----------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Iterator
 
-from snapcache.pipeline.ops.base import Op, Traits, closing, runs, upstream
+from snapcache.pipeline import streams
+from snapcache.pipeline.ops.base import Op, Traits, closing, run, runs, strided, upstream
 
 REPEAT_EPOCH_STRIDE = 1 << 40
 """Repetition ``r > 0`` of epoch ``e`` runs the upstream as epoch ``e + r * stride``, so seeded
@@ -18,7 +19,8 @@ shuffles above a ``repeat`` draw a new order each repetition, reproducibly."""
 class TakeOp(Op):
     count: int = 0
     kind: ClassVar[str] = "take"
-    TRAITS: ClassVar = Traits(length="rule", structure_preserving=True, per_stream=True)
+    TRAITS: ClassVar = Traits(length="rule", structure_preserving=True, per_stream=True,
+                              prefix=True)
     fingerprint_args: ClassVar = ("count",)
 
     def describe(self) -> str:
@@ -30,8 +32,17 @@ class TakeOp(Op):
 
 @runs(TakeOp)
 def run_take(op: TakeOp, epoch: int) -> Iterator[Any]:
-    source = upstream(op, epoch)
-    return closing(source, itertools.islice(source, op.count))
+    # The streams (DataLoader workers, ranks) take the first ``count`` together, not each.
+    spec = streams.current()
+    if spec.trivial or strided(op.parent):  # by position: the ones of this stream below count
+        count = len(range(spec.index + spec.count * spec.skip, op.count, spec.count))
+        source = upstream(op, epoch)
+    elif spec.index == 0:  # no stream knows its examples' positions: stream 0 takes them all
+        count = max(0, op.count - spec.skip)
+        source = run(op.parent, epoch, streams.StreamSpec(skip=spec.skip))
+    else:
+        return iter(())
+    return closing(source, itertools.islice(source, count))
 
 
 @dataclass(frozen=True, eq=False)

@@ -54,8 +54,9 @@ class UnitSource:
         return [1] * len(units)
 
 
-SEEKABLE = Traits(source=True, seekable=True, length="rule")
-"""A source that can start at any example and whose length is known up front."""
+SEEKABLE = Traits(source=True, seekable=True, strided=True, length="rule")
+"""A source that can start at any example, splits between streams by position
+(:func:`streams.split`) and whose length is known up front."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +67,8 @@ class IterableSource(Op):
 
     @property
     def traits(self) -> Traits:
-        return Traits(source=True, seekable=streams.indexable(self.items), length="rule")
+        return Traits(source=True, seekable=streams.indexable(self.items), strided=True,
+                      length="rule")
 
     def describe(self) -> str:
         n = len(self.items) if hasattr(self.items, "__len__") else "?"
@@ -90,7 +92,7 @@ class GeneratorSource(Op):
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     kind: ClassVar[str] = "from_generator"
-    TRAITS: ClassVar = Traits(source=True)
+    TRAITS: ClassVar = Traits(source=True, strided=True)
     fingerprint_source: ClassVar = ("fn", "args", "kwargs")
 
     def describe(self) -> str:
@@ -142,7 +144,8 @@ class FilesSource(UnitSource, Op):
     strict: bool = False
     storage_options: dict = field(default_factory=dict)
     kind: ClassVar[str] = "from_files"
-    TRAITS: ClassVar = Traits(source=True, seekable=True, length="rule", units=True)
+    TRAITS: ClassVar = Traits(source=True, seekable=True, strided=True, length="rule",
+                              units=True)
     fingerprint_source: ClassVar = ("urls", "strict")
     not_fingerprinted: ClassVar = ("storage_options",)
 
@@ -263,7 +266,7 @@ class TorchSource(Op):
     """A map-style dataset (``__getitem__`` and ``__len__``), read by index."""
     dataset: Any = None
     kind: ClassVar[str] = "from_torch"
-    TRAITS: ClassVar = Traits(source=True, seekable=True)
+    TRAITS: ClassVar = Traits(source=True, seekable=True, strided=True)
     fingerprint_source: ClassVar = ("dataset",)
 
     def describe(self) -> str:
