@@ -162,9 +162,10 @@ def warn(message: str, category: type[Warning]) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _library_prefixes() -> tuple[str, ...]:
-    """Where the standard library and installed packages live (their frames are not the
-    user's), and frozen modules."""
+    """Where the standard library and installed packages live, the user's site-packages too
+    (their frames are not the user's), and frozen modules."""
     paths = sysconfig.get_paths()
     dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     dirs |= set(getattr(site, "getsitepackages", lambda: [])())
+    dirs.add(site.getusersitepackages())
     return tuple(os.path.join(d, "") for d in dirs if d) + ("<frozen ",)
