@@ -24,9 +24,7 @@ import importlib.util
 import inspect
 import os
 import random
-import site
 import sys
-import sysconfig
 import types
 import weakref
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from typing import Any, Callable
 
 import xxhash
 
+from snapcache.errors import library_folders
 from snapcache.fingerprint import canonical
 from snapcache.fingerprint.canonical import child_node
 from snapcache.fingerprint.explain import describe
@@ -59,13 +58,10 @@ _CLASS_SKIP = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "_
 
 # -- where code comes from ---------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=1)
-def _library_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    dirs.update(getattr(site, "getsitepackages", lambda: [])())
-    dirs.add(site.getusersitepackages())
-    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+def _in_library(file: str) -> bool:
+    """Is ``file`` (a module's ``__file__``, a spec's origin) in a folder of the standard
+    library or of installed packages? Both sides are resolved through symbolic links."""
+    return os.path.realpath(file).startswith(library_folders(resolved=True))
 
 
 _LIBRARY_MODULES: dict[str, bool] = {}
@@ -85,7 +81,7 @@ def _library_module(name: str) -> bool | None:
         if module is None:
             return None  # not imported (yet): do not remember a guess
         file = getattr(module, "__file__", None)
-        result = bool(file) and os.path.realpath(file).startswith(_library_dirs())
+        result = bool(file) and _in_library(file)
     _LIBRARY_MODULES[name] = result
     return result
 
@@ -498,7 +494,7 @@ def _library_path(path: str) -> bool:
     if spec is None:
         return False
     places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
-    return bool(places) and all(os.path.realpath(p).startswith(_library_dirs()) for p in places)
+    return bool(places) and all(_in_library(p) for p in places)
 
 
 def _import_path(path: str) -> Any:
