@@ -154,7 +154,8 @@ def warn(message: str, category: type[Warning]) -> None:
     # Then past the libraries that called into snapcache (a DataLoader's fetch, the standard
     # library's threads), when a frame of the user's comes after them.
     first_outside, below = level, frame
-    while below is not None and below.f_code.co_filename.startswith(_library_prefixes()):
+    libraries = library_folders() + ("<frozen ",)  # frozen modules: the standard library's
+    while below is not None and below.f_code.co_filename.startswith(libraries):
         level, below = level + 1, below.f_back
     if below is None:  # only libraries (a DataLoader worker): the first frame outside snapcache
         level = first_outside
@@ -162,11 +163,15 @@ def warn(message: str, category: type[Warning]) -> None:
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)
 
 
-@functools.lru_cache(maxsize=1)
-def _library_prefixes() -> tuple[str, ...]:
-    """Where the standard library and installed packages live (their frames are not the
-    user's), and frozen modules."""
+@functools.lru_cache(maxsize=2)
+def library_folders(*, resolved: bool = False) -> tuple[str, ...]:
+    """The folders of the standard library and of installed packages (site-packages, the
+    user's too), each ending in a separator: as sysconfig and site name them, the way frames'
+    ``co_filename`` spell them (:func:`warn`); or ``resolved`` through symbolic links, to
+    compare with a path resolved the same way (which modules the fingerprints count as
+    installed, ``snapcache.fingerprint.functions``)."""
     paths = sysconfig.get_paths()
     dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     dirs |= set(getattr(site, "getsitepackages", lambda: [])())
-    return tuple(os.path.join(d, "") for d in dirs if d) + ("<frozen ",)
+    dirs.add(site.getusersitepackages())
+    return tuple(os.path.join(os.path.realpath(d) if resolved else d, "") for d in dirs if d)

@@ -5,13 +5,14 @@
 True
 
 See ``DESIGN.md`` ("Fingerprint rules"). The submodules hold the pieces: ``tree`` (nodes and
-digests), ``canonical`` (values), ``functions`` (code), ``sources`` and ``explain``.
+digests), ``canonical`` (values), ``functions`` (code), ``randomness`` (what code draws at
+random, from the same reading of its bytecode), ``sources`` and ``explain``.
 """
 
 from snapcache.fingerprint.canonical import hash_value, register
 from snapcache.fingerprint.explain import diff_trees
-from snapcache.fingerprint.functions import (
-    detect_dataset_randomness, detect_randomness, hash_function)
+from snapcache.fingerprint.functions import hash_function
+from snapcache.fingerprint.randomness import detect_dataset_randomness, detect_randomness
 from snapcache.fingerprint.tree import FINGERPRINT_VERSION, FingerprintNode
 
 __all__ = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import random
-import textwrap
 import warnings
 
 import numpy as np
@@ -15,11 +14,7 @@ import snapcache as sc
 from snapcache.errors import RandomnessWarning
 from snapcache.fingerprint import detect_randomness
 
-
-def make(src: str, name: str = "f", **namespace):
-    ns = {"__name__": "fp_fixture_module", "np": np, **namespace}
-    exec(compile(textwrap.dedent(src), "<a>", "exec"), ns)
-    return ns[name]
+from fp_user_code import make
 
 
 GENERATORS = {
