@@ -32,6 +32,9 @@ Warnings::
     RandomnessWarning (UserWarning)     randomness upstream of a snapshot is frozen into it
     OptionConflictWarning (UserWarning) snapshot options that differ from the existing
                                         snapshot's (name, compression) have no effect
+    RedundantSnapshotWarning (UserWarning)
+                                        a snapshot that stores the examples of the one
+                                        below it again
 
 Errors that mean "you passed a bad argument" are plain ``ValueError``/``TypeError`` raised
 eagerly, when the pipeline is built, not when it runs.
@@ -66,6 +69,7 @@ __all__ = [
     "UserFunctionError",
     "RandomnessWarning",
     "OptionConflictWarning",
+    "RedundantSnapshotWarning",
 ]
 
 
@@ -138,6 +142,12 @@ class OptionConflictWarning(UserWarning):
     """``snapshot(name=..., compression=...)`` differs from what the existing snapshot has:
     such options do not change the examples, so they are not in the fingerprint and the
     snapshot is read as it is."""
+
+
+class RedundantSnapshotWarning(UserWarning):
+    """A snapshot whose upstream, back to the snapshot below it, computes nothing of an
+    example (only shuffle, take, shard, repeat, prefetch or cache between them): it stores
+    the same examples a second time and saves no computation."""
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep

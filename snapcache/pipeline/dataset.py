@@ -10,6 +10,7 @@ import itertools
 import os
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from snapcache.errors import RedundantSnapshotWarning, warn
 from snapcache.fingerprint import register
 from snapcache.options import AUTOTUNE, SnapshotOptions, check_parallelism, default_root
 from snapcache.pipeline import ops, ordered, plan
@@ -301,6 +302,7 @@ class Dataset:
             _check_delta(self._op, key)
         root = os.fspath(path) if path is not None else default_root()
         check_url(root)  # "s3:/bucket" would be a local folder named "s3:"
+        _warn_copy(self._op, root)
         return self._then(ops.SnapshotOp, path=root, options=options)
 
     def __len__(self) -> int:
@@ -534,3 +536,22 @@ def _check_delta(op: ops.Op, key: str | None) -> None:
 # A Dataset captured by a function (an interleave source, a closure) counts by its pipeline's
 # fingerprint, not by its Python object state (iteration counters, caches).
 register(Dataset, lambda ds: ("snapcache.Dataset", ds.fingerprint()))
+
+
+def _warn_copy(op: ops.Op, root: str) -> None:
+    """Warn when a snapshot at ``op`` would store the examples of the snapshot below again."""
+    copied = ops.copied_snapshot(op)
+    if copied is None:
+        return
+    below, between = copied
+    what = ", ".join(node.describe() for node in between)
+    way = "remove one of the two .snapshot() calls"
+    if what:
+        way += f"; {what} can run after the last snapshot instead, every epoch, at little cost"
+    if "://" in below.path and "://" not in root:
+        way += (f"; for a local copy of a remote snapshot, use .snapshot({below.path!r}, "
+                f"local_cache={root!r})")
+    warn(f"this .snapshot() would store the examples of {below.describe()} again"
+         + (f", with only {what} between them" if what else "")
+         + f": a second copy on disk that saves no computation. To fix it, {way}.",
+         RedundantSnapshotWarning)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import snapcache as sc
-from snapcache.errors import OptionConflictWarning
+from snapcache.errors import OptionConflictWarning, RedundantSnapshotWarning
 from snapcache.store.options import WriteOptions
 
 
@@ -55,3 +55,39 @@ def test_matching_or_default_options_do_not_warn(root):
         warnings.simplefilter("error", OptionConflictWarning)
         list(pipeline(root, name="train", compression="lz4"))
         list(pipeline(root))  # no name given, default compression: nothing asked differs
+
+
+def square(x):
+    return x * x
+
+
+@pytest.mark.parametrize("between, named", [
+    (lambda ds: ds, None),
+    (lambda ds: ds.shuffle(50, seed=0), "shuffle(50)"),
+    (lambda ds: ds.take(5).prefetch().repeat(2), "take(5), prefetch"),
+])
+def test_a_snapshot_of_a_snapshot_that_computes_nothing_warns_at_the_users_line(
+        root, between, named):
+    first = sc.Dataset.range(10).map(square).snapshot(root, progress=False)
+    with pytest.warns(RedundantSnapshotWarning, match="second copy on disk") as caught:
+        between(first).snapshot(root, progress=False)
+    message = str(caught[0].message)
+    assert caught[0].filename == __file__
+    assert "remove one of the two .snapshot() calls" in message
+    assert named is None or named in message
+
+
+def test_a_snapshot_after_a_computing_op_does_not_warn(root):
+    first = sc.Dataset.range(10).snapshot(root, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RedundantSnapshotWarning)
+        first.map(square).snapshot(root, progress=False)
+        first.filter(lambda x: x > 2).snapshot(root, progress=False)
+        first.interleave(lambda x: [x, x]).snapshot(root, progress=False)
+        sc.Dataset.range(10).shuffle(5, seed=1).snapshot(root, progress=False)  # no snapshot below
+
+
+def test_a_local_copy_of_a_remote_snapshot_points_to_local_cache(tmp_path):
+    with pytest.warns(RedundantSnapshotWarning, match="local_cache="):
+        sc.Dataset.range(10).snapshot("s3://bucket/snaps", progress=False).snapshot(
+            str(tmp_path), progress=False)

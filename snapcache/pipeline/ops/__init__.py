@@ -23,7 +23,7 @@ from snapcache.pipeline.ops.elementwise import FilterOp, MapOp
 from snapcache.pipeline.ops.interleave import InterleaveOp
 from snapcache.pipeline.ops.shuffle import ShuffleOp
 from snapcache.pipeline.ops.slicing import REPEAT_EPOCH_STRIDE, RepeatOp, ShardOp, TakeOp
-from snapcache.pipeline.ops.snapshot import SnapshotOp, snapshot_below
+from snapcache.pipeline.ops.snapshot import SnapshotOp, copied_snapshot, snapshot_below
 from snapcache.pipeline.ops.sources import (FilesSource, GeneratorSource, IterableSource,
                                             ParquetSource, RangeSource, TorchSource)
 
@@ -32,7 +32,7 @@ __all__ = [
     "upstream",
     "BatchOp", "CacheOp", "CacheState", "PrefetchOp", "FilterOp", "MapOp", "InterleaveOp",
     "ShuffleOp", "REPEAT_EPOCH_STRIDE", "RepeatOp", "ShardOp", "TakeOp", "SnapshotOp",
-    "snapshot_below", "FilesSource", "GeneratorSource", "IterableSource", "ParquetSource",
+    "snapshot_below", "copied_snapshot", "FilesSource", "GeneratorSource", "IterableSource", "ParquetSource",
     "RangeSource", "TorchSource", "splittable", "strided", "resumable", "known_length",
     "delta_source", "rebase",
 ]

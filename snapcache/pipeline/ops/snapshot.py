@@ -27,6 +27,21 @@ class SnapshotOp(Op):
         return f"snapshot({self.path!r})"
 
 
+def copied_snapshot(op: Op) -> "tuple[SnapshotOp, list[Op]] | None":
+    """The snapshot below ``op`` when the ops between compute nothing of an example (they
+    reorder, select, repeat or buffer: shuffle, take, shard, repeat, prefetch, cache), with
+    those ops in pipeline order: a snapshot at ``op`` would store its examples again."""
+    between: list[Op] = []
+    node = op
+    while not isinstance(node, SnapshotOp):
+        t = node.traits
+        if t.source or not t.structure_preserving or (t.element_wise and t.content):
+            return None
+        between.append(node)
+        node = node.parent
+    return node, between[::-1]
+
+
 def snapshot_below(op: Op) -> "tuple[SnapshotOp, ShuffleOp | None] | None":
     """The snapshot directly below ``op``, with the shuffle between them if there is one:
     what the column-wise fast reads of :mod:`snapcache.pipeline.runners` can serve."""
