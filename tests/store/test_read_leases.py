@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -248,3 +249,30 @@ def test_a_reader_arriving_while_the_last_holders_lease_is_released_keeps_a_leas
     protocol.release_all()
     assert name not in storage.listdir()
     del second
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_purge_from_a_machine_whose_clock_runs_ahead_keeps_the_snapshots_in_use(
+        where, request, tmp_path, monkeypatch, caplog):
+    """A one-shot observer judges a lease file's modification time (the storage's clock) by
+    the storage's clock: with this machine 90 s ahead of it (more than the lease ttl), every
+    live lease looked expired and purge deleted the snapshot being read."""
+    import types
+
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("s3_root")
+    ds = build(root)
+    assert list(ds) == [i * 2 for i in range(50)]  # reads: holds a read lease
+    ahead = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if k[0] != "_"})
+    ahead.time = lambda: time.time() + 90
+    monkeypatch.setattr(lease_module, "time", ahead)
+    monkeypatch.setattr(lease_module, "_offsets", {})
+    with caplog.at_level("WARNING", logger=lease_module.log.name):
+        report = sc.purge(root, max_size=1)
+    assert not report.deleted and "read lease of pid" in report.kept[0].reason
+    assert re.search(r"differs from this machine's by -9[01] s", caplog.text)  # (S3: whole s)
+    assert list(ds) == [i * 2 for i in range(50)]
+    monkeypatch.setattr(lease_module, "time", time)  # (not undo(): s3_root's env stays)
+    del ds
+    gc.collect()
+    wait_until(lambda: held(root) == [])
+    assert len(sc.purge(root, max_size=1).deleted) == 1  # once no longer read, it goes

@@ -12,7 +12,8 @@ Liveness never trusts another machine's clock or pid. A writer deciding whether 
 judges a lease expired when its content has not changed for ``ttl`` seconds of the observer's
 own monotonic clock, or when its holder is provably a dead process of this machine (the same
 host, pid namespace and boot). A one-shot observer (``ls``, ``purge``) that has not watched it
-uses the file's modification time, set by the storage, not by the holder. A lease file that
+uses the file's modification time, set by the storage, not by the holder, and compares it with
+the storage's clock (:func:`storage_now`), not its own. A lease file that
 cannot be parsed is a *corrupt lease*: held until it ages out like any other, never an error
 for the rest of the root.
 
@@ -34,6 +35,7 @@ from datetime import datetime, timezone
 
 from snapcache import lifecycle
 from snapcache.errors import LeaseLostError
+from snapcache.store import layout
 from snapcache.store.fs import Storage
 
 log = logging.getLogger(__name__)
@@ -183,8 +185,52 @@ def expired(storage: Storage, info: LeaseInfo, *, one_shot: bool = False) -> boo
         return True
     if one_shot:
         modified = storage.modified(info.name)
-        return modified is not None and time.time() - modified > info.ttl
+        # By this machine's clock first: a lease that looks alive is kept either way.
+        return modified is not None and time.time() - modified > info.ttl and \
+            storage_now(storage) - modified > info.ttl
     return False
+
+
+CLOCK_CHECK_INTERVAL = 300.0
+"""Seconds (monotonic) a measured offset between a storage's clock and this machine's is used."""
+CLOCK_SKEW_WARNING = 5.0
+_offsets: dict[str, tuple[float, float]] = {}   # root url -> (storage - local seconds, when)
+
+
+def storage_now(storage: Storage) -> float:
+    """The time now by the clock that sets modification times in ``storage`` (an object
+    store's, an NFS server's): the modification time of a probe file written now, as an
+    offset from this machine's clock measured once per root every
+    :data:`CLOCK_CHECK_INTERVAL`. A machine whose clock runs ahead of the storage's would
+    otherwise take every live lease for expired. This machine's clock if the probe cannot be
+    written (a read-only root: nothing is deleted from it then)."""
+    root = storage.url.rsplit("/", 1)[0]
+    with _seen_lock:
+        known = _offsets.get(root)
+    if known is None or time.monotonic() - known[1] > CLOCK_CHECK_INTERVAL:
+        probe = layout.tmp_name("clock")
+        try:
+            before = time.time()
+            storage.write_atomic(probe, b"", make_folders=False, durable=False)
+            after = time.time()
+            modified = storage.modified(probe)
+            storage.remove(probe)
+        except OSError as e:
+            log.debug("cannot measure the clock of %s (%s): using this machine's", root, e)
+            return time.time()
+        if modified is None:
+            return time.time()
+        # The storage stamped the probe between before and after (by our clock); a stamp
+        # outside that window is the clocks' offset.
+        offset = 0.0 if before - 1.0 <= modified <= after + 1.0 else modified - (before + after) / 2
+        if abs(offset) > CLOCK_SKEW_WARNING:
+            log.warning("the clock of %s differs from this machine's by %+.0f s: leases there "
+                        "are judged by the storage's clock; check this machine's time "
+                        "synchronisation (NTP)", root, offset)
+        known = (offset, time.monotonic())
+        with _seen_lock:
+            _offsets[root] = known
+    return time.time() + known[0]
 
 
 def write_leases(storage: Storage, names: list[str] | None = None) -> list[LeaseInfo]:
@@ -396,7 +442,8 @@ class ReadLease:
         if not self.storage.exists(self.info.name):
             self.gone = True
             raise LeaseLostError(f"read lease {self.storage.url_of(self.info.name)} was "
-                                 "removed (the snapshot was purged with --force)")
+                                 "removed (the snapshot was purged with --force, or its folder "
+                                 "deleted)")
         self.info = _heartbeat(self.storage, self.info)
 
     def release(self) -> None:
