@@ -7,7 +7,8 @@ function's own name do not count: moving a function or editing a comment keeps i
 
 Helpers written by the user (module-level functions in user code) are followed recursively.
 Functions from the standard library and installed packages are identified by module, qualified
-name and package version, not by their bytecode. The fingerprint of a code object is cached by
+name and package version, not by their bytecode (which is which:
+:mod:`snapcache.fingerprint.origin`). The fingerprint of a code object is cached by
 identity (code is immutable); the values of globals are read afresh on every call.
 
 Requires the bytecode of one Python minor version: fingerprints differ between 3.10 and 3.11.
@@ -19,10 +20,8 @@ import builtins
 import collections.abc
 import dis
 import functools
-import importlib.metadata
 import importlib.util
 import inspect
-import os
 import random
 import sys
 import types
@@ -32,13 +31,14 @@ from typing import Any, Callable
 
 import xxhash
 
-from snapcache.errors import library_folders
 from snapcache.fingerprint import canonical
 from snapcache.fingerprint.canonical import child_node
 from snapcache.fingerprint.explain import describe
+from snapcache.fingerprint.origin import (
+    is_library_path, is_user_module, module_version, user_function)
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, leaf, node
 
-__all__ = ["hash_function", "is_user_module", "module_version"]
+__all__ = ["callable_node", "class_node", "hash_function", "is_function_like"]
 
 _GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
 _ATTR_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
@@ -54,66 +54,6 @@ _CLASS_SKIP = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "_
                          "__annotations__", "__dataclass_fields__", "__dataclass_params__",
                          "__firstlineno__", "__static_attributes__", "__orig_bases__",
                          "__parameters__", "_abc_impl", "__slotnames__"})
-
-
-# -- where code comes from ---------------------------------------------------------------------
-
-def _in_library(file: str) -> bool:
-    """Is ``file`` (a module's ``__file__``, a spec's origin) in a folder of the standard
-    library or of installed packages? Both sides are resolved through symbolic links."""
-    return os.path.realpath(file).startswith(library_folders(resolved=True))
-
-
-_LIBRARY_MODULES: dict[str, bool] = {}
-
-
-def _library_module(name: str) -> bool | None:
-    """Is module ``name`` stdlib or installed? None while it is not imported."""
-    known = _LIBRARY_MODULES.get(name)
-    if known is not None:
-        return known
-    top = name.partition(".")[0]
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "snapcache":
-        # snapcache itself counts by version even when installed from a checkout (-e).
-        result = True
-    else:
-        module = sys.modules.get(name) or sys.modules.get(top)
-        if module is None:
-            return None  # not imported (yet): do not remember a guess
-        file = getattr(module, "__file__", None)
-        result = bool(file) and _in_library(file)
-    _LIBRARY_MODULES[name] = result
-    return result
-
-
-def is_user_module(name: str | None) -> bool:
-    """Is ``name`` user code (hashed by bytecode), not stdlib or an installed package?"""
-    return name is None or name == "__main__" or not _library_module(name)
-
-
-def _user_function(fn: types.FunctionType) -> bool:
-    """Is ``fn``'s code user code? Judged by the module its code was written in (its globals):
-    ``functools.wraps`` gives a library's wrapper the ``__module__`` of the function it wraps."""
-    return is_user_module(fn.__globals__.get("__name__"))
-
-
-@functools.lru_cache(maxsize=1024)
-def _package_version(top: str) -> str:
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
-        return f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    version = getattr(sys.modules.get(top), "__version__", None)
-    if isinstance(version, str):
-        return version
-    try:
-        dists = importlib.metadata.packages_distributions().get(top) or [top]
-        return importlib.metadata.version(dists[0])
-    except Exception:  # no metadata: the name alone must do
-        return ""
-
-
-def module_version(name: str) -> str:
-    """The version of the package that provides module ``name`` ("" for user code)."""
-    return "" if is_user_module(name) else _package_version(name.partition(".")[0])
 
 
 # -- code objects ------------------------------------------------------------------------------
@@ -298,7 +238,7 @@ def is_function_like(v: Any) -> bool:
 def _is_wrapper(v: Any) -> bool:
     """A C-level decorator object (``lru_cache``, ``cache``) around a user function."""
     wrapped = getattr(v, "__wrapped__", None)
-    return (isinstance(wrapped, types.FunctionType) and _user_function(wrapped)
+    return (isinstance(wrapped, types.FunctionType) and user_function(wrapped)
             and not isinstance(v, (types.FunctionType, type)) and not canonical._is_plain_object(v))
 
 
@@ -323,7 +263,7 @@ def _named_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
 
 
 def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNode:
-    if _user_function(fn):
+    if user_function(fn):
         return w.guarded(fn, label, lambda: _build_function(fn, label, w))
     held = _held_user_code(fn)
     if not held:
@@ -362,7 +302,7 @@ def _held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, A
     def user_code(v: Any) -> bool:
         v = getattr(v, "func", getattr(v, "__func__", v))  # a partial's or a method's function
         if isinstance(v, types.FunctionType):
-            return _user_function(v) or (
+            return user_function(v) or (
                 depth < 8 and bool(_held_user_code(v, depth + 1)))
         return isinstance(v, type) and is_user_module(v.__module__)
     return held if any(user_code(v) for _, v in held) else []
@@ -374,7 +314,7 @@ def _library_state(value: Any, label: str, w: Walk) -> FingerprintNode:
     try:
         return _captured(value, label, w)
     except Unhashable:
-        if isinstance(value, types.FunctionType) and _user_function(value):
+        if isinstance(value, types.FunctionType) and user_function(value):
             raise
         return leaf(label, "library state", canonical.type_name(type(value)).encode(),
                     describe(value))
@@ -416,7 +356,7 @@ def _global_nodes(fn: types.FunctionType, info: _CodeInfo, w: Walk) -> list[Fing
             if isinstance(value, types.ModuleType):  # its contents the code reads: below
                 nodes.append(canonical.module_name_node(value, f"global `{name}`"))
                 continue
-            user_fn = isinstance(value, types.FunctionType) and _user_function(value)
+            user_fn = isinstance(value, types.FunctionType) and user_function(value)
             nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{name}`", w))
         elif not hasattr(builtins, name):  # builtins count by name, which the bytecode holds
             nodes.append(leaf(f"global `{name}`", "undefined", name.encode(), "<undefined>"))
@@ -425,7 +365,7 @@ def _global_nodes(fn: types.FunctionType, info: _CodeInfo, w: Walk) -> list[Fing
             nodes.append(leaf(f"import `{path}`", "not importable", path.encode(),
                               "<not importable>"))
             continue
-        user_fn = isinstance(value, types.FunctionType) and _user_function(value)
+        user_fn = isinstance(value, types.FunctionType) and user_function(value)
         nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{path}`", w))
     return nodes
 
@@ -446,7 +386,7 @@ def _module_reads(fn: types.FunctionType, info: _CodeInfo) -> list[tuple[str, An
                 continue
         else:
             path = _absolute(root, fn.__globals__)
-            if path is None or _library_path(path):
+            if path is None or is_library_path(path):
                 continue
             value = _import_path(path)
             if value is _NOT_IMPORTABLE:
@@ -479,22 +419,6 @@ def _absolute(path: str, namespace: dict) -> str | None:
     except (ImportError, ValueError):
         return None
 
-
-def _library_path(path: str) -> bool:
-    """Is the top-level module of ``path`` stdlib or installed? Decided without importing it
-    when it is not imported yet."""
-    top = path.partition(".")[0]
-    known = _library_module(top)
-    if known is not None:
-        return known
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
-    places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
-    return bool(places) and all(_in_library(p) for p in places)
 
 
 def _import_path(path: str) -> Any:

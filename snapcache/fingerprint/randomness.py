@@ -27,7 +27,8 @@ from typing import Any, Callable
 from snapcache.fingerprint import canonical
 from snapcache.fingerprint.functions import (
     _ATTR_LOADS, _LOCAL_LOADS, _NOT_IMPORTABLE, _code_info, _global_rng, _held_user_code,
-    _is_wrapper, _module_reads, _user_function, is_function_like, is_user_module)
+    _is_wrapper, _module_reads, is_function_like)
+from snapcache.fingerprint.origin import is_user_module, user_function
 
 __all__ = ["detect_randomness", "detect_dataset_randomness"]
 
@@ -275,7 +276,7 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
             warnings += [augmentation + via] if augmentation + via not in warnings else []
             continue
         if isinstance(f, types.FunctionType):
-            if not _user_function(f):  # library code is trusted, and not walked,
+            if not user_function(f):  # library code is trusted, and not walked,
                 todo += [(v, via) for _, v in _held_user_code(f)]  # but what it wraps is
                 continue
             warnings += [m + via for m in _random_reads(f) if m + via not in warnings]
@@ -340,7 +341,7 @@ def _item_methods(cls: type) -> list[tuple[str, types.FunctionType]]:
         member = inspect.getattr_static(cls, name, None)
         member = getattr(member, "__func__", member)  # static and class methods
         if name in out or not (isinstance(member, types.FunctionType)
-                               and _user_function(member)):
+                               and user_function(member)):
             continue
         out[name] = member
         todo += _self_attributes(member.__code__)
