@@ -8,7 +8,7 @@ random generator objects captured and random augmentations of torchvision, album
 kornia, recognised by class name without importing them. :func:`detect_dataset_randomness` does
 the same for what a map-style dataset runs when an item is read.
 
-The bytecode is analysed once, by :mod:`snapcache.fingerprint.functions` (globals read,
+The bytecode is analysed once, by :mod:`snapcache.fingerprint.bytecode` (globals read,
 attribute chains with their call arguments, what user modules hold), for fingerprints and for
 this module alike; this module judges what that analysis finds. See ``docs/fingerprints.md``
 ("Randomness is frozen").
@@ -25,9 +25,10 @@ import types
 from typing import Any, Callable
 
 from snapcache.fingerprint import canonical
+from snapcache.fingerprint.bytecode import (
+    ATTR_LOADS, LOCAL_LOADS, NOT_IMPORTABLE, code_info, module_reads)
 from snapcache.fingerprint.functions import (
-    _ATTR_LOADS, _LOCAL_LOADS, _NOT_IMPORTABLE, _code_info, _global_rng, _held_user_code,
-    _is_wrapper, _module_reads, is_function_like)
+    _global_rng, _held_user_code, _is_wrapper, is_function_like)
 from snapcache.fingerprint.origin import is_user_module, user_function
 
 __all__ = ["detect_randomness", "detect_dataset_randomness"]
@@ -91,7 +92,7 @@ def _resolve(value: Any) -> str | None:
 
 def _random_reads(fn: types.FunctionType) -> list[str]:
     found = []
-    for kind, root, attrs, args in _code_info(fn.__code__).chains:
+    for kind, root, attrs, args in code_info(fn.__code__).chains:
         written = ".".join((root,) + attrs) if kind == "global" else None
         if kind == "global":
             if root not in fn.__globals__ and not hasattr(builtins, root):
@@ -141,7 +142,7 @@ def _held_values(fn: Any) -> list[tuple[str, Any]]:
         return [(f"argument {i}", v) for i, v in enumerate(fn.args)] + \
             [(k, v) for k, v in (fn.keywords or {}).items()]
     if isinstance(fn, types.FunctionType):
-        out = [(name, fn.__globals__[name]) for name in _code_info(fn.__code__).global_names
+        out = [(name, fn.__globals__[name]) for name in code_info(fn.__code__).global_names
                if name in fn.__globals__]
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             try:
@@ -180,9 +181,9 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
                    for m in vars(c).values()]
         members = [getattr(m, "__func__", m) for m in members]  # static and class methods
         return [("", m) for m in members if isinstance(m, types.FunctionType)]
-    info = _code_info(fn.__code__)
+    info = code_info(fn.__code__)
     out = [(name, fn.__globals__.get(name)) for name in info.global_names]
-    out += [(path, v) for path, v in _module_reads(fn, info) if v is not _NOT_IMPORTABLE]
+    out += [(path, v) for path, v in module_reads(fn, info) if v is not NOT_IMPORTABLE]
     cells = zip(fn.__code__.co_freevars, fn.__closure__ or ())
     for name, cell in cells:
         try:
@@ -356,7 +357,7 @@ def _self_attributes(code: types.CodeType, me: str | None = None) -> list[str]:
         me = code.co_varnames[0]
     instructions = list(dis.get_instructions(code))
     names = [b.argval for a, b in zip(instructions, instructions[1:])
-             if a.opname in _LOCAL_LOADS and a.argval == me and b.opname in _ATTR_LOADS]
+             if a.opname in LOCAL_LOADS and a.argval == me and b.opname in ATTR_LOADS]
     for c in code.co_consts:
         if isinstance(c, types.CodeType) and me in c.co_freevars:
             names += _self_attributes(c, me)
