@@ -247,7 +247,7 @@ def _feed_other(h: Any, v: Any, w: Walk) -> None:
     elif isinstance(v, pathlib.PurePath):
         flavour = b"w" if isinstance(v, pathlib.PureWindowsPath) else b"p"
         _feed_bytes(h, b"P" + flavour, str(v).encode("utf-8", "surrogatepass"))
-    elif isinstance(v, _BUILTIN_BASES) and _is_plain_object(v):
+    elif isinstance(v, _BUILTIN_BASES) and is_plain_object(v):
         _feed_builtin_subclass(h, v, w)
     elif (build := _node_builder(v)) is not None:
         h.update(b"@" + bytes.fromhex(build(v, "value", w).digest))
@@ -276,7 +276,7 @@ def _reason(v: Any) -> str:
 
 # -- nodes: dicts and objects ------------------------------------------------------------------
 
-def _is_plain_object(v: Any) -> bool:
+def is_plain_object(v: Any) -> bool:
     """Is every class of ``v`` (but ``object`` and builtin bases) a Python class whose state is
     visible in ``__dict__`` or ``__slots__``?"""
     for cls in type(v).__mro__:
@@ -298,7 +298,7 @@ def _node_builder(v: Any) -> Callable[[Any, str, Walk], FingerprintNode] | None:
         return _functions.class_node
     if _functions.is_function_like(v):
         return _functions.callable_node
-    if _is_plain_object(v) and not isinstance(v, _BUILTIN_BASES):
+    if is_plain_object(v) and not isinstance(v, _BUILTIN_BASES):
         return object_node
     return None
 

@@ -32,7 +32,8 @@ from snapcache.fingerprint.explain import describe
 from snapcache.fingerprint.origin import is_user_module, module_version, user_function
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, leaf, node
 
-__all__ = ["callable_node", "class_node", "hash_function", "is_function_like"]
+__all__ = ["callable_node", "class_node", "global_rng", "hash_function", "held_user_code",
+           "is_function_like", "is_wrapper"]
 
 _BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
                       types.WrapperDescriptorType, types.MethodDescriptorType,
@@ -51,20 +52,20 @@ def is_function_like(v: Any) -> bool:
     if isinstance(v, (types.FunctionType, functools.partial, types.MethodType,
                       *_BUILTIN_CALLABLES)):
         return True
-    if not callable(v) or isinstance(v, type) or canonical._is_plain_object(v):
+    if not callable(v) or isinstance(v, type) or canonical.is_plain_object(v):
         return False
-    return _is_wrapper(v) or (isinstance(getattr(v, "__qualname__", None), str)
+    return is_wrapper(v) or (isinstance(getattr(v, "__qualname__", None), str)
                               and not is_user_module(getattr(v, "__module__", None)))
 
 
-def _is_wrapper(v: Any) -> bool:
+def is_wrapper(v: Any) -> bool:
     """A C-level decorator object (``lru_cache``, ``cache``) around a user function."""
     wrapped = getattr(v, "__wrapped__", None)
     return (isinstance(wrapped, types.FunctionType) and user_function(wrapped)
-            and not isinstance(v, (types.FunctionType, type)) and not canonical._is_plain_object(v))
+            and not isinstance(v, (types.FunctionType, type)) and not canonical.is_plain_object(v))
 
 
-def _global_rng(owner: Any) -> str | None:
+def global_rng(owner: Any) -> str | None:
     """The module whose hidden global generator ``owner`` is (``random``, ``numpy.random``)."""
     if owner is getattr(random, "_inst", None):
         return "random"
@@ -79,7 +80,7 @@ def _named_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
     qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", type(fn).__name__)
     payload = f"{module}\0{qualname}\0{module_version(module)}".encode()
     children = []
-    if not (owner is None or isinstance(owner, (type, types.ModuleType)) or _global_rng(owner)):
+    if not (owner is None or isinstance(owner, (type, types.ModuleType)) or global_rng(owner)):
         children.append(child_node(owner, "instance `self`", w))
     return node(label, "library function", payload, children, f"<function {qualname}>")
 
@@ -87,7 +88,7 @@ def _named_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
 def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNode:
     if user_function(fn):
         return w.guarded(fn, label, lambda: _build_function(fn, label, w))
-    held = _held_user_code(fn)
+    held = held_user_code(fn)
     if not held:
         return _named_node(fn, label, w)
     module = fn.__globals__.get("__name__") or ""
@@ -98,7 +99,7 @@ def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNo
         f"<function {fn.__qualname__}>"))
 
 
-def _held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, Any]]:
+def held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, Any]]:
     """What a function made by a library (a decorator's wrapper) holds, labelled, when that
     includes user code: the function it wraps (``functools.wraps``: ``singledispatch``,
     ``torch.no_grad()``, ...), the implementations registered with a ``singledispatch``
@@ -125,7 +126,7 @@ def _held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, A
         v = getattr(v, "func", getattr(v, "__func__", v))  # a partial's or a method's function
         if isinstance(v, types.FunctionType):
             return user_function(v) or (
-                depth < 8 and bool(_held_user_code(v, depth + 1)))
+                depth < 8 and bool(held_user_code(v, depth + 1)))
         return isinstance(v, type) and is_user_module(v.__module__)
     return held if any(user_code(v) for _, v in held) else []
 
@@ -263,7 +264,7 @@ def callable_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
         return w.guarded(fn, label, lambda: _method_node(fn, label, w))
     if isinstance(fn, type):
         return class_node(fn, label, w)
-    if _is_wrapper(fn):  # the cache settings do not change what is computed
+    if is_wrapper(fn):  # the cache settings do not change what is computed
         return node(label, "wrapper", canonical.type_name(type(fn)).encode(),
                     [_captured(fn.__wrapped__, "wrapped function", w)], describe(fn))
     if is_function_like(fn):

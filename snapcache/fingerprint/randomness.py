@@ -28,7 +28,7 @@ from snapcache.fingerprint import canonical
 from snapcache.fingerprint.bytecode import (
     ATTR_LOADS, LOCAL_LOADS, NOT_IMPORTABLE, code_info, module_reads)
 from snapcache.fingerprint.functions import (
-    _global_rng, _held_user_code, _is_wrapper, is_function_like)
+    global_rng, held_user_code, is_function_like, is_wrapper)
 from snapcache.fingerprint.origin import is_user_module, user_function
 
 __all__ = ["detect_randomness", "detect_dataset_randomness"]
@@ -84,7 +84,7 @@ def _resolve(value: Any) -> str | None:
     if isinstance(value, types.ModuleType):
         return value.__name__
     owner = getattr(value, "__self__", None)
-    if owner is not None and (rng := _global_rng(owner)):
+    if owner is not None and (rng := global_rng(owner)):
         return f"{rng}.{value.__name__}"
     module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
     return f"{module}.{name}" if isinstance(module, str) and isinstance(name, str) else None
@@ -155,7 +155,7 @@ def _held_values(fn: Any) -> list[tuple[str, Any]]:
         out += list((fn.__kwdefaults__ or {}).items())
         return out
     owner = getattr(fn, "__self__", fn)
-    if owner is not fn and _generator_type(owner) and not _global_rng(owner):
+    if owner is not fn and _generator_type(owner) and not global_rng(owner):
         # a generator's own method (``rng.random``); the hidden global ones are reported as
         # "reads global random state" already
         return [("self", owner)]
@@ -172,7 +172,7 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
     """User functions reached from ``fn``: helpers, closure cells, partial and method targets."""
     if isinstance(fn, functools.partial):
         return [("", fn.func)]
-    if _is_wrapper(fn):
+    if is_wrapper(fn):
         return [("", fn.__wrapped__)]
     if not isinstance(fn, types.FunctionType):  # a class, a callable object, a bound method
         owner = getattr(fn, "__self__", fn)
@@ -278,13 +278,13 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
             continue
         if isinstance(f, types.FunctionType):
             if not user_function(f):  # library code is trusted, and not walked,
-                todo += [(v, via) for _, v in _held_user_code(f)]  # but what it wraps is
+                todo += [(v, via) for _, v in held_user_code(f)]  # but what it wraps is
                 continue
             warnings += [m + via for m in _random_reads(f) if m + via not in warnings]
         warnings += [m + via for m in _captured_generators(f) if m + via not in warnings]
         for name, callee in _callees(f):
             if is_function_like(callee) or isinstance(callee, type) or (
-                    callable(callee) and canonical._is_plain_object(callee)):
+                    callable(callee) and canonical.is_plain_object(callee)):
                 todo.append((callee, via or (f" via helper `{name}`" if name else "")))
         todo += [(held, via or f" via `{path}`") for path, held in _held_callables(f)]
     return warnings
