@@ -58,11 +58,9 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     """Run the upstream on the units ``chunk`` only: one segment. ``earlier``: an interrupted
     run's progress on the same units; when each unit's rows are known, its shards that end on
     a unit's last row are kept and the upstream runs on the units after them only."""
-    known = all(node.traits.order_preserving and node.traits.length != "unknown"
-                for node in ops.lineage(op.parent)[1:])
     chosen = [units.identities[i] for i in chunk]
     members = tuple((units.keys[i], units.identities[i]) for i in chunk)
-    unit_rows = unit_rows_of(op.parent, source, chosen) if known else None
+    unit_rows = unit_rows_of(op.parent, source, chosen)
     task = task_digest([key for key, _ in members])
     start, resume = _resumable(earlier, unit_rows) if unit_rows is not None else (0, None)
     if resume is not None:
