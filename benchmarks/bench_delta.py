@@ -87,7 +87,7 @@ def growth(files: int) -> dict:
 def fingerprint_child(src: str) -> dict:
     """In a fresh process: expand the glob, then time the fingerprint of the source alone."""
     import snapcache as sc
-    from snapcache.pipeline import delta_exec, plan
+    from snapcache.pipeline import delta_plan, plan
     from snapcache.pipeline.queries import last_snapshot  # noqa: F401  (warm imports)
 
     t0 = time.perf_counter()
@@ -96,7 +96,7 @@ def fingerprint_child(src: str) -> dict:
     expand = time.perf_counter() - t0
     snap = plan.last_snapshot(ds._op)
     t0 = time.perf_counter()
-    units = delta_exec.source_units(plan.delta_source(snap))
+    units = delta_plan.source_units(plan.delta_source(snap))
     digest = units.digest
     plan.lineage_tree(snap)
     seconds = time.perf_counter() - t0

@@ -179,7 +179,7 @@ def library_folders(*, resolved: bool = False) -> tuple[str, ...]:
     user's too), each ending in a separator: as sysconfig and site name them, the way frames'
     ``co_filename`` spell them (:func:`warn`); or ``resolved`` through symbolic links, to
     compare with a path resolved the same way (which modules the fingerprints count as
-    installed, ``snapcache.fingerprint.functions``)."""
+    installed, ``snapcache.fingerprint.origin``)."""
     paths = sysconfig.get_paths()
     dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
     dirs |= set(getattr(site, "getsitepackages", lambda: [])())

@@ -31,6 +31,7 @@ import numpy as np
 import xxhash
 
 from snapcache.fingerprint.explain import describe
+from snapcache.fingerprint.origin import is_user_module, module_version
 from snapcache.fingerprint.tree import (FingerprintNode, Unhashable, Walk, leaf, node, shorten,
                                        type_name)
 
@@ -231,7 +232,7 @@ def _feed_other(h: Any, v: Any, w: Walk) -> None:
         form = canonical(v)
         if isinstance(form, t):
             raise TypeError(f"the function registered for {type_name(t)} returned the same type")
-        identity = t.__qualname__ if _functions.is_user_module(t.__module__) else type_name(t)
+        identity = t.__qualname__ if is_user_module(t.__module__) else type_name(t)
         _feed_bytes(h, b"R", identity.encode())
         feed_value(h, form, w)
     elif isinstance(v, np.ndarray):
@@ -246,7 +247,7 @@ def _feed_other(h: Any, v: Any, w: Walk) -> None:
     elif isinstance(v, pathlib.PurePath):
         flavour = b"w" if isinstance(v, pathlib.PureWindowsPath) else b"p"
         _feed_bytes(h, b"P" + flavour, str(v).encode("utf-8", "surrogatepass"))
-    elif isinstance(v, _BUILTIN_BASES) and _is_plain_object(v):
+    elif isinstance(v, _BUILTIN_BASES) and is_plain_object(v):
         _feed_builtin_subclass(h, v, w)
     elif (build := _node_builder(v)) is not None:
         h.update(b"@" + bytes.fromhex(build(v, "value", w).digest))
@@ -275,7 +276,7 @@ def _reason(v: Any) -> str:
 
 # -- nodes: dicts and objects ------------------------------------------------------------------
 
-def _is_plain_object(v: Any) -> bool:
+def is_plain_object(v: Any) -> bool:
     """Is every class of ``v`` (but ``object`` and builtin bases) a Python class whose state is
     visible in ``__dict__`` or ``__slots__``?"""
     for cls in type(v).__mro__:
@@ -297,7 +298,7 @@ def _node_builder(v: Any) -> Callable[[Any, str, Walk], FingerprintNode] | None:
         return _functions.class_node
     if _functions.is_function_like(v):
         return _functions.callable_node
-    if _is_plain_object(v) and not isinstance(v, _BUILTIN_BASES):
+    if is_plain_object(v) and not isinstance(v, _BUILTIN_BASES):
         return object_node
     return None
 
@@ -305,7 +306,7 @@ def _node_builder(v: Any) -> Callable[[Any, str, Walk], FingerprintNode] | None:
 def _module_node(m: types.ModuleType, label: str, w: Walk) -> FingerprintNode:
     """A library module by name and version; a user module held as a value (a closure cell, a
     default, an attribute: code may call anything in it) also by its source file's bytes."""
-    version = _functions.module_version(m.__name__)
+    version = module_version(m.__name__)
     summary = f"<module {m.__name__}{' ' + version if version else ''}>"
     payload = f"{m.__name__}\0{version}".encode()
     if not version and (source := _module_source(m)) is not None:
@@ -316,7 +317,7 @@ def _module_node(m: types.ModuleType, label: str, w: Walk) -> FingerprintNode:
 def module_name_node(m: types.ModuleType, label: str) -> FingerprintNode:
     """A module by name and version only: for a global module whose reads the code names
     (``utils.resize``), each followed on its own."""
-    version = _functions.module_version(m.__name__)
+    version = module_version(m.__name__)
     summary = f"<module {m.__name__}{' ' + version if version else ''}>"
     return leaf(label, "module", f"{m.__name__}\0{version}".encode(), summary)
 

@@ -7,8 +7,10 @@ function's own name do not count: moving a function or editing a comment keeps i
 
 Helpers written by the user (module-level functions in user code) are followed recursively.
 Functions from the standard library and installed packages are identified by module, qualified
-name and package version, not by their bytecode. The fingerprint of a code object is cached by
-identity (code is immutable); the values of globals are read afresh on every call.
+name and package version, not by their bytecode (which is which:
+:mod:`snapcache.fingerprint.origin`). The analysis of a code object
+(:mod:`snapcache.fingerprint.bytecode`) is cached by identity (code is immutable); the values
+of globals are read afresh on every call.
 
 Requires the bytecode of one Python minor version: fingerprints differ between 3.10 and 3.11.
 """
@@ -17,36 +19,22 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
-import dis
 import functools
-import importlib.metadata
-import importlib.util
-import inspect
-import os
 import random
 import sys
 import types
-import weakref
-from dataclasses import dataclass
 from typing import Any, Callable
 
-import xxhash
-
-from snapcache.errors import library_folders
 from snapcache.fingerprint import canonical
+from snapcache.fingerprint.bytecode import NOT_IMPORTABLE, CodeInfo, code_info, module_reads
 from snapcache.fingerprint.canonical import child_node
 from snapcache.fingerprint.explain import describe
+from snapcache.fingerprint.origin import is_user_module, module_version, user_function
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, leaf, node
 
-__all__ = ["hash_function", "is_user_module", "module_version"]
+__all__ = ["callable_node", "class_node", "global_rng", "hash_function", "held_user_code",
+           "is_function_like", "is_wrapper"]
 
-_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
-_ATTR_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
-_LOCAL_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_FAST_CHECK", "LOAD_CLOSURE"})
-_HASCONST = frozenset(dis.hasconst)
-# Code flags that change what runs (varargs, generator, coroutine, ...); not CO_NESTED (where
-# the function was defined) nor the __future__ flags of the file it was written in.
-_COMPUTATION_FLAGS = 0x3FF & ~inspect.CO_NESTED
 _BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType,
                       types.WrapperDescriptorType, types.MethodDescriptorType,
                       types.ClassMethodDescriptorType)
@@ -54,231 +42,6 @@ _CLASS_SKIP = frozenset({"__module__", "__qualname__", "__doc__", "__dict__", "_
                          "__annotations__", "__dataclass_fields__", "__dataclass_params__",
                          "__firstlineno__", "__static_attributes__", "__orig_bases__",
                          "__parameters__", "_abc_impl", "__slotnames__"})
-
-
-# -- where code comes from ---------------------------------------------------------------------
-
-def _in_library(file: str) -> bool:
-    """Is ``file`` (a module's ``__file__``, a spec's origin) in a folder of the standard
-    library or of installed packages? Both sides are resolved through symbolic links."""
-    return os.path.realpath(file).startswith(library_folders(resolved=True))
-
-
-_LIBRARY_MODULES: dict[str, bool] = {}
-
-
-def _library_module(name: str) -> bool | None:
-    """Is module ``name`` stdlib or installed? None while it is not imported."""
-    known = _LIBRARY_MODULES.get(name)
-    if known is not None:
-        return known
-    top = name.partition(".")[0]
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "snapcache":
-        # snapcache itself counts by version even when installed from a checkout (-e).
-        result = True
-    else:
-        module = sys.modules.get(name) or sys.modules.get(top)
-        if module is None:
-            return None  # not imported (yet): do not remember a guess
-        file = getattr(module, "__file__", None)
-        result = bool(file) and _in_library(file)
-    _LIBRARY_MODULES[name] = result
-    return result
-
-
-def is_user_module(name: str | None) -> bool:
-    """Is ``name`` user code (hashed by bytecode), not stdlib or an installed package?"""
-    return name is None or name == "__main__" or not _library_module(name)
-
-
-def _user_function(fn: types.FunctionType) -> bool:
-    """Is ``fn``'s code user code? Judged by the module its code was written in (its globals):
-    ``functools.wraps`` gives a library's wrapper the ``__module__`` of the function it wraps."""
-    return is_user_module(fn.__globals__.get("__name__"))
-
-
-@functools.lru_cache(maxsize=1024)
-def _package_version(top: str) -> str:
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
-        return f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    version = getattr(sys.modules.get(top), "__version__", None)
-    if isinstance(version, str):
-        return version
-    try:
-        dists = importlib.metadata.packages_distributions().get(top) or [top]
-        return importlib.metadata.version(dists[0])
-    except Exception:  # no metadata: the name alone must do
-        return ""
-
-
-def module_version(name: str) -> str:
-    """The version of the package that provides module ``name`` ("" for user code)."""
-    return "" if is_user_module(name) else _package_version(name.partition(".")[0])
-
-
-# -- code objects ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _CodeInfo:
-    bytecode: bytes  # digest of instructions, names and shape
-    constants: bytes  # digest of constants, nested code by its own digests
-    digest: bytes  # both together: how a nested code object enters its parent's constants
-    global_names: tuple[str, ...]  # globals read, this code and nested code, in order
-    # ("global"|"import", root, attrs, arguments of the call right there: None if not called)
-    chains: tuple[tuple[str, str, tuple[str, ...], int | None], ...]
-
-
-_CODE_INFO: dict[int, tuple[weakref.ref, _CodeInfo]] = {}
-
-
-def _code_info(code: types.CodeType) -> _CodeInfo:
-    cached = _CODE_INFO.get(id(code))
-    if cached is not None and cached[0]() is code:
-        return cached[1]
-    info = _analyse(code)
-    key = id(code)
-    _CODE_INFO[key] = (weakref.ref(code, lambda _, k=key: _CODE_INFO.pop(k, None)), info)
-    return info
-
-
-def _analyse(code: types.CodeType) -> _CodeInfo:
-    instructions = list(dis.get_instructions(code))
-    nested = [_code_info(c) for c in code.co_consts if isinstance(c, types.CodeType)]
-    h = xxhash.xxh3_128()
-    h.update(code.co_code)
-    h.update(b"\0" + getattr(code, "co_exceptiontable", b""))
-    shape = (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_nlocals,
-             len(code.co_varnames), len(code.co_freevars), len(code.co_cellvars),
-             code.co_flags & _COMPUTATION_FLAGS)
-    h.update(repr(shape).encode() + "\0".join(code.co_names).encode())
-    bytecode = h.digest()
-    consts = list(code.co_consts)
-    loads_first = any(i.opcode in _HASCONST and i.arg == 0 for i in instructions)
-    if consts and isinstance(consts[0], str) and not loads_first:
-        consts[0] = None  # the docstring: never read by the code
-    h = xxhash.xxh3_128()
-    walk = Walk()
-    for c in consts:
-        if isinstance(c, types.CodeType):
-            h.update(b"C" + _code_info(c).digest)
-        else:
-            canonical.feed_value(h, c, walk)
-    constants = h.digest()
-    # A global the code assigns (``global CALLS; CALLS += 1``) is state the function keeps, not
-    # configuration of what it computes: hashing it would change the fingerprint every epoch.
-    stored = {i.argval for i in instructions if i.opname in ("STORE_GLOBAL", "DELETE_GLOBAL")}
-    names = [i.argval for i in instructions if i.opname in _GLOBAL_LOADS]
-    names += [n for info in nested for n in info.global_names]
-    names = [n for n in names if n not in stored]
-    chains, imported = _attribute_chains(instructions)
-    chains += [c for info in nested for c in info.chains] + _inherited_chains(code, imported)
-    return _CodeInfo(bytecode, constants, xxhash.xxh3_128(bytecode + constants).digest(),
-                     tuple(dict.fromkeys(names)), tuple(dict.fromkeys(chains)))
-
-
-def _attribute_chains(instructions: list[dis.Instruction], inherited: dict[str, str] | None = None
-                      ) -> tuple[list[tuple[str, str, tuple, int | None]], dict[str, str]]:
-    """Dotted reads like ``np.random.rand``: a global or locally imported name, then attributes,
-    with the number of arguments it is called with right there (see :func:`_call_arguments`);
-    and the names the code imports (local name -> module path).
-
-    A name imported inside the code (``import helpers``, ``from helpers import scale``,
-    ``from . import sibling``) is a chain of kind "import" whose root is the dotted path it was
-    imported by, with a leading dot per level of a relative import (``.sibling``).
-    ``inherited``: names an enclosing function imported, read here through closure cells."""
-    chains: list[tuple[str, str, tuple, int | None]] = []
-    imported: dict[str, str] = dict(inherited or {})  # local name -> module path
-    current: tuple[str, str, list[str]] | None = None
-    pending = pending_from = None
-    fromlist: Any = None
-    for k, ins in enumerate(instructions):
-        op = ins.opname
-        if current is not None and op in _ATTR_LOADS:
-            current[2].append(ins.argval)
-            continue
-        if current is not None:
-            args = _call_arguments(instructions, k)
-            chains.append((current[0], current[1], tuple(current[2]), args))
-            current = None
-        if op in _GLOBAL_LOADS:
-            current = ("global", ins.argval, [])
-        elif op in _LOCAL_LOADS and ins.argval in imported:
-            current = ("import", imported[ins.argval], [])
-        elif op == "IMPORT_NAME":  # after LOAD_CONST level, LOAD_CONST fromlist
-            level, fromlist = (instructions[k - 2].argval, instructions[k - 1].argval) \
-                if k >= 2 else (0, None)
-            pending = "." * (level if isinstance(level, int) else 0) + ins.argval
-            pending_from = None
-        elif op == "IMPORT_FROM" and pending:
-            if fromlist is None:  # ``import a.b as c``: IMPORT_FROM b binds the module a.b
-                pending_from = pending
-            else:
-                pending_from = pending + ("" if pending.endswith(".") else ".") + ins.argval
-        elif op.startswith("STORE_") and pending:
-            if pending_from:
-                imported[ins.argval], pending_from = pending_from, None
-            else:
-                top = pending.partition(".")[0]
-                imported[ins.argval] = top if ins.argval == top else pending
-                pending = None
-        elif op == "POP_TOP" and pending_from and fromlist is None:
-            pass  # ``import a.b.c as d``: IMPORT_FROM b, SWAP, POP_TOP, IMPORT_FROM c, STORE d
-        elif op not in ("SWAP", "ROT_TWO"):
-            pending = pending_from = None
-    if current is not None:
-        chains.append((current[0], current[1], tuple(current[2]), None))
-    return chains, imported
-
-
-def _inherited_chains(code: types.CodeType, imported: dict[str, str]
-                      ) -> list[tuple[str, str, tuple, int | None]]:
-    """The reads nested code (a comprehension, a lambda, an inner function) makes, through its
-    closure cells, of names ``code`` imported: ``import helpers`` then
-    ``[helpers.scale(v) for v in x]``."""
-    found: list[tuple[str, str, tuple, int | None]] = []
-    for const in code.co_consts:
-        if not isinstance(const, types.CodeType):
-            continue
-        inherit = {name: imported[name] for name in const.co_freevars if name in imported}
-        if inherit:
-            chains, inner = _attribute_chains(list(dis.get_instructions(const)), inherit)
-            found += [c for c in chains if c[0] == "import"]
-            found += _inherited_chains(const, inner)
-    return found
-
-
-_CALLS = frozenset({"PRECALL", "CALL", "CALL_KW"})  # PRECALL: 3.11; CALL_KW: 3.13
-_JUMPS = frozenset(getattr(dis, "hasjump", dis.hasjrel + dis.hasjabs))
-
-
-def _call_arguments(instructions: list[dis.Instruction], start: int) -> int | None:
-    """How many arguments the value loaded just before ``instructions[start]`` is called with
-    (a lone ``None`` counts as none: ``default_rng(None)`` is ``default_rng()``); None when it
-    is not called there, or when the bytecode does not say (``f(*args)``, a branch among the
-    arguments).
-
-    The stack is followed from the load: the call that takes the value finds exactly its own
-    arguments above it, while a call made among the arguments finds its callable as well."""
-    depth = 0
-    for k in range(start, len(instructions)):
-        ins = instructions[k]
-        if ins.opname in _CALLS and depth == ins.arg + (ins.opname == "CALL_KW"):
-            args = [i for i in instructions[start:k] if i.opname != "KW_NAMES"]
-            if ins.opname == "CALL_KW":
-                args = args[:-1]  # the tuple of keyword names
-            if len(args) == 1 and args[0].opname == "LOAD_CONST" and args[0].argval is None:
-                return 0
-            return ins.arg
-        if ins.opcode in _JUMPS:
-            return None
-        try:
-            depth += dis.stack_effect(ins.opcode,
-                                      ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None)
-        except ValueError:
-            return None
-        if depth < 0:  # taken by something else than a call
-            return None
-    return None
 
 
 # -- nodes -------------------------------------------------------------------------------------
@@ -289,20 +52,20 @@ def is_function_like(v: Any) -> bool:
     if isinstance(v, (types.FunctionType, functools.partial, types.MethodType,
                       *_BUILTIN_CALLABLES)):
         return True
-    if not callable(v) or isinstance(v, type) or canonical._is_plain_object(v):
+    if not callable(v) or isinstance(v, type) or canonical.is_plain_object(v):
         return False
-    return _is_wrapper(v) or (isinstance(getattr(v, "__qualname__", None), str)
+    return is_wrapper(v) or (isinstance(getattr(v, "__qualname__", None), str)
                               and not is_user_module(getattr(v, "__module__", None)))
 
 
-def _is_wrapper(v: Any) -> bool:
+def is_wrapper(v: Any) -> bool:
     """A C-level decorator object (``lru_cache``, ``cache``) around a user function."""
     wrapped = getattr(v, "__wrapped__", None)
-    return (isinstance(wrapped, types.FunctionType) and _user_function(wrapped)
-            and not isinstance(v, (types.FunctionType, type)) and not canonical._is_plain_object(v))
+    return (isinstance(wrapped, types.FunctionType) and user_function(wrapped)
+            and not isinstance(v, (types.FunctionType, type)) and not canonical.is_plain_object(v))
 
 
-def _global_rng(owner: Any) -> str | None:
+def global_rng(owner: Any) -> str | None:
     """The module whose hidden global generator ``owner`` is (``random``, ``numpy.random``)."""
     if owner is getattr(random, "_inst", None):
         return "random"
@@ -317,15 +80,15 @@ def _named_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
     qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", type(fn).__name__)
     payload = f"{module}\0{qualname}\0{module_version(module)}".encode()
     children = []
-    if not (owner is None or isinstance(owner, (type, types.ModuleType)) or _global_rng(owner)):
+    if not (owner is None or isinstance(owner, (type, types.ModuleType)) or global_rng(owner)):
         children.append(child_node(owner, "instance `self`", w))
     return node(label, "library function", payload, children, f"<function {qualname}>")
 
 
 def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNode:
-    if _user_function(fn):
+    if user_function(fn):
         return w.guarded(fn, label, lambda: _build_function(fn, label, w))
-    held = _held_user_code(fn)
+    held = held_user_code(fn)
     if not held:
         return _named_node(fn, label, w)
     module = fn.__globals__.get("__name__") or ""
@@ -336,7 +99,7 @@ def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNo
         f"<function {fn.__qualname__}>"))
 
 
-def _held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, Any]]:
+def held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, Any]]:
     """What a function made by a library (a decorator's wrapper) holds, labelled, when that
     includes user code: the function it wraps (``functools.wraps``: ``singledispatch``,
     ``torch.no_grad()``, ...), the implementations registered with a ``singledispatch``
@@ -362,8 +125,8 @@ def _held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, A
     def user_code(v: Any) -> bool:
         v = getattr(v, "func", getattr(v, "__func__", v))  # a partial's or a method's function
         if isinstance(v, types.FunctionType):
-            return _user_function(v) or (
-                depth < 8 and bool(_held_user_code(v, depth + 1)))
+            return user_function(v) or (
+                depth < 8 and bool(held_user_code(v, depth + 1)))
         return isinstance(v, type) and is_user_module(v.__module__)
     return held if any(user_code(v) for _, v in held) else []
 
@@ -374,7 +137,7 @@ def _library_state(value: Any, label: str, w: Walk) -> FingerprintNode:
     try:
         return _captured(value, label, w)
     except Unhashable:
-        if isinstance(value, types.FunctionType) and _user_function(value):
+        if isinstance(value, types.FunctionType) and user_function(value):
             raise
         return leaf(label, "library state", canonical.type_name(type(value)).encode(),
                     describe(value))
@@ -382,7 +145,7 @@ def _library_state(value: Any, label: str, w: Walk) -> FingerprintNode:
 
 def _build_function(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNode:
     code = fn.__code__
-    info = _code_info(code)
+    info = code_info(code)
     children = [leaf("bytecode", "bytecode", info.bytecode),
                 leaf("constants", "constants", info.constants)]
     children += _global_nodes(fn, info, w)
@@ -405,7 +168,7 @@ def _build_function(fn: types.FunctionType, label: str, w: Walk) -> FingerprintN
     return node(label, "function", b"", children, f"<function {fn.__qualname__}>")
 
 
-def _global_nodes(fn: types.FunctionType, info: _CodeInfo, w: Walk) -> list[FingerprintNode]:
+def _global_nodes(fn: types.FunctionType, info: CodeInfo, w: Walk) -> list[FingerprintNode]:
     """One node per global the code reads, plus reads of user modules' contents: ``module.attr``
     through a global module, and what the code imports itself (``import helpers``,
     ``from helpers import scale``)."""
@@ -416,100 +179,18 @@ def _global_nodes(fn: types.FunctionType, info: _CodeInfo, w: Walk) -> list[Fing
             if isinstance(value, types.ModuleType):  # its contents the code reads: below
                 nodes.append(canonical.module_name_node(value, f"global `{name}`"))
                 continue
-            user_fn = isinstance(value, types.FunctionType) and _user_function(value)
+            user_fn = isinstance(value, types.FunctionType) and user_function(value)
             nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{name}`", w))
         elif not hasattr(builtins, name):  # builtins count by name, which the bytecode holds
             nodes.append(leaf(f"global `{name}`", "undefined", name.encode(), "<undefined>"))
-    for path, value in _module_reads(fn, info):
-        if value is _NOT_IMPORTABLE:
+    for path, value in module_reads(fn, info):
+        if value is NOT_IMPORTABLE:
             nodes.append(leaf(f"import `{path}`", "not importable", path.encode(),
                               "<not importable>"))
             continue
-        user_fn = isinstance(value, types.FunctionType) and _user_function(value)
+        user_fn = isinstance(value, types.FunctionType) and user_function(value)
         nodes.append(_captured(value, f"{'helper' if user_fn else 'global'} `{path}`", w))
     return nodes
-
-
-_NOT_IMPORTABLE = object()
-
-
-def _module_reads(fn: types.FunctionType, info: _CodeInfo) -> list[tuple[str, Any]]:
-    """(dotted path, value) of what the code reads out of user modules: ``utils.resize`` through
-    a global module, and the names it imports itself, resolved by importing the user module as
-    the code would when it runs (a snapshot that exists is read without running it, so its
-    helpers must be known beforehand). Library modules are never imported here."""
-    out: dict[str, Any] = {}
-    for kind, root, attrs, _ in info.chains:
-        if kind == "global":
-            value, path = fn.__globals__.get(root), root
-            if not isinstance(value, types.ModuleType):
-                continue
-        else:
-            path = _absolute(root, fn.__globals__)
-            if path is None or _library_path(path):
-                continue
-            value = _import_path(path)
-            if value is _NOT_IMPORTABLE:
-                out.setdefault(path, value)
-                continue
-        for attr in attrs:
-            if not (isinstance(value, types.ModuleType) and is_user_module(value.__name__)):
-                break
-            value, path = getattr(value, attr, None), f"{path}.{attr}"
-            if value is None and kind == "import":  # ``import a.b`` then ``a.b.f``
-                value = _import_path(path)
-                if value is _NOT_IMPORTABLE:
-                    value = None
-        if value is not None and not isinstance(value, types.ModuleType):
-            out.setdefault(path, value)
-    return list(out.items())
-
-
-def _absolute(path: str, namespace: dict) -> str | None:
-    """The absolute module path of an import inside code whose module globals are ``namespace``
-    (``.sibling`` in package ``pkg``: ``pkg.sibling``); None if it cannot be resolved."""
-    if not path.startswith("."):
-        return path
-    package = namespace.get("__package__")
-    if package is None:
-        name = namespace.get("__name__") or ""
-        package = name if "__path__" in namespace else name.rpartition(".")[0]
-    try:
-        return importlib.util.resolve_name(path, package)
-    except (ImportError, ValueError):
-        return None
-
-
-def _library_path(path: str) -> bool:
-    """Is the top-level module of ``path`` stdlib or installed? Decided without importing it
-    when it is not imported yet."""
-    top = path.partition(".")[0]
-    known = _library_module(top)
-    if known is not None:
-        return known
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
-    places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
-    return bool(places) and all(_in_library(p) for p in places)
-
-
-def _import_path(path: str) -> Any:
-    """What ``from a.b import c`` would bind for ``a.b.c`` (an attribute, else a submodule)."""
-    parts = path.split(".")
-    try:
-        value = importlib.import_module(parts[0])
-        for i, attr in enumerate(parts[1:], 2):
-            nxt = getattr(value, attr, _NOT_IMPORTABLE)
-            if nxt is _NOT_IMPORTABLE and isinstance(value, types.ModuleType):
-                nxt = importlib.import_module(".".join(parts[:i]))
-            value = nxt
-    except Exception:  # not importable here: the code would fail the same way when it runs
-        return _NOT_IMPORTABLE
-    return value
 
 
 def _captured(value: Any, label: str, w: Walk) -> FingerprintNode:
@@ -583,7 +264,7 @@ def callable_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
         return w.guarded(fn, label, lambda: _method_node(fn, label, w))
     if isinstance(fn, type):
         return class_node(fn, label, w)
-    if _is_wrapper(fn):  # the cache settings do not change what is computed
+    if is_wrapper(fn):  # the cache settings do not change what is computed
         return node(label, "wrapper", canonical.type_name(type(fn)).encode(),
                     [_captured(fn.__wrapped__, "wrapped function", w)], describe(fn))
     if is_function_like(fn):

@@ -8,7 +8,7 @@ random generator objects captured and random augmentations of torchvision, album
 kornia, recognised by class name without importing them. :func:`detect_dataset_randomness` does
 the same for what a map-style dataset runs when an item is read.
 
-The bytecode is analysed once, by :mod:`snapcache.fingerprint.functions` (globals read,
+The bytecode is analysed once, by :mod:`snapcache.fingerprint.bytecode` (globals read,
 attribute chains with their call arguments, what user modules hold), for fingerprints and for
 this module alike; this module judges what that analysis finds. See ``docs/fingerprints.md``
 ("Randomness is frozen").
@@ -25,9 +25,11 @@ import types
 from typing import Any, Callable
 
 from snapcache.fingerprint import canonical
+from snapcache.fingerprint.bytecode import (
+    ATTR_LOADS, LOCAL_LOADS, NOT_IMPORTABLE, code_info, module_reads)
 from snapcache.fingerprint.functions import (
-    _ATTR_LOADS, _LOCAL_LOADS, _NOT_IMPORTABLE, _code_info, _global_rng, _held_user_code,
-    _is_wrapper, _module_reads, _user_function, is_function_like, is_user_module)
+    global_rng, held_user_code, is_function_like, is_wrapper)
+from snapcache.fingerprint.origin import is_user_module, user_function
 
 __all__ = ["detect_randomness", "detect_dataset_randomness"]
 
@@ -82,7 +84,7 @@ def _resolve(value: Any) -> str | None:
     if isinstance(value, types.ModuleType):
         return value.__name__
     owner = getattr(value, "__self__", None)
-    if owner is not None and (rng := _global_rng(owner)):
+    if owner is not None and (rng := global_rng(owner)):
         return f"{rng}.{value.__name__}"
     module, name = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
     return f"{module}.{name}" if isinstance(module, str) and isinstance(name, str) else None
@@ -90,7 +92,7 @@ def _resolve(value: Any) -> str | None:
 
 def _random_reads(fn: types.FunctionType) -> list[str]:
     found = []
-    for kind, root, attrs, args in _code_info(fn.__code__).chains:
+    for kind, root, attrs, args in code_info(fn.__code__).chains:
         written = ".".join((root,) + attrs) if kind == "global" else None
         if kind == "global":
             if root not in fn.__globals__ and not hasattr(builtins, root):
@@ -140,7 +142,7 @@ def _held_values(fn: Any) -> list[tuple[str, Any]]:
         return [(f"argument {i}", v) for i, v in enumerate(fn.args)] + \
             [(k, v) for k, v in (fn.keywords or {}).items()]
     if isinstance(fn, types.FunctionType):
-        out = [(name, fn.__globals__[name]) for name in _code_info(fn.__code__).global_names
+        out = [(name, fn.__globals__[name]) for name in code_info(fn.__code__).global_names
                if name in fn.__globals__]
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             try:
@@ -153,7 +155,7 @@ def _held_values(fn: Any) -> list[tuple[str, Any]]:
         out += list((fn.__kwdefaults__ or {}).items())
         return out
     owner = getattr(fn, "__self__", fn)
-    if owner is not fn and _generator_type(owner) and not _global_rng(owner):
+    if owner is not fn and _generator_type(owner) and not global_rng(owner):
         # a generator's own method (``rng.random``); the hidden global ones are reported as
         # "reads global random state" already
         return [("self", owner)]
@@ -170,7 +172,7 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
     """User functions reached from ``fn``: helpers, closure cells, partial and method targets."""
     if isinstance(fn, functools.partial):
         return [("", fn.func)]
-    if _is_wrapper(fn):
+    if is_wrapper(fn):
         return [("", fn.__wrapped__)]
     if not isinstance(fn, types.FunctionType):  # a class, a callable object, a bound method
         owner = getattr(fn, "__self__", fn)
@@ -179,9 +181,9 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
                    for m in vars(c).values()]
         members = [getattr(m, "__func__", m) for m in members]  # static and class methods
         return [("", m) for m in members if isinstance(m, types.FunctionType)]
-    info = _code_info(fn.__code__)
+    info = code_info(fn.__code__)
     out = [(name, fn.__globals__.get(name)) for name in info.global_names]
-    out += [(path, v) for path, v in _module_reads(fn, info) if v is not _NOT_IMPORTABLE]
+    out += [(path, v) for path, v in module_reads(fn, info) if v is not NOT_IMPORTABLE]
     cells = zip(fn.__code__.co_freevars, fn.__closure__ or ())
     for name, cell in cells:
         try:
@@ -275,14 +277,14 @@ def detect_randomness(fn: Callable[..., Any]) -> list[str]:
             warnings += [augmentation + via] if augmentation + via not in warnings else []
             continue
         if isinstance(f, types.FunctionType):
-            if not _user_function(f):  # library code is trusted, and not walked,
-                todo += [(v, via) for _, v in _held_user_code(f)]  # but what it wraps is
+            if not user_function(f):  # library code is trusted, and not walked,
+                todo += [(v, via) for _, v in held_user_code(f)]  # but what it wraps is
                 continue
             warnings += [m + via for m in _random_reads(f) if m + via not in warnings]
         warnings += [m + via for m in _captured_generators(f) if m + via not in warnings]
         for name, callee in _callees(f):
             if is_function_like(callee) or isinstance(callee, type) or (
-                    callable(callee) and canonical._is_plain_object(callee)):
+                    callable(callee) and canonical.is_plain_object(callee)):
                 todo.append((callee, via or (f" via helper `{name}`" if name else "")))
         todo += [(held, via or f" via `{path}`") for path, held in _held_callables(f)]
     return warnings
@@ -340,7 +342,7 @@ def _item_methods(cls: type) -> list[tuple[str, types.FunctionType]]:
         member = inspect.getattr_static(cls, name, None)
         member = getattr(member, "__func__", member)  # static and class methods
         if name in out or not (isinstance(member, types.FunctionType)
-                               and _user_function(member)):
+                               and user_function(member)):
             continue
         out[name] = member
         todo += _self_attributes(member.__code__)
@@ -355,7 +357,7 @@ def _self_attributes(code: types.CodeType, me: str | None = None) -> list[str]:
         me = code.co_varnames[0]
     instructions = list(dis.get_instructions(code))
     names = [b.argval for a, b in zip(instructions, instructions[1:])
-             if a.opname in _LOCAL_LOADS and a.argval == me and b.opname in _ATTR_LOADS]
+             if a.opname in LOCAL_LOADS and a.argval == me and b.opname in ATTR_LOADS]
     for c in code.co_consts:
         if isinstance(c, types.CodeType) and me in c.co_freevars:
             names += _self_attributes(c, me)

@@ -96,7 +96,7 @@ def explain_delta(lineage: FingerprintNode, root: Storage, units) -> Explanation
     """A delta snapshot (its ``lineage`` tree, the source's ``units``): a hit when a version was
     built from exactly these files; otherwise, if the lineage has a version, what the next run
     computes and reuses; otherwise the ordinary comparison with the root's snapshots."""
-    from snapcache.pipeline.delta_exec import explain_delta as plan_delta
+    from snapcache.pipeline.delta_plan import explain_delta as plan_delta
 
     storage = root.child(lineage.digest)
     hit, plan = plan_delta(storage, units)

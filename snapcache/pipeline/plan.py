@@ -113,7 +113,7 @@ def delta_source(op: ops.SnapshotOp) -> ops.Op | None:
 def delta_units(op: ops.SnapshotOp, source: ops.Op) -> Any:
     """The units of a delta snapshot op's ``source`` (taken once per source op object;
     identities that cost reads, Parquet row groups, reuse the lineage's newest version's)."""
-    from snapcache.pipeline.delta_exec import source_units
+    from snapcache.pipeline.delta_plan import source_units
     from snapcache.store.fs import Storage
 
     return source_units(source, lambda: Storage(op.path, op.options.storage_options).child(

@@ -68,7 +68,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
 
     if decision.action == "read":
         assert decision.manifest is not None
-        return _read(open_reader(storage, decision.manifest, options), op, spec)
+        return stream_rows(open_reader(storage, decision.manifest, options), op, spec)
     if decision.action == "replay":
         assert decision.resume is not None
         if alone:
@@ -112,7 +112,7 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
             return iter(())
         if done and not ops.resumable(op.parent):
             return None
-        share = _read(open_reader(storage, manifest, options), op, writing)
+        share = stream_rows(open_reader(storage, manifest, options), op, writing)
         return itertools.islice(share, done, None)
 
     written = _write(source, writer, decision.lease,
@@ -272,7 +272,7 @@ def _write_then_read(written: Iterator[Any], storage: Storage, op: ops.SnapshotO
     manifest = load_manifest(storage)
     if manifest is None:  # committed by nobody: cannot happen after a complete write
         raise CorruptSnapshotError(f"snapshot {storage.url} was not committed after writing")
-    yield from _read(open_reader(storage, manifest, op.options), op, spec)
+    yield from stream_rows(open_reader(storage, manifest, op.options), op, spec)
 
 
 def _replay(storage: Storage, record: StreamRecord, options, count: int,
@@ -285,8 +285,8 @@ def _replay(storage: Storage, record: StreamRecord, options, count: int,
     try_commit(storage, count, **fields)
 
 
-def _read(reader: SnapshotReader, op: ops.SnapshotOp, spec: streams.StreamSpec
-          ) -> Iterator[Any]:
+def stream_rows(reader: SnapshotReader, op: ops.SnapshotOp, spec: streams.StreamSpec
+                ) -> Iterator[Any]:
     """This stream's share of a committed snapshot: the rows it wrote, if the snapshot was
     written by as many streams, else chunks of its rows round-robin across the streams."""
     order = EpochOrder(layout_of(reader.manifest), None, 0)

@@ -333,12 +333,12 @@ def file_number(calls_dir):
 
 def test_build_of_a_delta_snapshot_splits_its_segments_among_the_tasks(ray_cluster, tmp_path,
                                                                        calls_dir):
-    from snapcache.pipeline import delta_exec
+    from snapcache.pipeline import delta_plan
     from snapcache.store.protocol import versions
 
     src = tmp_path / "src"
     src.mkdir()
-    files = delta_exec.SEGMENT_UNITS * 2 + 40          # 3 segments to compute
+    files = delta_plan.SEGMENT_UNITS * 2 + 40          # 3 segments to compute
     for i in range(files):
         (src / f"{i:05d}.txt").write_text("")
 
@@ -350,8 +350,8 @@ def test_build_of_a_delta_snapshot_splits_its_segments_among_the_tasks(ray_clust
     result = scr.build(ds, num_tasks=2)
     assert sorted(calls(calls_dir).elements()) == list(range(files))  # each file once
     assert [s.status for s in result.streams] == ["written", "written"]
-    assert [s.examples for s in result.streams] == [delta_exec.SEGMENT_UNITS + 40,
-                                                    delta_exec.SEGMENT_UNITS]
+    assert [s.examples for s in result.streams] == [delta_plan.SEGMENT_UNITS + 40,
+                                                    delta_plan.SEGMENT_UNITS]
     lineage = Storage(result.url)
     assert versions.versions(lineage) == [1] and result.num_examples == files
     assert result.fingerprint == ds.open_snapshot().id

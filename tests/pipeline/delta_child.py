@@ -2,7 +2,7 @@
 [INDEX COUNT]`` (with INDEX and COUNT: as stream INDEX of COUNT).
 
 Each map call appends the file's name to ``$DELTA_CALLS``; the examples read are written to OUT
-as JSON. ``SNAPCACHE_TEST_DELTA_PAUSE`` (see ``delta_exec._crash_hook``) makes the build stop
+as JSON. ``SNAPCACHE_TEST_DELTA_PAUSE`` (see ``delta_segment._crash_hook``) makes the build stop
 after its first segment until the parent deletes the pause file (or kills this process)."""
 
 import json
@@ -10,7 +10,7 @@ import os
 import sys
 
 import snapcache as sc
-from snapcache.pipeline import delta_exec
+from snapcache.pipeline import delta_plan
 
 
 def load(path):
@@ -21,7 +21,7 @@ def load(path):
 
 
 def main(src, root, out, index=None, count=None):
-    delta_exec.SEGMENT_UNITS = 4
+    delta_plan.SEGMENT_UNITS = 4
     ds = (sc.Dataset.from_files(os.path.join(src, "*.txt")).map(load)
           .snapshot(root, delta=True, progress=False, lease_ttl=5.0))
     stream = None if index is None else (int(index), int(count))  # stream i of n's share

@@ -365,9 +365,9 @@ def test_explain_says_what_the_next_run_computes_and_reuses(src, tmp_path):
 
 
 def test_explain_wording_with_many_segments(src, tmp_path, monkeypatch):
-    from snapcache.pipeline import delta_exec
+    from snapcache.pipeline import delta_plan
 
-    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+    monkeypatch.setattr(delta_plan, "SEGMENT_UNITS", 4)
     root = tmp_path / "root"
     run(src, root)                       # 3 segments of 4 files
     write(src, 60)
@@ -385,9 +385,9 @@ def test_explain_wording_with_many_segments(src, tmp_path, monkeypatch):
 
 def test_when_rows_per_file_are_unknown_a_segment_with_a_removed_file_is_recomputed(
         src, tmp_path, monkeypatch):
-    from snapcache.pipeline import delta_exec
+    from snapcache.pipeline import delta_plan
 
-    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+    monkeypatch.setattr(delta_plan, "SEGMENT_UNITS", 4)
 
     def make():
         CALLS.clear()
@@ -850,9 +850,9 @@ def test_a_waiting_delta_build_times_out_naming_the_builder(src, tmp_path):
 # -- several builders of one version: streams split its segments -------------------------------
 def test_streams_of_a_handle_split_the_segments_and_the_last_commits(src, tmp_path,
                                                                       monkeypatch):
-    from snapcache.pipeline import delta_exec
+    from snapcache.pipeline import delta_plan
 
-    monkeypatch.setattr(delta_exec, "SEGMENT_UNITS", 4)
+    monkeypatch.setattr(delta_plan, "SEGMENT_UNITS", 4)
     root = tmp_path / "root"
     assert run(src, root) == expected(src)              # version 1: 3 segments
     for i in range(100, 110):                            # 3 tasks: 100-103, 104-107, 108-109

@@ -379,7 +379,7 @@ def cleanup(storage: Storage, committed_run: str) -> list[str]:
               (owner := owner_of(name)) is not None and owner not in live_runs]
     if doomed:
         # A build may have started since the listing and kept some of these shards as its own
-        # (a killed run's, see delta_exec._compute): look at the live runs' records again.
+        # (a killed run's, see delta_segment._compute): look at the live runs' records again.
         now = storage.listdir()
         runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
         runs.discard(committed_run)
