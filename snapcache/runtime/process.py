@@ -113,10 +113,31 @@ def _park(value: Any, prefix: str, counter: list[int]) -> Any:
     return value
 
 
+_reseeded = False
+
+
+def _reseed_once() -> None:
+    """Give this worker process random draws of its own: numpy's and torch's global
+    generators, reseeded from the operating system's entropy once per process. Workers are
+    forked from one fork server, and each epoch starts fresh ones, so a random augmentation
+    (``np.random.rand()``, ``torch.rand()``) would otherwise draw the same numbers in every
+    worker and every epoch. (Python's ``random`` is reseeded by the fork itself.) Called at a
+    worker's first chunk, once ``fn`` is unpickled, so a torch it imports is seeded too."""
+    global _reseeded
+    if _reseeded:
+        return
+    _reseeded = True
+    np.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
+
+
 def _run_chunk(fn: Callable[[Any], Any], items: list[Any], start: int, prefix: str
                ) -> tuple[list[Any], float, dict | None]:
     """Worker entry point: ``fn`` over ``items``; large arrays parked in shared memory. A
     failure stops the chunk: the results before it come back with its report."""
+    _reseed_once()
     t0 = time.perf_counter()
     out = []
     counter = [0]

@@ -37,6 +37,28 @@ def slow_big(x):
     return np.full((64, 1024), x, np.uint8)
 
 
+def numpy_draw(x):
+    return int(x), float(np.random.rand())
+
+
+def torch_draw(x):
+    import torch
+    return int(x), float(torch.rand(()))
+
+
+@pytest.mark.parametrize("draw", [numpy_draw, pytest.param(torch_draw, marks=pytest.mark.slow)])
+def test_process_workers_draw_their_own_random_numbers_every_epoch(tmp_path, draw):
+    """A random augmentation after the snapshot, in worker processes: numpy's and torch's
+    draws differ between workers and epochs (workers forked from one fork server drew the
+    same numpy numbers in every worker and every epoch)."""
+    ds = (sc.Dataset.range(60).snapshot(str(tmp_path), progress=False)
+          .map(draw, num_parallel_calls=2, executor="process"))
+    epochs = [sorted(ds) for _ in range(2)]
+    assert [[e[0] for e in epoch] for epoch in epochs] == [list(range(60))] * 2
+    draws = [e[1] for epoch in epochs for e in epoch]
+    assert len(set(draws)) == len(draws) == 120
+
+
 def _my_segments():
     try:
         return {n for n in os.listdir("/dev/shm") if n.startswith("snapcache_")}
