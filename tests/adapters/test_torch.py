@@ -92,6 +92,41 @@ def test_take_with_two_workers_yields_the_first_k_once_and_splits_the_work(tmp_p
                                                 for e in head) and len(head) == len(list(head))
 
 
+PROCESS_MAP_IN_WORKERS = """
+import sys
+import snapcache as sc
+from torch.utils.data import DataLoader
+
+def make(i):
+    return {"id": i}
+
+def passthrough(example):
+    return example
+
+if __name__ == "__main__":
+    base = sc.Dataset.range(40).map(make).snapshot(sys.argv[1], progress=False)
+    list(base)
+    ds = base.map(passthrough, num_parallel_calls=2, executor="process").batch(5)
+    ids = [int(i) for b in DataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+           for i in b["id"]]
+    print(sorted(ids) == list(range(40)))
+"""
+
+
+def test_a_process_map_inside_dataloader_workers_runs_on_threads_and_says_so(tmp_path):
+    """DataLoader workers are daemonic: they cannot start processes. A map with
+    executor='process' runs on threads there, with a warning naming the way out (it failed
+    with the stdlib's "daemonic processes are not allowed to have children")."""
+    script = tmp_path / "train.py"
+    script.write_text(PROCESS_MAP_IN_WORKERS)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "snaps")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "executor='process' but runs inside a DataLoader worker" in done.stderr
+    assert "executor='thread'" in done.stderr and "num_workers=0" in done.stderr
+
+
 def test_set_epoch_reshuffles_the_order_but_not_the_set(root):
     ds = sc.Dataset.range(N).snapshot(root, progress=False).shuffle(16, seed=3).batch(4)
     torch_ds = ds.to_torch()

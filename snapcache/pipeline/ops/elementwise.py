@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator
 
+from snapcache.errors import warn
 from snapcache.fingerprint import detect_randomness
 from snapcache.machine import available_cpus
 from snapcache.options import AUTOTUNE, resolve_parallelism
@@ -48,7 +50,7 @@ class MapOp(Op):
 @runs(MapOp)
 def run_map(op: MapOp, epoch: int) -> Iterator[Any]:
     source = upstream(op, epoch)
-    if op.executor == "process":
+    if op.executor == "process" and _processes_allowed(op):
         workers = available_cpus() if op.num_parallel_calls == AUTOTUNE else \
             resolve_parallelism(op.num_parallel_calls, what="num_parallel_calls")
         return closing(source, process_map(op.fn, source, workers=workers,
@@ -57,6 +59,24 @@ def run_map(op: MapOp, epoch: int) -> Iterator[Any]:
     workers = resolve_parallelism(op.num_parallel_calls, what="num_parallel_calls")
     return closing(source, parallel_map(op.fn, source, workers=workers, tuner=tuner,
                                         deterministic=op.deterministic, label=op.describe()))
+
+
+_warned_daemon = False
+
+
+def _processes_allowed(op: MapOp) -> bool:
+    """False, with a warning once a process, inside a daemonic process (a DataLoader worker):
+    it cannot start processes, so ``executor="process"`` runs on threads there."""
+    global _warned_daemon
+    if not multiprocessing.current_process().daemon:
+        return True
+    if not _warned_daemon:
+        _warned_daemon = True
+        warn(f"{op.describe()} has executor='process' but runs inside a DataLoader worker (a "
+             "daemonic process, which cannot start processes): it runs on threads there, and "
+             "the DataLoader's workers are the processes. Pass executor='thread' to say so, or "
+             "num_workers=0 to the DataLoader to keep the map's processes", RuntimeWarning)
+    return False
 
 
 @dataclass(frozen=True, eq=False)
