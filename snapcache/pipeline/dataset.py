@@ -159,8 +159,10 @@ class Dataset:
 
         ``executor="thread"`` suits functions that release the GIL (numpy, decoding, I/O);
         ``executor="process"`` runs ``fn`` in worker processes, for pure-Python work; it must
-        then be picklable (a module-level function). Results keep the input order unless
-        ``deterministic=False``.
+        then be picklable (a module-level function). Each worker process reseeds numpy's
+        (and torch's) global random generator, so random draws differ between workers and
+        epochs. Inside a DataLoader worker, which cannot start processes, it runs on threads
+        (with a warning). Results keep the input order unless ``deterministic=False``.
         """
         _callable(fn, "map's fn")
         check_parallelism(num_parallel_calls, what="num_parallel_calls")
