@@ -632,18 +632,53 @@ def _keep_value(predicate: Callable[[Any], bool], item: tuple[int, Any]) -> bool
 
 
 def _tagged_op(node: ops.Op, parent: ops.Op) -> ops.Op:
-    """``node`` rebuilt over ``parent`` so that it passes (position, value) pairs."""
+    """``node`` rebuilt over ``parent`` so that it passes (position, value) pairs; a map or
+    filter still names the user's function in errors (its ``describe()`` is ``node``'s)."""
     if isinstance(node, ops.MapOp):
-        return dataclasses.replace(node, parent=parent, fn=functools.partial(_map_value, node.fn))
+        return _rebuilt(TaggedMap, node, parent, fn=functools.partial(_map_value, node.fn),
+                        label=node.describe())
     if isinstance(node, ops.FilterOp):
-        return dataclasses.replace(node, parent=parent,
-                                   predicate=functools.partial(_keep_value, node.predicate))
+        return _rebuilt(TaggedFilter, node, parent,
+                        predicate=functools.partial(_keep_value, node.predicate),
+                        label=node.describe())
     if isinstance(node, ops.BatchOp):
-        return TaggedBatch(parent=parent, batch_size=node.batch_size,
-                           drop_remainder=node.drop_remainder)
+        return _rebuilt(TaggedBatch, node, parent)
     if isinstance(node, ops.ShuffleOp):
-        return TaggedShuffle(parent=parent, buffer_size=node.buffer_size, seed=node.seed)
+        return _rebuilt(TaggedShuffle, node, parent)
     return dataclasses.replace(node, parent=parent)
+
+
+def _rebuilt(cls: type, node: ops.Op, parent: ops.Op, **changes: Any) -> ops.Op:
+    """An op of ``cls`` (a subclass of ``node``'s class) with ``node``'s fields, over
+    ``parent``, with ``changes``."""
+    fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(node) if f.init}
+    return cls(**{**fields, "parent": parent, **changes})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggedMap(ops.MapOp):
+    """``map`` over (position, value) pairs (``fn`` maps the value), labelled as the user's
+    map (``label``: its ``describe()``) wherever a label is shown: errors, progress."""
+
+    label: str = ""
+
+    def describe(self) -> str:
+        return self.label
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggedFilter(ops.FilterOp):
+    """``filter`` over (position, value) pairs (``predicate`` tests the value), labelled as
+    the user's filter."""
+
+    label: str = ""
+
+    def describe(self) -> str:
+        return self.label
+
+
+ops.runs(TaggedMap)(ops.RUNNERS[ops.MapOp])
+ops.runs(TaggedFilter)(ops.RUNNERS[ops.FilterOp])
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

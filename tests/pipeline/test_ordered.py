@@ -354,3 +354,40 @@ def test_resume_grid(grid_snapshot, seed, epoch, world, workers, stop, new_world
     rest = [ids(ds.iterate(state=states[0], stream=(k, m))) for k in range(m)]
     flat = sum(rest, [])
     assert len(flat) == len(set(flat)) and sorted(flat + seen) == list(range(211))
+
+
+def refuse_seven(e):
+    if int(e["id"]) == 7:
+        raise ValueError("boom")
+    return e
+
+
+def reject_seven(e):
+    if int(e["id"]) == 7:
+        raise KeyError("no such key")
+    return True
+
+
+ERROR_SHAPES = {
+    "map": lambda ds: ds.map(refuse_seven),
+    "map-threads": lambda ds: ds.map(refuse_seven, num_parallel_calls=2),
+    "map-process": lambda ds: ds.map(refuse_seven, num_parallel_calls=2, executor="process"),
+    "shuffle-map-batch": lambda ds: ds.shuffle(5, seed=0).map(refuse_seven).batch(3),
+    "filter": lambda ds: ds.filter(reject_seven),
+    "map-shuffle-filter": lambda ds: ds.map(lambda e: e).shuffle(5, seed=0).filter(reject_seven),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(ERROR_SHAPES))
+def test_an_error_after_a_committed_snapshot_names_the_users_function(root, shape):
+    """Found: the ordered read runs the user's map/filter wrapped to carry positions, and the
+    error note named the wrapper (``map `partial(_map_value)```) instead of the function."""
+    list(pipeline(root, n=20))  # committed
+    ds = ERROR_SHAPES[shape](pipeline(root, n=20))
+    for epoch in range(2):
+        with pytest.raises((ValueError, KeyError)) as raised:
+            list(ds.iterate(epoch))
+        note = " ".join(getattr(raised.value, "__notes__", []))
+        name = "filter `reject_seven`" if "filter" in shape else "map `refuse_seven`"
+        assert f"raised by {name} on example #" in note, note
+        assert "partial" not in note
