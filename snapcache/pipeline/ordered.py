@@ -521,26 +521,34 @@ def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share
     the ops after the snapshot run over (position, value) pairs as the stages they stand for;
     the read is the snapshot's stage, unless this epoch ``built`` the snapshot (then its
     stage counted the examples as it wrote them, once)."""
-    from snapcache.pipeline import plan
-
     columnar = shape.columnar and batched_read.supports_batched(reader.schema)
     pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
                             else "rows", piece=piece_rows(share.unit))
     if columnar:
-        return _columnar_counted(shape, reader, pieces, skip, local_shuffle, built)
+        return _columnar_counted(shape, reader, pieces, skip, epoch, local_shuffle, built)
     tagged = _tag(pieces, skip)
     if local_shuffle:
         tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
-    source = ops.IterableSource(parent=None, items=_Once(tagged))
-    top: ops.Op = source
-    for node in shape.stages[1:]:
+    return _run_tagged(shape.stages[1:], tagged, shape.snapshot, epoch, counted=not built), \
+        False
+
+
+def _run_tagged(nodes: Sequence[ops.Op], items: Iterator[tuple[int, Any]], below: ops.Op,
+                epoch: int, *, counted: bool) -> Iterator[tuple[int, Any]]:
+    """``nodes`` (the pipeline's ops right after ``below``) run over the (position, value)
+    pairs ``items``, each counted for ``Dataset.stats()`` as its own stage; ``items`` are
+    counted as ``below``'s stage when ``counted`` (else they were counted already)."""
+    from snapcache.pipeline import plan
+
+    top: ops.Op = ops.IterableSource(parent=None, items=_Once(items))
+    for node in nodes:
         top = _tagged_op(node, top)
     recorder = stats.current.get()
     token = stats.current.set(recorder.standing_in(
-        _depth(shape.snapshot), skip={0} if built else (), payload=_value)) \
+        _depth(below), skip=() if counted else {0}, payload=_value)) \
         if isinstance(recorder, stats.Recorder) else None
     try:
-        return plan.iterate(top, epoch, streams.StreamSpec()), False
+        return plan.iterate(top, epoch, streams.StreamSpec())
     finally:
         if token is not None:
             stats.current.reset(token)
@@ -567,12 +575,15 @@ RUN = 1024
 one."""
 
 
-def _columnar_counted(shape: Shape, reader: SnapshotReader, pieces, skip: int,
+def _columnar_counted(shape: Shape, reader: SnapshotReader, pieces, skip: int, epoch: int,
                       local_shuffle: bool, built: bool
                       ) -> tuple[Iterator[tuple[int, Any]], bool]:
     """:func:`_columnar`'s items and whether they are runs, each stage counted: those up to
-    the batch by the rows of the column chunks, the batch and those after it by batch (the
-    snapshot's stage not when this epoch ``built`` it)."""
+    the first batch by the rows of the column chunks, the batch by batch (the snapshot's stage
+    not when this epoch ``built`` it). Every op after the first batch that changes the items
+    (a second batch) runs over its (position, batch) pairs, as on the row path; the ops that
+    change nothing right after the first batch (prefetch: the read prefetches already) are
+    only counted."""
     batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
     chunks: Iterator[dict] = (columns for _, _, columns in pieces)
     if local_shuffle:
@@ -582,9 +593,16 @@ def _columnar_counted(shape: Shape, reader: SnapshotReader, pieces, skip: int,
     for node in stages[:cut]:
         chunks = ops.counted(node, chunks, size=_rows)
     items = _columnar(reader.schema, pieces, chunks, skip, batch)
-    for node in stages[cut:]:
+    if batch is None:
+        return items, True
+    after = shape.stages[shape.stages.index(batch) + 1:]
+    run = next((i for i, node in enumerate(after) if node.content), len(after))
+    for node in (batch,) + after[:run]:
         items = ops.counted(node, items, payload=_value)
-    return items, batch is None
+    if run < len(after):
+        items = _run_tagged(after[run:], items, after[run - 1] if run else batch, epoch,
+                            counted=False)
+    return items, False
 
 
 def _columnar(schema: Any, pieces, chunks: Iterator[dict], skip: int,
