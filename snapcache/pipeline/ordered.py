@@ -33,12 +33,15 @@ from snapcache.runtime.batch import stack
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
 from snapcache.store import batched_read
 from snapcache.store.fs import Storage
+from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Share, ranges_length
-from snapcache.store.ordered_read import layout_of, ordered_pieces
+from snapcache.store.ordered_read import layout_id, layout_of, ordered_pieces
 from snapcache.store.reader import SnapshotReader
 
 STATE_FORMAT = "snapcache-iterator"
 STATE_VERSION = 1
+"""Fields added to version 1 since (``layout``, see :func:`_check_layout`) are optional: a
+state without them is read as before, so states saved by earlier releases still resume."""
 
 
 
@@ -356,6 +359,7 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
     if state is not None:
         if state["snapshot"] != fingerprint:
             raise ValueError(_other_snapshot(state["snapshot"], fingerprint))
+        _check_layout(state, reader.manifest)
         if state["num_examples"] != total or state["window"] != shape.window or \
                 state["unit"] != shape.unit:
             raise ValueError(
@@ -453,6 +457,21 @@ def _other_snapshot(saved: str, current: str) -> str:
             "pipeline that saved the state, or start a fresh epoch")
 
 
+def _check_layout(state: dict, manifest: Manifest) -> None:
+    """Refuse ``state`` if the snapshot it was saved reading had another layout: then the same
+    positions are other examples. A state without ``layout`` (saved by a release that did not
+    record it) is taken as those releases took it, unchecked."""
+    saved = state.get("layout")
+    if saved is not None and saved != layout_id(manifest):
+        raise ValueError(
+            f"snapshot {manifest.fingerprint[:12]} was rebuilt with another layout since this "
+            "iterator state was saved (it was lost or purged and written again, by another "
+            "number of workers or ranks, with another shard_size, or from an upstream whose "
+            "output varies between runs): its epoch order differs, so the state's position "
+            "would repeat some examples and skip others. Start the epoch again: iterate "
+            "without the state (ds.iterate(epoch), to_torch() without state=)")
+
+
 def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSpec,
                     state: dict, built: bool) -> OrderedIterator:
     """The rest of a writing epoch, now that the snapshot is complete: the stream's rows in
@@ -489,6 +508,7 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
     ``built``: this epoch completed the snapshot before reading it."""
     from snapcache.pipeline.snapshot_exec import read_session
 
+    record = {**record, "layout": layout_id(reader.manifest)}  # see _check_layout
     session = read_session(reader, shape.snapshot, order, share, skip)
     session.__enter__()
     items, runs = _items(shape, reader, order, share, skip, epoch, local_shuffle, built)
