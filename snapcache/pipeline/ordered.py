@@ -33,12 +33,15 @@ from snapcache.runtime.batch import stack
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
 from snapcache.store import batched_read
 from snapcache.store.fs import Storage
+from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Share, ranges_length
-from snapcache.store.ordered_read import layout_of, ordered_pieces
+from snapcache.store.ordered_read import layout_id, layout_of, ordered_pieces
 from snapcache.store.reader import SnapshotReader
 
 STATE_FORMAT = "snapcache-iterator"
 STATE_VERSION = 1
+"""Fields added to version 1 since (``layout``, see :func:`_check_layout`) are optional: a
+state without them is read as before, so states saved by earlier releases still resume."""
 
 
 
@@ -356,6 +359,7 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
     if state is not None:
         if state["snapshot"] != fingerprint:
             raise ValueError(_other_snapshot(state["snapshot"], fingerprint))
+        _check_layout(state, reader.manifest)
         if state["num_examples"] != total or state["window"] != shape.window or \
                 state["unit"] != shape.unit:
             raise ValueError(
@@ -453,6 +457,21 @@ def _other_snapshot(saved: str, current: str) -> str:
             "pipeline that saved the state, or start a fresh epoch")
 
 
+def _check_layout(state: dict, manifest: Manifest) -> None:
+    """Refuse ``state`` if the snapshot it was saved reading had another layout: then the same
+    positions are other examples. A state without ``layout`` (saved by a release that did not
+    record it) is taken as those releases took it, unchecked."""
+    saved = state.get("layout")
+    if saved is not None and saved != layout_id(manifest):
+        raise ValueError(
+            f"snapshot {manifest.fingerprint[:12]} was rebuilt with another layout since this "
+            "iterator state was saved (it was lost or purged and written again, by another "
+            "number of workers or ranks, with another shard_size, or from an upstream whose "
+            "output varies between runs): its epoch order differs, so the state's position "
+            "would repeat some examples and skip others. Start the epoch again: iterate "
+            "without the state (ds.iterate(epoch), to_torch() without state=)")
+
+
 def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSpec,
                     state: dict, built: bool) -> OrderedIterator:
     """The rest of a writing epoch, now that the snapshot is complete: the stream's rows in
@@ -489,6 +508,7 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
     ``built``: this epoch completed the snapshot before reading it."""
     from snapcache.pipeline.snapshot_exec import read_session
 
+    record = {**record, "layout": layout_id(reader.manifest)}  # see _check_layout
     session = read_session(reader, shape.snapshot, order, share, skip)
     session.__enter__()
     items, runs = _items(shape, reader, order, share, skip, epoch, local_shuffle, built)
@@ -521,26 +541,34 @@ def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share
     the ops after the snapshot run over (position, value) pairs as the stages they stand for;
     the read is the snapshot's stage, unless this epoch ``built`` the snapshot (then its
     stage counted the examples as it wrote them, once)."""
-    from snapcache.pipeline import plan
-
     columnar = shape.columnar and batched_read.supports_batched(reader.schema)
     pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
                             else "rows", piece=piece_rows(share.unit))
     if columnar:
-        return _columnar_counted(shape, reader, pieces, skip, local_shuffle, built)
+        return _columnar_counted(shape, reader, pieces, skip, epoch, local_shuffle, built)
     tagged = _tag(pieces, skip)
     if local_shuffle:
         tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
-    source = ops.IterableSource(parent=None, items=_Once(tagged))
-    top: ops.Op = source
-    for node in shape.stages[1:]:
+    return _run_tagged(shape.stages[1:], tagged, shape.snapshot, epoch, counted=not built), \
+        False
+
+
+def _run_tagged(nodes: Sequence[ops.Op], items: Iterator[tuple[int, Any]], below: ops.Op,
+                epoch: int, *, counted: bool) -> Iterator[tuple[int, Any]]:
+    """``nodes`` (the pipeline's ops right after ``below``) run over the (position, value)
+    pairs ``items``, each counted for ``Dataset.stats()`` as its own stage; ``items`` are
+    counted as ``below``'s stage when ``counted`` (else they were counted already)."""
+    from snapcache.pipeline import plan
+
+    top: ops.Op = ops.IterableSource(parent=None, items=_Once(items))
+    for node in nodes:
         top = _tagged_op(node, top)
     recorder = stats.current.get()
     token = stats.current.set(recorder.standing_in(
-        _depth(shape.snapshot), skip={0} if built else (), payload=_value)) \
+        _depth(below), skip=() if counted else {0}, payload=_value)) \
         if isinstance(recorder, stats.Recorder) else None
     try:
-        return plan.iterate(top, epoch, streams.StreamSpec()), False
+        return plan.iterate(top, epoch, streams.StreamSpec())
     finally:
         if token is not None:
             stats.current.reset(token)
@@ -567,12 +595,15 @@ RUN = 1024
 one."""
 
 
-def _columnar_counted(shape: Shape, reader: SnapshotReader, pieces, skip: int,
+def _columnar_counted(shape: Shape, reader: SnapshotReader, pieces, skip: int, epoch: int,
                       local_shuffle: bool, built: bool
                       ) -> tuple[Iterator[tuple[int, Any]], bool]:
     """:func:`_columnar`'s items and whether they are runs, each stage counted: those up to
-    the batch by the rows of the column chunks, the batch and those after it by batch (the
-    snapshot's stage not when this epoch ``built`` it)."""
+    the first batch by the rows of the column chunks, the batch by batch (the snapshot's stage
+    not when this epoch ``built`` it). Every op after the first batch that changes the items
+    (a second batch) runs over its (position, batch) pairs, as on the row path; the ops that
+    change nothing right after the first batch (prefetch: the read prefetches already) are
+    only counted."""
     batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
     chunks: Iterator[dict] = (columns for _, _, columns in pieces)
     if local_shuffle:
@@ -582,9 +613,16 @@ def _columnar_counted(shape: Shape, reader: SnapshotReader, pieces, skip: int,
     for node in stages[:cut]:
         chunks = ops.counted(node, chunks, size=_rows)
     items = _columnar(reader.schema, pieces, chunks, skip, batch)
-    for node in stages[cut:]:
+    if batch is None:
+        return items, True
+    after = shape.stages[shape.stages.index(batch) + 1:]
+    run = next((i for i, node in enumerate(after) if node.content), len(after))
+    for node in (batch,) + after[:run]:
         items = ops.counted(node, items, payload=_value)
-    return items, batch is None
+    if run < len(after):
+        items = _run_tagged(after[run:], items, after[run - 1] if run else batch, epoch,
+                            counted=False)
+    return items, False
 
 
 def _columnar(schema: Any, pieces, chunks: Iterator[dict], skip: int,
@@ -632,18 +670,53 @@ def _keep_value(predicate: Callable[[Any], bool], item: tuple[int, Any]) -> bool
 
 
 def _tagged_op(node: ops.Op, parent: ops.Op) -> ops.Op:
-    """``node`` rebuilt over ``parent`` so that it passes (position, value) pairs."""
+    """``node`` rebuilt over ``parent`` so that it passes (position, value) pairs; a map or
+    filter still names the user's function in errors (its ``describe()`` is ``node``'s)."""
     if isinstance(node, ops.MapOp):
-        return dataclasses.replace(node, parent=parent, fn=functools.partial(_map_value, node.fn))
+        return _rebuilt(TaggedMap, node, parent, fn=functools.partial(_map_value, node.fn),
+                        label=node.describe())
     if isinstance(node, ops.FilterOp):
-        return dataclasses.replace(node, parent=parent,
-                                   predicate=functools.partial(_keep_value, node.predicate))
+        return _rebuilt(TaggedFilter, node, parent,
+                        predicate=functools.partial(_keep_value, node.predicate),
+                        label=node.describe())
     if isinstance(node, ops.BatchOp):
-        return TaggedBatch(parent=parent, batch_size=node.batch_size,
-                           drop_remainder=node.drop_remainder)
+        return _rebuilt(TaggedBatch, node, parent)
     if isinstance(node, ops.ShuffleOp):
-        return TaggedShuffle(parent=parent, buffer_size=node.buffer_size, seed=node.seed)
+        return _rebuilt(TaggedShuffle, node, parent)
     return dataclasses.replace(node, parent=parent)
+
+
+def _rebuilt(cls: type, node: ops.Op, parent: ops.Op, **changes: Any) -> ops.Op:
+    """An op of ``cls`` (a subclass of ``node``'s class) with ``node``'s fields, over
+    ``parent``, with ``changes``."""
+    fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(node) if f.init}
+    return cls(**{**fields, "parent": parent, **changes})
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggedMap(ops.MapOp):
+    """``map`` over (position, value) pairs (``fn`` maps the value), labelled as the user's
+    map (``label``: its ``describe()``) wherever a label is shown: errors, progress."""
+
+    label: str = ""
+
+    def describe(self) -> str:
+        return self.label
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggedFilter(ops.FilterOp):
+    """``filter`` over (position, value) pairs (``predicate`` tests the value), labelled as
+    the user's filter."""
+
+    label: str = ""
+
+    def describe(self) -> str:
+        return self.label
+
+
+ops.runs(TaggedMap)(ops.RUNNERS[ops.MapOp])
+ops.runs(TaggedFilter)(ops.RUNNERS[ops.FilterOp])
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store.batched_read import as_columns, open_sequential, read_budget
@@ -47,6 +48,23 @@ def layout_of(manifest: Manifest) -> Layout:
             f"rows in {len(manifest.shards)} shards cannot be laid out ({type(e).__name__}): "
             "the manifest is damaged or was edited. Delete the snapshot with `snapcache "
             f"purge {manifest.fingerprint[:12]}` and rerun the pipeline to rebuild it") from None
+
+
+def layout_id(manifest: Manifest) -> str:
+    """What decides which example sits at each position of a committed snapshot's epoch
+    orders, as 16 hex digits: the shards in manifest order, each with its rows, its record
+    batches' rows (the blocks of :func:`layout_of`) and its checksum (the rows it holds, in
+    their order). Equal for copies of one commit and for a rebuild that wrote the same bytes;
+    different when the snapshot was rebuilt by another number of streams, with another
+    ``shard_size``, or from an upstream whose order or values vary between runs."""
+    digest = xxhash.xxh3_64()
+    for shard in manifest.shards:  # "<rows> <checksum> <record batches>;" then their rows
+        known = shard.batch_rows is not None
+        digest.update(f"{shard.rows} {shard.checksum} "
+                      f"{len(shard.batch_rows) if known else -1};".encode())
+        if known:
+            digest.update(np.asarray(shard.batch_rows, np.int64).tobytes())
+    return digest.hexdigest()
 
 
 class _Shards:

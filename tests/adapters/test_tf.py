@@ -58,3 +58,16 @@ def test_explicit_element_spec_and_empty_dataset(root):
     assert [int(x) for x in sc.Dataset.range(3).to_tf(element_spec=spec)] == [0, 1, 2]
     with pytest.raises(ValueError, match="element_spec"):
         sc.Dataset.range(0).to_tf()
+
+
+def test_a_batch_of_batches_after_a_committed_snapshot(root):
+    """Found: the whole-column read ran only the first batch: 13 items of (4,) while the
+    element_spec and cardinality said 5 of (None, None)."""
+    ds = sc.Dataset.range(50).map(lambda i: {"x": np.full(2, i, np.float32)}) \
+        .snapshot(root, progress=False)
+    list(ds)  # committed
+    tf_ds = ds.batch(4).batch(3).to_tf()
+    assert tf_ds.element_spec == {"x": tf.TensorSpec((None, None, 2), tf.float32)}
+    shapes = [tuple(e["x"].shape) for e in tf_ds]
+    assert shapes == [(3, 4, 2)] * 4 + [(1, 2, 2)]
+    assert tf_ds.cardinality().numpy() == 5

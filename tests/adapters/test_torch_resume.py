@@ -127,6 +127,27 @@ def test_two_ranks_of_two_workers_resume_as_one_rank_of_three(root, batch):
     assert sorted(seen0 + seen1 + rest) == list(range(N))
 
 
+def test_job_state_keeps_the_layout_and_a_rebuilt_snapshot_refuses_it(root):
+    """An elastic resume's state names the snapshot's layout (what its order depends on): a
+    snapshot lost and rebuilt with another layout (here another shard_size) refuses it rather
+    than repeat some examples and skip others."""
+    import shutil
+
+    ds = build(root).shuffle(10, seed=1).batch(4)
+    loader = StatefulDataLoader(ds.to_torch(rank=0, world_size=2), batch_size=None,
+                                num_workers=2)
+    take(iter(loader), 3)
+    job = job_state(json.loads(json.dumps(loader.state_dict())))
+    assert isinstance(job["layout"], str)
+    shutil.rmtree(root)
+    again = sc.Dataset.range(N).map(make).snapshot(root, shard_size=700, progress=False)
+    list(again)
+    resumed = StatefulDataLoader(again.shuffle(10, seed=1).batch(4).to_torch(state=job),
+                                 batch_size=None, num_workers=0)
+    with pytest.raises(ValueError, match="rebuilt with another layout"):
+        next(iter(resumed))
+
+
 @pytest.mark.parametrize("workers,new_world,new_workers", [(0, 1, 0), (2, 1, 3), (1, 3, 2)])
 def test_with_a_filter_every_ranks_state_resumes_the_job(root, workers, new_world, new_workers):
     """A filter after the snapshot: ranks in lockstep on batches have read different numbers

@@ -388,3 +388,28 @@ def test_ordered_reads_and_random_access_on_s3(s3_root):
     access = RowAccess(reader)
     assert [e["i"] for e in access.take([299, 0, 150])] == [299, 0, 150]
     assert [e["i"] for e in ds.shuffle(40, seed=2).iterate(1)] == ids
+
+
+def test_layout_id_changes_with_anything_that_moves_an_example():
+    """``layout_id``: which example sits at each position of every epoch order, so equal for
+    equal shard lists and different when rows, record batches, contents or the shards' order
+    differ (an iterator state is refused on another)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from snapcache.store.manifest import ShardInfo
+    from snapcache.store.ordered_read import layout_id
+
+    def shard(rows, batches, k):
+        return ShardInfo(path=f"s{k}.arrow", rows=rows, bytes=100, checksum=f"xxh3_64:{k:016x}",
+                         batch_rows=batches)
+
+    def of(*shards):
+        return layout_id(SimpleNamespace(shards=shards))
+
+    a, b = shard(10, (5, 5), 1), shard(6, (6,), 2)
+    assert of(a, b) == of(dataclasses.replace(a, path="other.arrow"), b)  # names do not count
+    assert len({of(a, b), of(b, a), of(dataclasses.replace(a, batch_rows=(4, 6)), b),
+                of(dataclasses.replace(a, batch_rows=None), b),
+                of(dataclasses.replace(a, checksum="xxh3_64:" + "f" * 16), b),
+                of(shard(16, (5, 5, 6), 1)), of(a)}) == 7
