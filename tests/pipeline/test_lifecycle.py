@@ -120,7 +120,8 @@ EXIT_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_exit_right_after_one_batch_is_clean_30_times(tmp_path):
+@pytest.mark.parametrize("times", [10, pytest.param(30, marks=pytest.mark.slow)])
+def test_exit_right_after_one_batch_is_clean_many_times(tmp_path, times):
     script = tmp_path / "one_batch.py"
     script.write_text(EXIT_SCRIPT)
     root = str(tmp_path / "snaps")
@@ -136,7 +137,7 @@ def test_exit_right_after_one_batch_is_clean_30_times(tmp_path):
     built = run("build")
     assert built.returncode == 0, built.stderr
     with ThreadPoolExecutor(3) as pool:
-        results += list(pool.map(run, ["one"] * 30))
+        results += list(pool.map(run, ["one"] * times))
     for r in results:
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
         assert "one batch" in r.stdout
