@@ -9,9 +9,12 @@ of the network::
                        lambda: storage.read_bytes(shard.path))
 
 Layout: the cache owns ``<directory>/snapcache-shards-v1/`` and, inside it, only the files named
-``<key>.cached`` (complete copies), ``<key>.cached.<id>.part`` (being written) and
-``locks/NN.lock`` (a fixed set of lock files, never removed). It never touches anything else,
-so pointing it at a folder that holds other files is harmless.
+``<key>.cached`` (complete copies), ``<key>.cached.<pid>-<space>-<id>.part`` (being written)
+and ``locks/NN.lock`` (a fixed set of lock files, never removed). It never touches anything
+else, so pointing it at a folder that holds other files is harmless. A temporary file is
+removed by the next eviction once its writer is gone: a process of this machine, pid namespace
+and boot (``<space>``, :data:`PROCESS_SPACE`) that has exited, or anyone's after
+:data:`STALE_PART_SECONDS`.
 
 A copy's modification time is its last use: ``get`` sets it on every hit, and eviction removes
 the oldest copies first. The folder is the only state, which makes the cache safe to share
@@ -23,6 +26,10 @@ key's lock file (one of :data:`LOCK_STRIPES`, picked by a hash of the key), take
 cache is checked again and held until the copy is in place. Eviction removes the least recently
 used copies; a process still reading a removed copy keeps its memory map (POSIX semantics), and
 the copies are of remote files, so eviction never removes the only copy of anything.
+
+A copy that cannot be written (a full disk, ...) leaves nothing behind and costs the read
+nothing: its bytes are returned from memory, and the failure is logged (a warning the first
+time for each cause, then at debug level).
 
 Copies are not fsynced: a copy truncated by a crash is caught by its size on the next ``get``
 and fetched again; readers still verify checksums, and call :meth:`ShardCache.discard` to drop a
@@ -43,10 +50,12 @@ returns, as without ``copy_in_background``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import multiprocessing
 import os
+import re
 import threading
 import time
 import uuid
@@ -59,12 +68,21 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import xxhash
 
+from snapcache.machine import BOOT, HOST, PIDNS, pid_alive
+
 log = logging.getLogger(__name__)
 
 SUBDIR = "snapcache-shards-v1"
 SUFFIX = ".cached"
 PART_SUFFIX = ".part"
 STALE_PART_SECONDS = 3600.0  # a temporary file this old belongs to a writer that died
+PROCESS_SPACE = f"{xxhash.xxh3_64_intdigest(f'{HOST}|{PIDNS}|{BOOT}'.encode()):016x}"[:8] \
+    if PIDNS and BOOT else ""
+"""Where this process's pid means this process (its machine, pid namespace and boot), in the
+names of its temporary files: another process of the same space that finds the pid gone
+removes the file; one of another space (another container sharing the folder) waits for
+:data:`STALE_PART_SECONDS`. Empty where the platform does not say."""
+_PART_RE = re.compile(r"\.(\d+)-([0-9a-f]{8})-[0-9a-f]{12}" + re.escape(PART_SUFFIX) + "$")
 LOCK_STRIPES = 64
 """Lock files shared by all keys (a key's is picked by a hash): bounded, never deleted."""
 BACKGROUND_COPY_BYTES = 256 << 20
@@ -123,9 +141,9 @@ class ShardCache:
         self._copier_pid = 0
         self._copies_pending: list[Future] = []
         self._last_stamp_ns = 0
-        self._remove_stale_parts()
+        self._copy_failures: set[int | None] = set()  # the causes (errno) already warned of
         with self._lock:
-            self._evict()
+            self._evict()  # and temporary files whose writers are gone
         _CACHES.add(self)
 
     def __repr__(self) -> str:
@@ -165,9 +183,9 @@ class ShardCache:
                 self._copy_later(key, path, data, entry, fd)
                 entry = fd = None  # the copy releases them
                 return pa.py_buffer(data)
-            self._copy(path, data)
-            buffer = self._open_copy(path, size)
-            # evicted at once by a concurrent process filling the cache: serve from memory
+            buffer = self._open_copy(path, size) if self._keep(key, path, data) else None
+            # not kept (logged), or evicted at once by a concurrent process filling the cache:
+            # serve from memory
             return buffer if buffer is not None else pa.py_buffer(data)
         finally:
             if fd is not None:
@@ -175,20 +193,41 @@ class ShardCache:
             if entry is not None:
                 self._unlock_key(key, entry)
 
-    def _copy(self, path: str, data: bytes) -> None:
-        self._store(path, data)
+    def _keep(self, key: str, path: str, data: bytes) -> bool:
+        """Write the copy of ``key`` and evict down to the limit; False if the copy could not
+        be written (logged): the copy is an optimisation, the caller reads on without it."""
+        try:
+            self._store(path, data)
+            with self._lock:
+                self._evict()
+            return True
+        except Exception as e:  # noqa: BLE001 - the copy is an optimisation: reads go on
+            self._copy_failed(key, e)
+            return False
+
+    def _copy_failed(self, key: str, error: Exception) -> None:
+        """Log a copy that could not be written: a warning the first time for each cause."""
+        cause = getattr(error, "errno", None)
         with self._lock:
-            self._evict()
+            first = cause not in self._copy_failures
+            self._copy_failures.add(cause)
+        way_out = ("free space on that disk or lower local_cache_limit"
+                   if cause in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else
+                   "make the folder writable or drop local_cache")
+        if first:
+            log.warning("shard cache: could not keep a copy of %s in the node-local cache "
+                        "(local_cache=%r): %s; reading on without it (%s; the same failure "
+                        "again is logged at debug level)", key, self.directory, error, way_out)
+        else:
+            log.debug("shard cache: could not keep a copy of %s in %s: %s", key,
+                      self.directory, error)
 
     def _copy_later(self, key: str, path: str, data: bytes, entry: list, fd: int) -> None:
         """Write the copy of ``key`` on the cache's background thread, then release the key's
         locks (taken by the caller and handed over)."""
         def copy() -> None:
             try:
-                self._copy(path, data)
-            except Exception as e:  # noqa: BLE001 - the copy is an optimisation: reads go on
-                log.warning("shard cache: could not keep a copy of %s in %s: %s", key,
-                            self.directory, e)
+                self._keep(key, path, data)
             finally:
                 self._unlock_node(fd)
                 self._unlock_key(key, entry)
@@ -230,7 +269,9 @@ class ShardCache:
         with self._lock:
             for copy in self._copies():
                 _remove(copy.path)
-            self._remove_stale_parts(max_age=0.0)
+            for entry in _walk_files(self._root):
+                if _abandoned(entry, max_age=0.0):
+                    _remove(entry.path)
             self._remove_empty_dirs()
 
     @property
@@ -332,26 +373,32 @@ class ShardCache:
             pass
 
     def _store(self, path: str, data: bytes) -> None:
-        part = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:12]}{PART_SUFFIX}"
-        for attempt in range(2):  # another process's clear() may remove the folder between
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                with open(part, "wb") as f:
-                    f.write(data)
-                break
-            except FileNotFoundError:
-                if attempt:
-                    raise
+        writer = f"{os.getpid()}-{PROCESS_SPACE}" if PROCESS_SPACE else str(os.getpid())
+        part = f"{path}.{writer}-{uuid.uuid4().hex[:12]}{PART_SUFFIX}"
         try:
+            for attempt in range(2):  # another process's clear() may remove the folder between
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                try:
+                    with open(part, "wb") as f:
+                        f.write(data)
+                    break
+                except FileNotFoundError:
+                    if attempt:
+                        raise
             os.replace(part, path)
         except BaseException:
-            _remove(part)
+            with contextlib.suppress(OSError):
+                _remove(part)  # a partial copy must not stay (on a full disk, least of all)
             raise
         self._touch(path)
 
-    def _copies(self) -> list[_Copy]:
+    def _copies(self, *, remove_abandoned: bool = False) -> list[_Copy]:
+        """The complete copies in the folder; ``remove_abandoned``: removing on the way the
+        temporary files whose writers are gone (:func:`_abandoned`)."""
         copies = []
         for entry in _walk_files(self._root):
+            if remove_abandoned and _abandoned(entry):
+                _remove(entry.path)
             if not entry.name.endswith(SUFFIX):
                 continue
             try:
@@ -362,9 +409,9 @@ class ShardCache:
         return copies
 
     def _evict(self) -> None:
-        """Remove least recently used copies until the folder holds at most the limit.
-        Call with ``self._lock`` held."""
-        copies = self._copies()
+        """Remove the temporary files whose writers are gone, and least recently used copies
+        until the folder holds at most the limit. Call with ``self._lock`` held."""
+        copies = self._copies(remove_abandoned=True)
         total = sum(c.size for c in copies)
         for copy in sorted(copies, key=lambda c: (c.last_used_ns, c.path)):
             if total <= self.limit_bytes:
@@ -372,17 +419,6 @@ class ShardCache:
             if _remove(copy.path):  # removed by us or by another process: gone either way
                 log.debug("shard cache: evicted %s (%d bytes)", copy.path, copy.size)
                 total -= copy.size
-
-    def _remove_stale_parts(self, max_age: float = STALE_PART_SECONDS) -> None:
-        cutoff = time.time() - max_age
-        for entry in _walk_files(self._root):
-            if not entry.name.endswith(PART_SUFFIX) or SUFFIX + "." not in entry.name:
-                continue
-            try:
-                if entry.stat(follow_symlinks=False).st_mtime <= cutoff:
-                    _remove(entry.path)
-            except FileNotFoundError:
-                pass
 
     def _remove_empty_dirs(self) -> None:
         for dirpath, _, _ in sorted(os.walk(self._root), reverse=True):
@@ -405,6 +441,22 @@ def _walk_files(root: str) -> Iterator[os.DirEntry]:
                 yield entry
         except FileNotFoundError:
             continue
+
+
+def _abandoned(entry: os.DirEntry, max_age: float = STALE_PART_SECONDS) -> bool:
+    """Whether ``entry`` is a temporary file of the cache whose writer is gone: a process of
+    this machine, pid namespace and boot (:data:`PROCESS_SPACE`) that has exited, or any
+    writer, ``max_age`` seconds after its last write."""
+    if not entry.name.endswith(PART_SUFFIX) or SUFFIX + "." not in entry.name:
+        return False
+    writer = _PART_RE.search(entry.name)
+    if writer and PROCESS_SPACE and writer[2] == PROCESS_SPACE and \
+            not pid_alive(int(writer[1])):
+        return True
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime <= time.time() - max_age
+    except FileNotFoundError:
+        return False
 
 
 def _remove(path: str) -> bool:

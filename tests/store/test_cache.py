@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -13,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from snapcache.store import cache as cache_module
 from snapcache.store.cache import PART_SUFFIX, SUBDIR, SUFFIX, ShardCache
 
 
@@ -222,6 +227,95 @@ def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
     os.utime(stale, (old, old))
     ShardCache(tmp_path, 1000)
     assert not stale.exists() and fresh.exists()  # fresh: another process may be writing it
+
+
+def parts(directory) -> list[str]:
+    return sorted(f for _, _, files in os.walk(directory) for f in files
+                  if f.endswith(PART_SUFFIX))
+
+
+def a_dead_pid() -> int:
+    """The pid of a process of this machine that has exited."""
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(not cache_module.PROCESS_SPACE, reason="needs the pid namespace and boot")
+def test_temporary_files_of_exited_writers_of_this_machine_are_removed_by_eviction(tmp_path):
+    """A copy whose writer died (killed mid-write, a full disk before the fix) leaves a
+    temporary file; the next eviction removes it if its writer is provably gone: a process of
+    this machine, pid namespace and boot that has exited. Others wait for their age."""
+    cache = ShardCache(tmp_path, 1 << 20)
+    folder = tmp_path / SUBDIR / "fp"
+    folder.mkdir(parents=True)
+    space, dead, rand = cache_module.PROCESS_SPACE, a_dead_pid(), "0123456789ab"
+    other_space = "0" * 8 if space != "0" * 8 else "1" * 8
+    gone = folder / f"s.arrow{SUFFIX}.{dead}-{space}-{rand}{PART_SUFFIX}"
+    kept = [
+        folder / f"t.arrow{SUFFIX}.{os.getpid()}-{space}-{rand}{PART_SUFFIX}",  # alive
+        folder / f"u.arrow{SUFFIX}.{dead}-{other_space}-{rand}{PART_SUFFIX}",  # another pidns
+        folder / f"v.arrow{SUFFIX}.{dead}-{rand}{PART_SUFFIX}",                # says no space
+    ]
+    for path in (gone, *kept):
+        path.write_bytes(b"partial")
+    get(cache, "fp/w.arrow", 100)  # a copy, then an eviction pass
+    assert not gone.exists() and all(path.exists() for path in kept)
+
+
+class FullDisk:
+    """Makes the cache's writes of temporary files fail as on a full disk, half-written."""
+
+    def __init__(self, monkeypatch):
+        real_open = open
+
+        class Half:
+            def __init__(self, f):
+                self.f = f
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.f.close()
+
+            def write(self, data):
+                self.f.write(bytes(data)[:len(data) // 2])
+                self.f.flush()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def full_open(path, mode="r", *args, **kwargs):
+            f = real_open(path, mode, *args, **kwargs)
+            return Half(f) if str(path).endswith(PART_SUFFIX) else f
+
+        monkeypatch.setattr(cache_module, "open", full_open, raising=False)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_copy_that_fails_on_a_full_disk_leaves_nothing_and_the_read_gets_its_bytes(
+        tmp_path, monkeypatch, caplog, background):
+    """The copy is an optimisation: a failed one (a full disk) removes its temporary file,
+    the read returns the fetched bytes, and the failure is warned of once, naming local_cache
+    and the way out. Without ``background`` (as in a DataLoader worker) the copy is written
+    before ``get`` returns."""
+    cache = ShardCache(tmp_path, 1 << 20)
+    FullDisk(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger=cache_module.__name__):
+        for key in ("fp/a", "fp/b"):
+            data = payload(key, 5000)
+            fetch = Fetcher(data)
+            assert cache.get(key, 5000, fetch, copy_in_background=background).to_pybytes() \
+                == data
+            assert cache.wait_for_copies(timeout=120)
+            assert fetch.calls == 1
+    assert parts(tmp_path) == [] and cached_keys(cache) == set()
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert "local_cache" in warned[0] and "No space left" in warned[0] and \
+        "free space" in warned[0]
+    monkeypatch.undo()  # space again: copies are kept again
+    get(cache, "fp/a", 5000)
+    assert cached_keys(cache) == {"fp/a"}
 
 
 def test_concurrent_misses_of_one_key_fetch_once(tmp_path):
