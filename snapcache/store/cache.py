@@ -10,11 +10,11 @@ of the network::
 
 Layout: the cache owns ``<directory>/snapcache-shards-v1/`` and, inside it, only the files named
 ``<key>.cached`` (complete copies), ``<key>.cached.<pid>-<space>-<id>.part`` (being written)
-and ``locks/NN.lock`` (a fixed set of lock files, never removed). It never touches anything
-else, so pointing it at a folder that holds other files is harmless. A temporary file is
-removed by the next eviction once its writer is gone: a process of this machine, pid namespace
-and boot (``<space>``, :data:`PROCESS_SPACE`) that has exited, or anyone's after
-:data:`STALE_PART_SECONDS`.
+and ``locks/NN.lock`` (a fixed set of lock files, never removed, each holding the pid of its
+last holder). It never touches anything else, so pointing it at a folder that holds other files
+is harmless. A temporary file is removed by the next eviction once its writer is gone: a
+process of this machine, pid namespace and boot (``<space>``, :data:`PROCESS_SPACE`) that has
+exited, or anyone's after :data:`STALE_PART_SECONDS`.
 
 A copy's modification time is its last use: ``get`` sets it on every hit, and eviction removes
 the oldest copies first. The folder is the only state, which makes the cache safe to share
@@ -23,7 +23,12 @@ tolerates files that another process removed first, and every eviction pass re-r
 so it counts what other processes added. Concurrent misses of the same key fetch once per node:
 within a process under a per-key lock, across processes under an exclusive ``flock`` on the
 key's lock file (one of :data:`LOCK_STRIPES`, picked by a hash of the key), taken before the
-cache is checked again and held until the copy is in place. Eviction removes the least recently
+cache is checked again and held until the copy is in place. A process waits for another's lock
+at most :data:`NODE_LOCK_WAIT_SECONDS`: a holder that is stopped (Ctrl-Z, a debugger, a frozen
+container) must not stop every reader of the node. Past that it fetches the key itself without
+keeping a copy (a second download instead of a wait without end), logs once which process
+holds the lock (each holder writes its pid into the lock file), and does not wait for that same
+holder again. Eviction removes the least recently
 used copies; a process still reading a removed copy keeps its memory map (POSIX semantics), and
 the copies are of remote files, so eviction never removes the only copy of anything.
 
@@ -85,6 +90,10 @@ removes the file; one of another space (another container sharing the folder) wa
 _PART_RE = re.compile(r"\.(\d+)-([0-9a-f]{8})-[0-9a-f]{12}" + re.escape(PART_SUFFIX) + "$")
 LOCK_STRIPES = 64
 """Lock files shared by all keys (a key's is picked by a hash): bounded, never deleted."""
+NODE_LOCK_WAIT_SECONDS = 30.0
+"""How long a process waits for another process of the node to fetch a key before fetching it
+itself, uncached: a 64 MiB shard takes seconds to download, and one waited for longer than
+this comes sooner fetched again (or its holder is stopped)."""
 BACKGROUND_COPY_BYTES = 256 << 20
 """A fetched file up to this size may be returned from memory while its copy is written in the
 background (``copy_in_background``); a larger one is copied first and memory-mapped, so that a
@@ -142,6 +151,7 @@ class ShardCache:
         self._copies_pending: list[Future] = []
         self._last_stamp_ns = 0
         self._copy_failures: set[int | None] = set()  # the causes (errno) already warned of
+        self._stuck: dict[int, str] = {}  # lock stripe -> the holder waited for in vain
         with self._lock:
             self._evict()  # and temporary files whose writers are gone
         _CACHES.add(self)
@@ -167,6 +177,8 @@ class ShardCache:
             if buffer is not None:
                 return buffer
             fd = self._lock_node(key)  # another process may be fetching it right now
+            if fd is None:  # for too long (stopped?): fetch it without keeping a copy
+                return pa.py_buffer(fetch())
             buffer = self._open_copy(path, size)
             if buffer is not None:
                 return buffer
@@ -283,9 +295,11 @@ class ShardCache:
     def _path(self, key: str) -> str:
         return os.path.join(self._root, *validate_key(key)) + SUFFIX
 
-    def _lock_node(self, key: str) -> int:
+    def _lock_node(self, key: str) -> int | None:
         """Take an exclusive lock on ``key`` among the processes of this machine (``flock``
-        on one of the lock files); the descriptor to give :meth:`_unlock_node`."""
+        on one of the lock files); the descriptor to give :meth:`_unlock_node`, or None if
+        another process holds it longer than :data:`NODE_LOCK_WAIT_SECONDS` (logged once per
+        holder; a holder waited for in vain is not waited for again)."""
         stripe = xxhash.xxh3_64_intdigest(key.encode()) % LOCK_STRIPES
         lock_dir = os.path.join(self._root, "locks")
         os.makedirs(lock_dir, exist_ok=True)
@@ -299,11 +313,49 @@ class ShardCache:
                          os.O_RDWR | os.O_CREAT, 0o666)
             self._node_fds.add(fd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not self._wait_for_lock(fd, stripe, lock_dir):
+                self._unlock_node(fd)
+                return None
+            with contextlib.suppress(OSError):  # (a full disk): only a message needs it
+                # who holds it, for the message of a process that waits in vain
+                os.pwrite(fd, _holder().ljust(_HOLDER_BYTES).encode(), 0)
         except BaseException:
             self._unlock_node(fd)
             raise
         return fd
+
+    def _wait_for_lock(self, fd: int, stripe: int, lock_dir: str) -> bool:
+        """``flock`` ``fd``, waiting at most :data:`NODE_LOCK_WAIT_SECONDS`, or not at all
+        for a holder this process waited for in vain before (a stopped process may hold
+        several lock files); False if not taken."""
+        deadline = time.monotonic() + NODE_LOCK_WAIT_SECONDS
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                with self._lock:
+                    self._stuck.pop(stripe, None)
+                return True
+            except BlockingIOError:
+                pass
+            holder = os.pread(fd, _HOLDER_BYTES, 0).decode(errors="replace").strip()
+            with self._lock:
+                stuck = holder in self._stuck.values()
+            if stuck or time.monotonic() >= deadline:
+                break
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2 * pause, 0.1)
+        with self._lock:
+            warned = holder in self._stuck.values()
+            self._stuck[stripe] = holder
+        if not warned:
+            log.warning("shard cache: %s has held a lock of the node-local cache "
+                        "(%s) for over %g s: stopped (Ctrl-Z, a debugger, a frozen "
+                        "container) or very slow? Until it lets go, this process reads the "
+                        "shards whose locks it holds straight from the store, without keeping "
+                        "copies", _describe(holder),
+                        os.path.join(lock_dir, f"{stripe:02d}.lock"), NODE_LOCK_WAIT_SECONDS)
+        return False
 
     def _unlock_node(self, fd: int) -> None:
         with self._lock:  # closed with the set updated, so a fork sees both or neither
@@ -441,6 +493,23 @@ def _walk_files(root: str) -> Iterator[os.DirEntry]:
                 yield entry
         except FileNotFoundError:
             continue
+
+
+_HOLDER_BYTES = 32
+
+
+def _holder() -> str:
+    """This process, as written into a lock file it holds: ``<pid> <space>``."""
+    return f"{os.getpid()} {PROCESS_SPACE}"
+
+
+def _describe(holder: str) -> str:
+    """The process that wrote ``holder`` (:func:`_holder`) into a lock file, for a message."""
+    pid, _, space = holder.partition(" ")
+    if not pid.isdigit():
+        return "another process (it did not write its pid)"
+    return f"process {pid}" + ("" if space == PROCESS_SPACE else
+                               " (of another pid namespace or machine)")
 
 
 def _abandoned(entry: os.DirEntry, max_age: float = STALE_PART_SECONDS) -> bool:

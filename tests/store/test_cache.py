@@ -5,9 +5,11 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections import OrderedDict
@@ -19,6 +21,8 @@ from hypothesis import strategies as st
 
 from snapcache.store import cache as cache_module
 from snapcache.store.cache import PART_SUFFIX, SUBDIR, SUFFIX, ShardCache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Fetcher:
@@ -46,8 +50,10 @@ def get(cache: ShardCache, key: str, size: int) -> tuple[pa.Buffer, Fetcher]:
 
 
 def bytes_on_disk(directory) -> int:
-    return sum(os.path.getsize(os.path.join(d, f))
-               for d, _, files in os.walk(os.path.join(directory, SUBDIR)) for f in files)
+    """Bytes of the copies and temporary files (not of the fixed set of lock files)."""
+    root = os.path.join(directory, SUBDIR)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root)
+               for f in files if d != os.path.join(root, "locks"))
 
 
 def cached_keys(cache: ShardCache) -> set[str]:
@@ -316,6 +322,52 @@ def test_a_copy_that_fails_on_a_full_disk_leaves_nothing_and_the_read_gets_its_b
     monkeypatch.undo()  # space again: copies are kept again
     get(cache, "fp/a", 5000)
     assert cached_keys(cache) == {"fp/a"}
+
+
+_HOLDS_A_KEY = textwrap.dedent("""
+    import sys, time
+    from snapcache.store.cache import ShardCache
+
+    def fetch():  # holds the key's locks, as a download would
+        print("fetching", flush=True)
+        time.sleep(3600)
+
+    ShardCache(sys.argv[1], 1 << 20).get("fp/s", 1000, fetch)
+""")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_a_process_stopped_while_it_fetches_a_key_does_not_stop_the_others(tmp_path,
+                                                                          monkeypatch, caplog):
+    """A reader stopped (Ctrl-Z, a debugger, a frozen container) in the middle of a download
+    holds the key's lock on the node. Another process waits NODE_LOCK_WAIT_SECONDS at most,
+    fetches the key itself without keeping a copy, says once which process holds the lock,
+    and does not wait for that holder again; once the holder is gone, copies are kept again."""
+    monkeypatch.setattr(cache_module, "NODE_LOCK_WAIT_SECONDS", 0.2)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDS_A_KEY, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+    data = payload("fp/s", 1000)
+    try:
+        assert holder.stdout.readline() == "fetching\n"
+        os.kill(holder.pid, signal.SIGSTOP)
+        cache = ShardCache(tmp_path, 1 << 20)
+        with caplog.at_level(logging.WARNING, logger=cache_module.__name__):
+            first = Fetcher(data)
+            assert cache.get("fp/s", 1000, first).to_pybytes() == data
+            # the same holder is not waited for again: this wait would outlast the test
+            monkeypatch.setattr(cache_module, "NODE_LOCK_WAIT_SECONDS", 24 * 3600.0)
+            again = Fetcher(data)
+            assert cache.get("fp/s", 1000, again, copy_in_background=True).to_pybytes() == data
+        assert first.calls == again.calls == 1 and cached_keys(cache) == set()
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1 and f"process {holder.pid} " in warned[0], warned
+    finally:
+        holder.kill()  # a stopped process dies too
+        holder.wait()
+    kept = Fetcher(data)
+    assert cache.get("fp/s", 1000, kept).to_pybytes() == data
+    assert kept.calls == 1 and cached_keys(cache) == {"fp/s"}
 
 
 def test_concurrent_misses_of_one_key_fetch_once(tmp_path):
