@@ -299,19 +299,24 @@ class ShardCache:
         """Take an exclusive lock on ``key`` among the processes of this machine (``flock``
         on one of the lock files); the descriptor to give :meth:`_unlock_node`, or None if
         another process holds it longer than :data:`NODE_LOCK_WAIT_SECONDS` (logged once per
-        holder; a holder waited for in vain is not waited for again)."""
+        holder; a holder waited for in vain is not waited for again) or if the lock file
+        cannot be opened (a folder this process cannot write; logged)."""
         stripe = xxhash.xxh3_64_intdigest(key.encode()) % LOCK_STRIPES
         lock_dir = os.path.join(self._root, "locks")
-        os.makedirs(lock_dir, exist_ok=True)
         # Opened and recorded in one step that a fork cannot split (see _before_fork): a
         # child closes every descriptor recorded here. One it inherited unrecorded would keep
         # the lock this process then takes on it held after this process lets go (a flock
         # belongs to the open file, which the child's copy shares), and every user of the
         # stripe on the node, the child too, would wait for that child to exit.
-        with self._lock:
-            fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"),
-                         os.O_RDWR | os.O_CREAT, 0o666)
-            self._node_fds.add(fd)
+        try:
+            os.makedirs(lock_dir, exist_ok=True)
+            with self._lock:
+                fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"),
+                             os.O_RDWR | os.O_CREAT, 0o666)
+                self._node_fds.add(fd)
+        except OSError as e:  # a folder this process cannot write: no copy either
+            self._copy_failed(key, e)
+            return None
         try:
             if not self._wait_for_lock(fd, stripe, lock_dir):
                 self._unlock_node(fd)
@@ -542,6 +547,7 @@ def _remove(path: str) -> bool:
 
 
 _shared: dict[tuple[str, int], ShardCache] = {}
+_unusable: set[str] = set()  # folders warned of by shared_cache
 _shared_lock = threading.Lock()
 _CACHES: "weakref.WeakSet[ShardCache]" = weakref.WeakSet()
 
@@ -576,11 +582,22 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                     after_in_child=_after_fork_in_child)
 
 
-def shared_cache(directory: str | os.PathLike, limit_bytes: int) -> ShardCache:
+def shared_cache(directory: str | os.PathLike, limit_bytes: int) -> ShardCache | None:
     """One :class:`ShardCache` object per folder and limit in a process (it holds the per-key
-    locks, so every reader of the process must share it)."""
+    locks, so every reader of the process must share it); None if the folder cannot be used
+    (read-only, another user's, not a folder): the cache is an optimisation, so reads go on
+    without it, warned of once per folder (and the folder is tried again next time)."""
     key = (os.path.abspath(os.path.expanduser(os.fspath(directory))), limit_bytes)
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = ShardCache(directory, limit_bytes)
+            try:
+                _shared[key] = ShardCache(directory, limit_bytes)
+            except OSError as e:
+                if key[0] not in _unusable:
+                    _unusable.add(key[0])
+                    log.warning("local_cache=%r cannot be used (%s): reading remote snapshots "
+                                "without a node-local cache. Point local_cache at a folder "
+                                "this process can write (on a local disk), or drop the option",
+                                key[0], e)
+                return None
         return _shared[key]

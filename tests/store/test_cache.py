@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from snapcache.store import cache as cache_module
-from snapcache.store.cache import PART_SUFFIX, SUBDIR, SUFFIX, ShardCache
+from snapcache.store.cache import PART_SUFFIX, SUBDIR, SUFFIX, ShardCache, shared_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -322,6 +322,32 @@ def test_a_copy_that_fails_on_a_full_disk_leaves_nothing_and_the_read_gets_its_b
     monkeypatch.undo()  # space again: copies are kept again
     get(cache, "fp/a", 5000)
     assert cached_keys(cache) == {"fp/a"}
+
+
+def test_a_cache_folder_that_cannot_be_used_is_warned_of_once_and_reads_go_on(tmp_path, caplog):
+    """``local_cache`` pointing somewhere this process cannot write (read-only, another
+    user's; here a path below a regular file): no node-local cache, one warning naming the
+    option and the way out, tried again next time."""
+    (tmp_path / "file").write_bytes(b"not a folder")
+    where = tmp_path / "file" / "cache"
+    with caplog.at_level(logging.WARNING, logger=cache_module.__name__):
+        assert shared_cache(where, 1 << 20) is None
+        assert shared_cache(where, 1 << 20) is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and f"local_cache={str(where)!r}" in warned[0], warned
+    assert "drop the option" in warned[0]
+
+
+def test_a_lock_folder_that_cannot_be_made_costs_the_read_nothing(tmp_path, caplog):
+    """The cache folder exists, but its locks cannot be taken (made read-only after the cache
+    was opened; here the lock folder is a regular file): the key is fetched, not kept."""
+    cache = ShardCache(tmp_path, 1 << 20)
+    (tmp_path / SUBDIR / "locks").write_bytes(b"not a folder")
+    with caplog.at_level(logging.WARNING, logger=cache_module.__name__):
+        buffer, fetch = get(cache, "fp/s", 1000)
+    assert buffer.to_pybytes() == fetch.data and fetch.calls == 1
+    assert cached_keys(cache) == set()
+    assert ["local_cache" in r.getMessage() for r in caplog.records] == [True]
 
 
 _HOLDS_A_KEY = textwrap.dedent("""
