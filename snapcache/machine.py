@@ -1,6 +1,7 @@
-"""What this machine offers the process: usable CPUs and memory. A leaf module (it imports
-nothing from snapcache), so the store and the runtime both size themselves from it without the
-store importing the runtime.
+"""What this machine offers the process: usable CPUs and memory, and who the process is on it
+(host, pid namespace, boot, whether a pid is alive). A leaf module (it imports nothing from
+snapcache), so the store and the runtime both size themselves from it without the store
+importing the runtime.
 
 >>> available_cpus() >= 1 and memory_budget() >= 32 << 20
 True
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 
 
 def available_cpus() -> int:
@@ -39,3 +41,37 @@ def total_memory() -> int:
 def memory_budget(fraction: float = 1 / 64, low: int = 32 << 20, high: int = 256 << 20) -> int:
     """Bytes one prefetch buffer may hold by default: a small share of RAM, within bounds."""
     return int(min(high, max(low, total_memory() * fraction)))
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this pid namespace exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+HOST = socket.gethostname()
+PIDNS = _pid_namespace()
+"""This process's pid namespace ("" where the platform does not say): a pid recorded by another
+process means the same process here only if both were in the same namespace (and boot)."""
+BOOT = _read_text("/proc/sys/kernel/random/boot_id")
+"""This boot of the machine ("" where the platform does not say)."""

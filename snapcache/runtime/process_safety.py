@@ -30,6 +30,7 @@ import time
 import traceback
 
 from snapcache.errors import UserFunctionError
+from snapcache.machine import pid_alive
 
 SHM_DIR = "/dev/shm"
 
@@ -98,20 +99,10 @@ def _watch(parent: int, prefix: str) -> None:
     if fd is not None:
         select.select([fd], [], [])     # readable when the process has exited
     else:
-        while _alive(parent):
+        while pid_alive(parent):
             time.sleep(1.0)
     sweep(prefix)
     os._exit(70)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def mark(prefix: str, position: int) -> None:

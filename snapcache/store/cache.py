@@ -9,9 +9,12 @@ of the network::
                        lambda: storage.read_bytes(shard.path))
 
 Layout: the cache owns ``<directory>/snapcache-shards-v1/`` and, inside it, only the files named
-``<key>.cached`` (complete copies), ``<key>.cached.<id>.part`` (being written) and
-``locks/NN.lock`` (a fixed set of lock files, never removed). It never touches anything else,
-so pointing it at a folder that holds other files is harmless.
+``<key>.cached`` (complete copies), ``<key>.cached.<pid>-<space>-<id>.part`` (being written)
+and ``locks/NN.lock`` (a fixed set of lock files, never removed, each holding the pid of its
+last holder). It never touches anything else, so pointing it at a folder that holds other files
+is harmless. A temporary file is removed by the next eviction once its writer is gone: a
+process of this machine, pid namespace and boot (``<space>``, :data:`PROCESS_SPACE`) that has
+exited, or anyone's after :data:`STALE_PART_SECONDS`.
 
 A copy's modification time is its last use: ``get`` sets it on every hit, and eviction removes
 the oldest copies first. The folder is the only state, which makes the cache safe to share
@@ -20,9 +23,18 @@ tolerates files that another process removed first, and every eviction pass re-r
 so it counts what other processes added. Concurrent misses of the same key fetch once per node:
 within a process under a per-key lock, across processes under an exclusive ``flock`` on the
 key's lock file (one of :data:`LOCK_STRIPES`, picked by a hash of the key), taken before the
-cache is checked again and held until the copy is in place. Eviction removes the least recently
+cache is checked again and held until the copy is in place. A process waits for another's lock
+at most :data:`NODE_LOCK_WAIT_SECONDS`: a holder that is stopped (Ctrl-Z, a debugger, a frozen
+container) must not stop every reader of the node. Past that it fetches the key itself without
+keeping a copy (a second download instead of a wait without end), logs once which process
+holds the lock (each holder writes its pid into the lock file), and does not wait for that same
+holder again. Eviction removes the least recently
 used copies; a process still reading a removed copy keeps its memory map (POSIX semantics), and
 the copies are of remote files, so eviction never removes the only copy of anything.
+
+A copy that cannot be written (a full disk, ...) leaves nothing behind and costs the read
+nothing: its bytes are returned from memory, and the failure is logged (a warning the first
+time for each cause, then at debug level).
 
 Copies are not fsynced: a copy truncated by a crash is caught by its size on the next ``get``
 and fetched again; readers still verify checksums, and call :meth:`ShardCache.discard` to drop a
@@ -43,10 +55,12 @@ returns, as without ``copy_in_background``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import multiprocessing
 import os
+import re
 import threading
 import time
 import uuid
@@ -59,14 +73,27 @@ from typing import Callable, Iterator
 import pyarrow as pa
 import xxhash
 
+from snapcache.machine import BOOT, HOST, PIDNS, pid_alive
+
 log = logging.getLogger(__name__)
 
 SUBDIR = "snapcache-shards-v1"
 SUFFIX = ".cached"
 PART_SUFFIX = ".part"
 STALE_PART_SECONDS = 3600.0  # a temporary file this old belongs to a writer that died
+PROCESS_SPACE = f"{xxhash.xxh3_64_intdigest(f'{HOST}|{PIDNS}|{BOOT}'.encode()):016x}"[:8] \
+    if PIDNS and BOOT else ""
+"""Where this process's pid means this process (its machine, pid namespace and boot), in the
+names of its temporary files: another process of the same space that finds the pid gone
+removes the file; one of another space (another container sharing the folder) waits for
+:data:`STALE_PART_SECONDS`. Empty where the platform does not say."""
+_PART_RE = re.compile(r"\.(\d+)-([0-9a-f]{8})-[0-9a-f]{12}" + re.escape(PART_SUFFIX) + "$")
 LOCK_STRIPES = 64
 """Lock files shared by all keys (a key's is picked by a hash): bounded, never deleted."""
+NODE_LOCK_WAIT_SECONDS = 30.0
+"""How long a process waits for another process of the node to fetch a key before fetching it
+itself, uncached: a 64 MiB shard takes seconds to download, and one waited for longer than
+this comes sooner fetched again (or its holder is stopped)."""
 BACKGROUND_COPY_BYTES = 256 << 20
 """A fetched file up to this size may be returned from memory while its copy is written in the
 background (``copy_in_background``); a larger one is copied first and memory-mapped, so that a
@@ -123,9 +150,10 @@ class ShardCache:
         self._copier_pid = 0
         self._copies_pending: list[Future] = []
         self._last_stamp_ns = 0
-        self._remove_stale_parts()
+        self._copy_failures: set[int | None] = set()  # the causes (errno) already warned of
+        self._stuck: dict[int, str] = {}  # lock stripe -> the holder waited for in vain
         with self._lock:
-            self._evict()
+            self._evict()  # and temporary files whose writers are gone
         _CACHES.add(self)
 
     def __repr__(self) -> str:
@@ -149,6 +177,8 @@ class ShardCache:
             if buffer is not None:
                 return buffer
             fd = self._lock_node(key)  # another process may be fetching it right now
+            if fd is None:  # for too long (stopped?): fetch it without keeping a copy
+                return pa.py_buffer(fetch())
             buffer = self._open_copy(path, size)
             if buffer is not None:
                 return buffer
@@ -165,9 +195,9 @@ class ShardCache:
                 self._copy_later(key, path, data, entry, fd)
                 entry = fd = None  # the copy releases them
                 return pa.py_buffer(data)
-            self._copy(path, data)
-            buffer = self._open_copy(path, size)
-            # evicted at once by a concurrent process filling the cache: serve from memory
+            buffer = self._open_copy(path, size) if self._keep(key, path, data) else None
+            # not kept (logged), or evicted at once by a concurrent process filling the cache:
+            # serve from memory
             return buffer if buffer is not None else pa.py_buffer(data)
         finally:
             if fd is not None:
@@ -175,20 +205,41 @@ class ShardCache:
             if entry is not None:
                 self._unlock_key(key, entry)
 
-    def _copy(self, path: str, data: bytes) -> None:
-        self._store(path, data)
+    def _keep(self, key: str, path: str, data: bytes) -> bool:
+        """Write the copy of ``key`` and evict down to the limit; False if the copy could not
+        be written (logged): the copy is an optimisation, the caller reads on without it."""
+        try:
+            self._store(path, data)
+            with self._lock:
+                self._evict()
+            return True
+        except Exception as e:  # noqa: BLE001 - the copy is an optimisation: reads go on
+            self._copy_failed(key, e)
+            return False
+
+    def _copy_failed(self, key: str, error: Exception) -> None:
+        """Log a copy that could not be written: a warning the first time for each cause."""
+        cause = getattr(error, "errno", None)
         with self._lock:
-            self._evict()
+            first = cause not in self._copy_failures
+            self._copy_failures.add(cause)
+        way_out = ("free space on that disk or lower local_cache_limit"
+                   if cause in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else
+                   "make the folder writable or drop local_cache")
+        if first:
+            log.warning("shard cache: could not keep a copy of %s in the node-local cache "
+                        "(local_cache=%r): %s; reading on without it (%s; the same failure "
+                        "again is logged at debug level)", key, self.directory, error, way_out)
+        else:
+            log.debug("shard cache: could not keep a copy of %s in %s: %s", key,
+                      self.directory, error)
 
     def _copy_later(self, key: str, path: str, data: bytes, entry: list, fd: int) -> None:
         """Write the copy of ``key`` on the cache's background thread, then release the key's
         locks (taken by the caller and handed over)."""
         def copy() -> None:
             try:
-                self._copy(path, data)
-            except Exception as e:  # noqa: BLE001 - the copy is an optimisation: reads go on
-                log.warning("shard cache: could not keep a copy of %s in %s: %s", key,
-                            self.directory, e)
+                self._keep(key, path, data)
             finally:
                 self._unlock_node(fd)
                 self._unlock_key(key, entry)
@@ -230,7 +281,9 @@ class ShardCache:
         with self._lock:
             for copy in self._copies():
                 _remove(copy.path)
-            self._remove_stale_parts(max_age=0.0)
+            for entry in _walk_files(self._root):
+                if _abandoned(entry, max_age=0.0):
+                    _remove(entry.path)
             self._remove_empty_dirs()
 
     @property
@@ -242,27 +295,72 @@ class ShardCache:
     def _path(self, key: str) -> str:
         return os.path.join(self._root, *validate_key(key)) + SUFFIX
 
-    def _lock_node(self, key: str) -> int:
+    def _lock_node(self, key: str) -> int | None:
         """Take an exclusive lock on ``key`` among the processes of this machine (``flock``
-        on one of the lock files); the descriptor to give :meth:`_unlock_node`."""
+        on one of the lock files); the descriptor to give :meth:`_unlock_node`, or None if
+        another process holds it longer than :data:`NODE_LOCK_WAIT_SECONDS` (logged once per
+        holder; a holder waited for in vain is not waited for again) or if the lock file
+        cannot be opened (a folder this process cannot write; logged)."""
         stripe = xxhash.xxh3_64_intdigest(key.encode()) % LOCK_STRIPES
         lock_dir = os.path.join(self._root, "locks")
-        os.makedirs(lock_dir, exist_ok=True)
         # Opened and recorded in one step that a fork cannot split (see _before_fork): a
         # child closes every descriptor recorded here. One it inherited unrecorded would keep
         # the lock this process then takes on it held after this process lets go (a flock
         # belongs to the open file, which the child's copy shares), and every user of the
         # stripe on the node, the child too, would wait for that child to exit.
-        with self._lock:
-            fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"),
-                         os.O_RDWR | os.O_CREAT, 0o666)
-            self._node_fds.add(fd)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.makedirs(lock_dir, exist_ok=True)
+            with self._lock:
+                fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"),
+                             os.O_RDWR | os.O_CREAT, 0o666)
+                self._node_fds.add(fd)
+        except OSError as e:  # a folder this process cannot write: no copy either
+            self._copy_failed(key, e)
+            return None
+        try:
+            if not self._wait_for_lock(fd, stripe, lock_dir):
+                self._unlock_node(fd)
+                return None
+            with contextlib.suppress(OSError):  # (a full disk): only a message needs it
+                # who holds it, for the message of a process that waits in vain
+                os.pwrite(fd, _holder().ljust(_HOLDER_BYTES).encode(), 0)
         except BaseException:
             self._unlock_node(fd)
             raise
         return fd
+
+    def _wait_for_lock(self, fd: int, stripe: int, lock_dir: str) -> bool:
+        """``flock`` ``fd``, waiting at most :data:`NODE_LOCK_WAIT_SECONDS`, or not at all
+        for a holder this process waited for in vain before (a stopped process may hold
+        several lock files); False if not taken."""
+        deadline = time.monotonic() + NODE_LOCK_WAIT_SECONDS
+        pause = 0.001
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                with self._lock:
+                    self._stuck.pop(stripe, None)
+                return True
+            except BlockingIOError:
+                pass
+            holder = os.pread(fd, _HOLDER_BYTES, 0).decode(errors="replace").strip()
+            with self._lock:
+                stuck = holder in self._stuck.values()
+            if stuck or time.monotonic() >= deadline:
+                break
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2 * pause, 0.1)
+        with self._lock:
+            warned = holder in self._stuck.values()
+            self._stuck[stripe] = holder
+        if not warned:
+            log.warning("shard cache: %s has held a lock of the node-local cache "
+                        "(%s) for over %g s: stopped (Ctrl-Z, a debugger, a frozen "
+                        "container) or very slow? Until it lets go, this process reads the "
+                        "shards whose locks it holds straight from the store, without keeping "
+                        "copies", _describe(holder),
+                        os.path.join(lock_dir, f"{stripe:02d}.lock"), NODE_LOCK_WAIT_SECONDS)
+        return False
 
     def _unlock_node(self, fd: int) -> None:
         with self._lock:  # closed with the set updated, so a fork sees both or neither
@@ -332,26 +430,32 @@ class ShardCache:
             pass
 
     def _store(self, path: str, data: bytes) -> None:
-        part = f"{path}.{os.getpid()}-{uuid.uuid4().hex[:12]}{PART_SUFFIX}"
-        for attempt in range(2):  # another process's clear() may remove the folder between
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            try:
-                with open(part, "wb") as f:
-                    f.write(data)
-                break
-            except FileNotFoundError:
-                if attempt:
-                    raise
+        writer = f"{os.getpid()}-{PROCESS_SPACE}" if PROCESS_SPACE else str(os.getpid())
+        part = f"{path}.{writer}-{uuid.uuid4().hex[:12]}{PART_SUFFIX}"
         try:
+            for attempt in range(2):  # another process's clear() may remove the folder between
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                try:
+                    with open(part, "wb") as f:
+                        f.write(data)
+                    break
+                except FileNotFoundError:
+                    if attempt:
+                        raise
             os.replace(part, path)
         except BaseException:
-            _remove(part)
+            with contextlib.suppress(OSError):
+                _remove(part)  # a partial copy must not stay (on a full disk, least of all)
             raise
         self._touch(path)
 
-    def _copies(self) -> list[_Copy]:
+    def _copies(self, *, remove_abandoned: bool = False) -> list[_Copy]:
+        """The complete copies in the folder; ``remove_abandoned``: removing on the way the
+        temporary files whose writers are gone (:func:`_abandoned`)."""
         copies = []
         for entry in _walk_files(self._root):
+            if remove_abandoned and _abandoned(entry):
+                _remove(entry.path)
             if not entry.name.endswith(SUFFIX):
                 continue
             try:
@@ -362,9 +466,9 @@ class ShardCache:
         return copies
 
     def _evict(self) -> None:
-        """Remove least recently used copies until the folder holds at most the limit.
-        Call with ``self._lock`` held."""
-        copies = self._copies()
+        """Remove the temporary files whose writers are gone, and least recently used copies
+        until the folder holds at most the limit. Call with ``self._lock`` held."""
+        copies = self._copies(remove_abandoned=True)
         total = sum(c.size for c in copies)
         for copy in sorted(copies, key=lambda c: (c.last_used_ns, c.path)):
             if total <= self.limit_bytes:
@@ -372,17 +476,6 @@ class ShardCache:
             if _remove(copy.path):  # removed by us or by another process: gone either way
                 log.debug("shard cache: evicted %s (%d bytes)", copy.path, copy.size)
                 total -= copy.size
-
-    def _remove_stale_parts(self, max_age: float = STALE_PART_SECONDS) -> None:
-        cutoff = time.time() - max_age
-        for entry in _walk_files(self._root):
-            if not entry.name.endswith(PART_SUFFIX) or SUFFIX + "." not in entry.name:
-                continue
-            try:
-                if entry.stat(follow_symlinks=False).st_mtime <= cutoff:
-                    _remove(entry.path)
-            except FileNotFoundError:
-                pass
 
     def _remove_empty_dirs(self) -> None:
         for dirpath, _, _ in sorted(os.walk(self._root), reverse=True):
@@ -407,6 +500,39 @@ def _walk_files(root: str) -> Iterator[os.DirEntry]:
             continue
 
 
+_HOLDER_BYTES = 32
+
+
+def _holder() -> str:
+    """This process, as written into a lock file it holds: ``<pid> <space>``."""
+    return f"{os.getpid()} {PROCESS_SPACE}"
+
+
+def _describe(holder: str) -> str:
+    """The process that wrote ``holder`` (:func:`_holder`) into a lock file, for a message."""
+    pid, _, space = holder.partition(" ")
+    if not pid.isdigit():
+        return "another process (it did not write its pid)"
+    return f"process {pid}" + ("" if space == PROCESS_SPACE else
+                               " (of another pid namespace or machine)")
+
+
+def _abandoned(entry: os.DirEntry, max_age: float = STALE_PART_SECONDS) -> bool:
+    """Whether ``entry`` is a temporary file of the cache whose writer is gone: a process of
+    this machine, pid namespace and boot (:data:`PROCESS_SPACE`) that has exited, or any
+    writer, ``max_age`` seconds after its last write."""
+    if not entry.name.endswith(PART_SUFFIX) or SUFFIX + "." not in entry.name:
+        return False
+    writer = _PART_RE.search(entry.name)
+    if writer and PROCESS_SPACE and writer[2] == PROCESS_SPACE and \
+            not pid_alive(int(writer[1])):
+        return True
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime <= time.time() - max_age
+    except FileNotFoundError:
+        return False
+
+
 def _remove(path: str) -> bool:
     """Delete one file; True if it is gone (also when it already was), False if it cannot be
     removed now (e.g. mapped on Windows: the next eviction tries again)."""
@@ -421,6 +547,7 @@ def _remove(path: str) -> bool:
 
 
 _shared: dict[tuple[str, int], ShardCache] = {}
+_unusable: set[str] = set()  # folders warned of by shared_cache
 _shared_lock = threading.Lock()
 _CACHES: "weakref.WeakSet[ShardCache]" = weakref.WeakSet()
 
@@ -455,11 +582,22 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                     after_in_child=_after_fork_in_child)
 
 
-def shared_cache(directory: str | os.PathLike, limit_bytes: int) -> ShardCache:
+def shared_cache(directory: str | os.PathLike, limit_bytes: int) -> ShardCache | None:
     """One :class:`ShardCache` object per folder and limit in a process (it holds the per-key
-    locks, so every reader of the process must share it)."""
+    locks, so every reader of the process must share it); None if the folder cannot be used
+    (read-only, another user's, not a folder): the cache is an optimisation, so reads go on
+    without it, warned of once per folder (and the folder is tried again next time)."""
     key = (os.path.abspath(os.path.expanduser(os.fspath(directory))), limit_bytes)
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = ShardCache(directory, limit_bytes)
+            try:
+                _shared[key] = ShardCache(directory, limit_bytes)
+            except OSError as e:
+                if key[0] not in _unusable:
+                    _unusable.add(key[0])
+                    log.warning("local_cache=%r cannot be used (%s): reading remote snapshots "
+                                "without a node-local cache. Point local_cache at a folder "
+                                "this process can write (on a local disk), or drop the option",
+                                key[0], e)
+                return None
         return _shared[key]

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import signal
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections import OrderedDict
@@ -13,7 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from snapcache.store.cache import PART_SUFFIX, SUBDIR, SUFFIX, ShardCache
+from snapcache.store import cache as cache_module
+from snapcache.store.cache import PART_SUFFIX, SUBDIR, SUFFIX, ShardCache, shared_cache
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class Fetcher:
@@ -41,8 +50,10 @@ def get(cache: ShardCache, key: str, size: int) -> tuple[pa.Buffer, Fetcher]:
 
 
 def bytes_on_disk(directory) -> int:
-    return sum(os.path.getsize(os.path.join(d, f))
-               for d, _, files in os.walk(os.path.join(directory, SUBDIR)) for f in files)
+    """Bytes of the copies and temporary files (not of the fixed set of lock files)."""
+    root = os.path.join(directory, SUBDIR)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root)
+               for f in files if d != os.path.join(root, "locks"))
 
 
 def cached_keys(cache: ShardCache) -> set[str]:
@@ -222,6 +233,167 @@ def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
     os.utime(stale, (old, old))
     ShardCache(tmp_path, 1000)
     assert not stale.exists() and fresh.exists()  # fresh: another process may be writing it
+
+
+def parts(directory) -> list[str]:
+    return sorted(f for _, _, files in os.walk(directory) for f in files
+                  if f.endswith(PART_SUFFIX))
+
+
+def a_dead_pid() -> int:
+    """The pid of a process of this machine that has exited."""
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(not cache_module.PROCESS_SPACE, reason="needs the pid namespace and boot")
+def test_temporary_files_of_exited_writers_of_this_machine_are_removed_by_eviction(tmp_path):
+    """A copy whose writer died (killed mid-write, a full disk before the fix) leaves a
+    temporary file; the next eviction removes it if its writer is provably gone: a process of
+    this machine, pid namespace and boot that has exited. Others wait for their age."""
+    cache = ShardCache(tmp_path, 1 << 20)
+    folder = tmp_path / SUBDIR / "fp"
+    folder.mkdir(parents=True)
+    space, dead, rand = cache_module.PROCESS_SPACE, a_dead_pid(), "0123456789ab"
+    other_space = "0" * 8 if space != "0" * 8 else "1" * 8
+    gone = folder / f"s.arrow{SUFFIX}.{dead}-{space}-{rand}{PART_SUFFIX}"
+    kept = [
+        folder / f"t.arrow{SUFFIX}.{os.getpid()}-{space}-{rand}{PART_SUFFIX}",  # alive
+        folder / f"u.arrow{SUFFIX}.{dead}-{other_space}-{rand}{PART_SUFFIX}",  # another pidns
+        folder / f"v.arrow{SUFFIX}.{dead}-{rand}{PART_SUFFIX}",                # says no space
+    ]
+    for path in (gone, *kept):
+        path.write_bytes(b"partial")
+    get(cache, "fp/w.arrow", 100)  # a copy, then an eviction pass
+    assert not gone.exists() and all(path.exists() for path in kept)
+
+
+class FullDisk:
+    """Makes the cache's writes of temporary files fail as on a full disk, half-written."""
+
+    def __init__(self, monkeypatch):
+        real_open = open
+
+        class Half:
+            def __init__(self, f):
+                self.f = f
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.f.close()
+
+            def write(self, data):
+                self.f.write(bytes(data)[:len(data) // 2])
+                self.f.flush()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def full_open(path, mode="r", *args, **kwargs):
+            f = real_open(path, mode, *args, **kwargs)
+            return Half(f) if str(path).endswith(PART_SUFFIX) else f
+
+        monkeypatch.setattr(cache_module, "open", full_open, raising=False)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_copy_that_fails_on_a_full_disk_leaves_nothing_and_the_read_gets_its_bytes(
+        tmp_path, monkeypatch, caplog, background):
+    """The copy is an optimisation: a failed one (a full disk) removes its temporary file,
+    the read returns the fetched bytes, and the failure is warned of once, naming local_cache
+    and the way out. Without ``background`` (as in a DataLoader worker) the copy is written
+    before ``get`` returns."""
+    cache = ShardCache(tmp_path, 1 << 20)
+    FullDisk(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger=cache_module.__name__):
+        for key in ("fp/a", "fp/b"):
+            data = payload(key, 5000)
+            fetch = Fetcher(data)
+            assert cache.get(key, 5000, fetch, copy_in_background=background).to_pybytes() \
+                == data
+            assert cache.wait_for_copies(timeout=120)
+            assert fetch.calls == 1
+    assert parts(tmp_path) == [] and cached_keys(cache) == set()
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned
+    assert "local_cache" in warned[0] and "No space left" in warned[0] and \
+        "free space" in warned[0]
+    monkeypatch.undo()  # space again: copies are kept again
+    get(cache, "fp/a", 5000)
+    assert cached_keys(cache) == {"fp/a"}
+
+
+def test_a_cache_folder_that_cannot_be_used_is_warned_of_once_and_reads_go_on(tmp_path, caplog):
+    """``local_cache`` pointing somewhere this process cannot write (read-only, another
+    user's; here a path below a regular file): no node-local cache, one warning naming the
+    option and the way out, tried again next time."""
+    (tmp_path / "file").write_bytes(b"not a folder")
+    where = tmp_path / "file" / "cache"
+    with caplog.at_level(logging.WARNING, logger=cache_module.__name__):
+        assert shared_cache(where, 1 << 20) is None
+        assert shared_cache(where, 1 << 20) is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and f"local_cache={str(where)!r}" in warned[0], warned
+    assert "drop the option" in warned[0]
+
+
+def test_a_lock_folder_that_cannot_be_made_costs_the_read_nothing(tmp_path, caplog):
+    """The cache folder exists, but its locks cannot be taken (made read-only after the cache
+    was opened; here the lock folder is a regular file): the key is fetched, not kept."""
+    cache = ShardCache(tmp_path, 1 << 20)
+    (tmp_path / SUBDIR / "locks").write_bytes(b"not a folder")
+    with caplog.at_level(logging.WARNING, logger=cache_module.__name__):
+        buffer, fetch = get(cache, "fp/s", 1000)
+    assert buffer.to_pybytes() == fetch.data and fetch.calls == 1
+    assert cached_keys(cache) == set()
+    assert ["local_cache" in r.getMessage() for r in caplog.records] == [True]
+
+
+_HOLDS_A_KEY = textwrap.dedent("""
+    import sys, time
+    from snapcache.store.cache import ShardCache
+
+    def fetch():  # holds the key's locks, as a download would
+        print("fetching", flush=True)
+        time.sleep(3600)
+
+    ShardCache(sys.argv[1], 1 << 20).get("fp/s", 1000, fetch)
+""")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_a_process_stopped_while_it_fetches_a_key_does_not_stop_the_others(tmp_path,
+                                                                          monkeypatch, caplog):
+    """A reader stopped (Ctrl-Z, a debugger, a frozen container) in the middle of a download
+    holds the key's lock on the node. Another process waits NODE_LOCK_WAIT_SECONDS at most,
+    fetches the key itself without keeping a copy, says once which process holds the lock,
+    and does not wait for that holder again; once the holder is gone, copies are kept again."""
+    monkeypatch.setattr(cache_module, "NODE_LOCK_WAIT_SECONDS", 0.2)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDS_A_KEY, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": ROOT})
+    data = payload("fp/s", 1000)
+    try:
+        assert holder.stdout.readline() == "fetching\n"
+        os.kill(holder.pid, signal.SIGSTOP)
+        cache = ShardCache(tmp_path, 1 << 20)
+        with caplog.at_level(logging.WARNING, logger=cache_module.__name__):
+            first = Fetcher(data)
+            assert cache.get("fp/s", 1000, first).to_pybytes() == data
+            # the same holder is not waited for again: this wait would outlast the test
+            monkeypatch.setattr(cache_module, "NODE_LOCK_WAIT_SECONDS", 24 * 3600.0)
+            again = Fetcher(data)
+            assert cache.get("fp/s", 1000, again, copy_in_background=True).to_pybytes() == data
+        assert first.calls == again.calls == 1 and cached_keys(cache) == set()
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1 and f"process {holder.pid} " in warned[0], warned
+    finally:
+        holder.kill()  # a stopped process dies too
+        holder.wait()
+    kept = Fetcher(data)
+    assert cache.get("fp/s", 1000, kept).to_pybytes() == data
+    assert kept.calls == 1 and cached_keys(cache) == {"fp/s"}
 
 
 def test_concurrent_misses_of_one_key_fetch_once(tmp_path):

@@ -88,3 +88,21 @@ def test_local_cache_keeps_remote_shards(s3_root, tmp_path):
     data[len(data) // 2] ^= 0xFF
     open(victim, "wb").write(bytes(data))
     assert [int(e["x"][0]) for e in ds] == list(range(200))
+
+
+def test_a_local_cache_that_cannot_be_written_is_warned_of_and_the_snapshot_read(s3_root,
+                                                                                 tmp_path,
+                                                                                 caplog):
+    """``local_cache=`` a folder this process cannot write (a read-only mount, another user's;
+    here a path below a regular file, which stops root too): the snapshot is read from S3,
+    with a warning naming the option and the way out."""
+    (tmp_path / "file").write_bytes(b"not a folder")
+    where = str(tmp_path / "file" / "cache")
+    ds = sc.Dataset.range(200).map(lambda i: {"x": np.full(10, i)}).snapshot(
+        s3_root, shard_size=4096, progress=False)
+    assert [int(e["x"][0]) for e in ds] == list(range(200))  # built
+    cached = sc.Dataset.range(200).map(lambda i: {"x": np.full(10, i)}).snapshot(
+        s3_root, shard_size=4096, progress=False, local_cache=where)
+    with caplog.at_level("WARNING", logger="snapcache.store.cache"):
+        assert [int(e["x"][0]) for e in cached] == list(range(200))
+    assert any(f"local_cache={where!r}" in r.getMessage() for r in caplog.records)

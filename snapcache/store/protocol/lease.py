@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import re
-import socket
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -35,6 +34,7 @@ from datetime import datetime, timezone
 
 from snapcache import lifecycle
 from snapcache.errors import LeaseLostError
+from snapcache.machine import BOOT, HOST, PIDNS, pid_alive
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 
@@ -43,36 +43,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TTL = 30.0
 _WRITE_RE = re.compile(r"^lease-(\d{4})-(\d{4})-(\d{6})\.json$")
 _READ_RE = re.compile(r"^reader-([0-9a-f]+)\.json$")
-HOST = socket.gethostname()
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return True
-    return True
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _pid_namespace() -> str:
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return ""
-
-
-PIDNS = _pid_namespace()
-BOOT = _read_text("/proc/sys/kernel/random/boot_id")
 
 
 @dataclass(frozen=True)
