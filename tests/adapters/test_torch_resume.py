@@ -419,3 +419,44 @@ def test_a_checkpoint_before_a_resumed_worker_yields_keeps_its_place(root):
     seen += ids_of(third)
     assert sorted(seen) == list(range(N))
 
+
+WRITING_CHILD = textwrap.dedent("""
+    import json, os
+    import numpy as np
+    import snapcache as sc
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from snapcache.adapters.torch import job_state
+    from test_torch_resume import make
+    ds = sc.Dataset.range({n}).map(make).snapshot({root!r}, shard_size=1024,
+                                                  progress=False).batch(4)
+    ids = lambda bs: [int(i) for b in bs for i in np.asarray(b["id"]).reshape(-1)]
+    if {save}:  # the writing epoch, checkpointed after 5 batches, then the process dies
+        loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers={workers})
+        it = iter(loader)
+        head = ids([next(it) for _ in range(5)])
+        json.dump(loader.state_dict(), open({state!r}, "w"))
+        print(json.dumps(head), flush=True)
+        os._exit(0)
+    state = job_state(json.load(open({state!r})))
+    loader = StatefulDataLoader(ds.to_torch(state=state), batch_size=None,
+                                num_workers={workers})
+    print(json.dumps(ids(loader)))
+""")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_job_state_of_the_writing_epoch_resumes_exactly_with_as_many_streams(tmp_path,
+                                                                            workers):
+    """A job checkpointed while its first epoch writes the snapshot, resumed after a crash by
+    job_state with as many workers: the snapshot is completed and each remaining example
+    comes once. With another number of workers it is refused."""
+    root, state = str(tmp_path / "snaps"), str(tmp_path / "state.json")
+    args = dict(n=N, root=root, workers=workers, state=state)
+    head = run_child(WRITING_CHILD.format(save=True, **args))
+    rest = run_child(WRITING_CHILD.format(save=False, **args))
+    assert len(head) == 20 and sorted(head + rest) == list(range(N))
+    ds = sc.Dataset.range(N).map(make).snapshot(root, shard_size=1024, progress=False).batch(4)
+    other = StatefulDataLoader(ds.to_torch(state=job_state(json.load(open(state)))),
+                               batch_size=None, num_workers=(workers or 1) + 1)
+    with pytest.raises(ValueError, match="resumes only with the same streams"):
+        ids_of(other)
