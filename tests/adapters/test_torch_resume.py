@@ -42,6 +42,28 @@ def take(it, k):
     return [next(it) for _ in range(k)]
 
 
+def checkpoint_after(loader, k):
+    """The ids of ``loader``'s first ``k`` items, and its state then (through JSON, as saved);
+    the loader's iterator is dropped, as by a crash."""
+    it = iter(loader)
+    head = ids_of(take(it, k))
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    return head, state
+
+
+def run_child(code: str) -> list:
+    """Run ``code`` in a new Python process (the real resume: after a restart); its last line of
+    output, as JSON."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [os.path.dirname(os.path.dirname(sc.__file__)),
+                              os.path.dirname(__file__)] +
+                             os.environ.get("PYTHONPATH", "").split(os.pathsep))})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])
 @pytest.mark.parametrize("batch_in", ["pipeline", "loader"])
 def test_stateful_dataloader_resumes_exactly(root, workers, batch_in):
@@ -58,11 +80,7 @@ def test_stateful_dataloader_resumes_exactly(root, workers, batch_in):
 
     full = ids_of(loader())
     assert sorted(full) == list(range(N))
-    first = loader()
-    it = iter(first)
-    head = ids_of(take(it, 7))
-    state = json.loads(json.dumps(first.state_dict()))
-    del it
+    head, state = checkpoint_after(loader(), 7)
     again = loader()
     again.load_state_dict(state)
     rest = ids_of(again)
@@ -70,11 +88,10 @@ def test_stateful_dataloader_resumes_exactly(root, workers, batch_in):
 
 
 RESUME_CHILD = textwrap.dedent("""
-    import json, sys
+    import json
     import numpy as np
     import snapcache as sc
     from torchdata.stateful_dataloader import StatefulDataLoader
-    sys.path.insert(0, {tests!r})
     from test_torch_resume import make
     ds = sc.Dataset.range({n}).map(make).snapshot({root!r}, shard_size=1024, progress=False)
     loader = StatefulDataLoader(ds.shuffle(16, seed=4).batch(4).to_torch(), batch_size=None,
@@ -87,20 +104,11 @@ RESUME_CHILD = textwrap.dedent("""
 def test_a_fresh_process_resumes_a_two_worker_loader(root, tmp_path):
     ds = build(root).shuffle(16, seed=4).batch(4)
     full = ids_of(StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2))
-    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
-    it = iter(loader)
-    head = ids_of(take(it, 9))
+    head, state = checkpoint_after(
+        StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2), 9)
     state_path = tmp_path / "state.json"
-    state_path.write_text(json.dumps(loader.state_dict()))
-    del it
-    code = RESUME_CHILD.format(tests=os.path.dirname(__file__), n=N, root=root,
-                               state=str(state_path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                             [os.path.dirname(os.path.dirname(sc.__file__))] +
-                             os.environ.get("PYTHONPATH", "").split(os.pathsep))})
-    assert out.returncode == 0, out.stderr
-    rest = json.loads(out.stdout.strip().splitlines()[-1])
+    state_path.write_text(json.dumps(state))
+    rest = run_child(RESUME_CHILD.format(n=N, root=root, state=str(state_path)))
     assert head + rest == full
 
 
@@ -251,18 +259,6 @@ def test_job_state_refuses_a_state_saved_between_worker_snapshots(root):
 
 
 # -- checkpoints at the end of an epoch, job states across epochs ------------------------------
-def run_child(code: str) -> list:
-    """Run ``code`` in a new Python process (the real resume: after a restart); its last line of
-    output, as JSON."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                             [os.path.dirname(os.path.dirname(sc.__file__)),
-                              os.path.dirname(__file__)] +
-                             os.environ.get("PYTHONPATH", "").split(os.pathsep))})
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 NEXT_EPOCH_CHILD = textwrap.dedent("""
     import json
     import numpy as np
@@ -354,11 +350,8 @@ def test_an_epoch_end_checkpoint_resumes_for_every_pipeline(tmp_path, shape, wor
     assert sorted(ids_of(StatefulDataLoader(resumed, batch_size=None, num_workers=workers))) \
         == sorted(first)
     if shape == "unseeded shuffle":  # mid-epoch: refused, in the worker
-        mid = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
-        it = iter(mid)
-        take(it, 3)
-        state = json.loads(json.dumps(mid.state_dict()))
-        del it
+        _, state = checkpoint_after(
+            StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers), 3)
         later = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
         later.load_state_dict(state)
         with pytest.raises(ValueError, match="cannot be resumed exactly"):
@@ -385,11 +378,8 @@ def test_a_job_state_resumes_its_own_epoch_only(root, kind, set_epoch):
         return out
 
     expected = epochs(ds.to_torch(), [0, 1, 2])
-    saving = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
-    it = iter(saving)
-    head = ids_of(take(it, 5))
-    saved = json.loads(json.dumps(saving.state_dict()))
-    del it
+    head, saved = checkpoint_after(
+        StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2), 5)
     rest, *later = epochs(ds.to_torch(state=job_state(saved)), [0, 1, 2])
     assert sorted(head + rest) == list(range(N))
     assert later == (expected[1:] if set_epoch else expected[:1] * 2)
@@ -403,17 +393,11 @@ def test_a_checkpoint_before_a_resumed_worker_yields_keeps_its_place(root):
     def loader():
         return StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
 
-    first = loader()
-    it = iter(first)
-    seen = ids_of(take(it, 3))
-    state = json.loads(json.dumps(first.state_dict()))
-    del it
+    seen, state = checkpoint_after(loader(), 3)
     second = loader()
     second.load_state_dict(state)
-    it = iter(second)
-    seen += ids_of(take(it, 1))  # worker 1 has not yielded since the resume
-    state = json.loads(json.dumps(second.state_dict()))
-    del it
+    more, state = checkpoint_after(second, 1)  # worker 1 has not yielded since the resume
+    seen += more
     third = loader()
     third.load_state_dict(state)
     seen += ids_of(third)
@@ -456,7 +440,8 @@ def test_job_state_of_the_writing_epoch_resumes_exactly_with_as_many_streams(tmp
     rest = run_child(WRITING_CHILD.format(save=False, **args))
     assert len(head) == 20 and sorted(head + rest) == list(range(N))
     ds = sc.Dataset.range(N).map(make).snapshot(root, shard_size=1024, progress=False).batch(4)
-    other = StatefulDataLoader(ds.to_torch(state=job_state(json.load(open(state)))),
-                               batch_size=None, num_workers=(workers or 1) + 1)
+    other = ds.to_torch(state=job_state(json.load(open(state))))
+    other = StatefulDataLoader(other, batch_size=None,  # 2 streams for 1, 1 for 2
+                               num_workers=3 - max(workers, 1))
     with pytest.raises(ValueError, match="resumes only with the same streams"):
         ids_of(other)
