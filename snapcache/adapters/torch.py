@@ -52,8 +52,10 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
     It is *stateful* in the sense of ``torchdata.stateful_dataloader``: a
     ``StatefulDataLoader``'s ``state_dict()`` / ``load_state_dict()`` resume the epoch at
     exactly the next example, in every worker, for pipelines of the shape
-    ``snapshot -> map / filter / shuffle / batch / prefetch``. To resume with another number
-    of workers or ranks, pass ``state=job_state(loader.state_dict())`` to ``to_torch``.
+    ``snapshot -> map / filter / shuffle / batch / prefetch``; a state saved after the end of
+    an epoch resumes for every pipeline, with the next epoch. To resume with another number
+    of workers or ranks, pass ``state=job_state(loader.state_dict())`` to ``to_torch``: it
+    applies to the first iteration of its epoch.
     """
 
     def __init__(self, dataset: Any, *, rank: int | None = None,
@@ -72,11 +74,22 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         self.rank = rank
         self.world_size = world_size
         self.epoch = state["epoch"] if state is not None else 0
+        if state is not None and state.get("finished"):  # job_state of an ended epoch
+            self.epoch, state = state["epoch"] + 1, None
         self.balance = "drop" if drop_remainder else "pad" if pad else None
-        self._resume = state        # where the whole job resumes (job_state), once
+        # Where the whole job resumes (job_state): for the first iteration of its epoch only,
+        # by the first DataLoader workers started (see _workers_starting).
+        self._resume = state
+        self._resume_workers: int | None = None  # their base seed (main process)
         self._loaded: dict | None = None   # this worker's state from load_state_dict
+        self._epoch_set = False            # set_epoch was called
+        # The current (or last) iteration: its epoch, iterator, items yielded, whether it ran
+        # to the end of its epoch; the loaded state it resumes, until its iterator starts.
+        self._run_epoch = self.epoch
         self._iterator: Any = None
         self._yielded = 0
+        self._ended = False
+        self._pending: dict | None = None
         self._loader_id = uuid.uuid4().hex  # the same in every worker of its loaders
         self._epochs = 0                    # epochs this copy (this worker) has started
 
@@ -85,7 +98,7 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         as with ``DistributedSampler``; without it every epoch has epoch 0's order)."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0; got {epoch!r}")
-        self.epoch = epoch
+        self.epoch, self._epoch_set = epoch, True
 
     def stream(self) -> tuple[int, int]:
         """``(index, count)`` of the stream this process reads: from the rank and the worker."""
@@ -103,17 +116,37 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         return distributed_env()
 
     def __iter__(self) -> Iterator[Any]:
+        # What this iteration resumes is decided here, when it is created, not at its first
+        # item: a StatefulDataLoader(num_workers=0) loading a state creates an iterator, and
+        # drops it for another one when the saved epoch had ended.
         loaded, self._loaded = self._loaded, None
-        state = loaded["iterator"] if loaded is not None else self._resume
-        self._resume = None
-        with queries.shared_epoch(self._epoch_token()):
-            iterator = self.dataset.iterate(epoch=self.epoch, stream=self.stream(),
-                                            state=state, balance=self.balance)
-            self._iterator, self._yielded = iterator, 0
+        resume, self._resume = self._resume, None
+        if loaded is not None:
+            epoch, state = loaded["epoch"], loaded["iterator"]
+        elif resume is not None and resume["epoch"] == self.epoch:
+            epoch, state = self.epoch, resume
+        else:  # a job state applies to its own epoch only: set_epoch gave another
+            epoch, state = self.epoch, None
+        self._run_epoch, self._iterator, self._yielded, self._ended = epoch, None, 0, False
+        self._pending = loaded
+        token = self._epoch_token()
+        if loaded is not None and loaded.get("finished"):  # nothing left of its epoch here
+            self._ended = True
+            return iter(())
+        if loaded is not None and state is None:  # mid-epoch, not resumable (in a worker)
+            return _refuse()
+        return self._examples(epoch, state, token)
+
+    def _examples(self, epoch: int, state: dict | None, token: str | None) -> Iterator[Any]:
+        with queries.shared_epoch(token):
+            iterator = self.dataset.iterate(epoch=epoch, stream=self.stream(), state=state,
+                                            balance=self.balance)
+            self._iterator, self._pending = iterator, None
             try:
                 for example in iterator:
                     self._yielded += 1
                     yield to_tensors(example)
+                self._ended = True
             finally:
                 close = getattr(iterator, "close", None)
                 if close is not None:
@@ -133,8 +166,22 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
     def _token(self, base_seed: int, epochs: int) -> str:
         return f"{self._loader_id}-{base_seed}-{epochs}"
 
+    def _workers_starting(self, base_seed: int) -> None:
+        """In the main process, before a DataLoader forks workers that share ``base_seed`` (a
+        new one each time a loader starts workers): the job state (``to_torch(state=...)``)
+        goes to the first workers started, never to a later epoch's."""
+        if self._resume is None:
+            return
+        if self._resume_workers is None:
+            self._resume_workers = base_seed
+        elif self._resume_workers != base_seed:
+            self._resume = None
+
     def state_dict(self) -> dict:
-        """This worker's place in the epoch (``StatefulDataLoader`` calls it in each worker)."""
+        """This worker's place in the epoch (``StatefulDataLoader`` calls it in each worker):
+        ``finished`` once the iteration ran to the end of its epoch."""
+        if self._pending is not None:  # a loaded state, not started yet: still where it is
+            return dict(self._pending)
         state = None
         get = getattr(self._iterator, "state_dict", None)
         if get is not None:
@@ -142,19 +189,38 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
                 state = get()
             except ValueError:  # not resumable: load_state_dict says why if it is used
                 state = None
-        return {"epoch": self.epoch, "iterator": state, "yielded": self._yielded}
+        started = self._iterator is not None or self._ended
+        out = {"epoch": self._run_epoch if started else self.epoch, "iterator": state,
+               "yielded": self._yielded}
+        if self._ended:
+            out["finished"] = True
+        return out
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue at ``state`` (from :meth:`state_dict`) on the next iteration."""
+        """Continue at ``state`` (from :meth:`state_dict`) on the next iteration.
+
+        A state saved after its epoch ended (``finished``, or nothing left of its share)
+        resumes for every pipeline, as nothing left of that epoch; the iteration after it
+        runs the epoch ``set_epoch`` gave, else the next one (a ``StatefulDataLoader`` whose
+        epoch ended starts a new one at once). A state in the middle of an epoch is refused
+        when the pipeline cannot resume there: here, or in a DataLoader worker (which cannot
+        tell whether its loader's epoch ended) when its iteration starts."""
         if not isinstance(state, dict) or "epoch" not in state:
             raise ValueError(f"not a to_torch() worker state: {state!r}")
-        if state.get("iterator") is None and state.get("yielded"):
-            raise ValueError(
-                "this loader's state cannot be resumed exactly: the pipeline is not of the "
-                "shape snapshot -> map / filter / shuffle(seed=...) / batch / prefetch, or the "
-                "snapshot was being written")
+        iterator = state.get("iterator")
+        ended = bool(state.get("finished")) or (
+            iterator is not None and queries.positions_left(iterator) == 0)
+        in_worker = torch.utils.data.get_worker_info() is not None
+        if iterator is None and state.get("yielded") and not ended and not in_worker:
+            raise ValueError(_NOT_RESUMABLE)
+        if ended:
+            if not self._epoch_set:
+                self.epoch = state["epoch"] + 1
+            # in the main process the loader starts a new epoch; a worker's may go on
+            self._loaded = {**state, "finished": True} if in_worker else None
+            return
         self.epoch = state["epoch"]
-        self._loaded = state if state.get("iterator") is not None else None
+        self._loaded = state if iterator is not None or state.get("yielded") else None
 
     def __getstate__(self) -> dict:
         # DataLoader workers started with "spawn" pickle the dataset: a Dataset pickles as its
@@ -162,6 +228,17 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         state = dict(self.__dict__)
         state["_iterator"] = None  # a running iteration stays in its process
         return state
+
+
+_NOT_RESUMABLE = (
+    "this loader's state cannot be resumed exactly: the pipeline is not of the shape "
+    "snapshot -> map / filter / shuffle(seed=...) / batch / prefetch, or the snapshot was being "
+    "written (a state saved after the end of an epoch resumes for every pipeline)")
+
+
+def _refuse() -> Iterator[Any]:
+    raise ValueError(_NOT_RESUMABLE)
+    yield  # a generator: raises at its first item
 
 
 class MapStyleDataset(_MapBase):  # type: ignore[misc,valid-type]
@@ -229,7 +306,8 @@ _live: "weakref.WeakSet[TorchDataset]" = weakref.WeakSet()
 _checked_for: str | None = None  # the epoch token the last check before a fork was made for
 
 
-def _check_before_fork() -> "TorchDataset | None":
+def _check_before_fork(starting: "tuple[TorchDataset, int, int, bool] | None"
+                       ) -> "TorchDataset | None":
     """Before a DataLoader forks the workers of an epoch, get them ready here, once
     (:func:`queries.prepare_workers <snapcache.pipeline.queries.prepare_workers>`): the
     snapshots' manifests checked under the epoch token the workers will compute
@@ -240,11 +318,9 @@ def _check_before_fork() -> "TorchDataset | None":
     through it. Found on the stack: the loader's iterator starting its workers holds the
     dataset, the base seed and the number of workers. Anything else (another fork, spawned
     workers, a loader of another kind) leaves the workers to do it all themselves, as before.
-    The dataset if its snapshots are committed and their read leases held here."""
+    ``starting``: :func:`_starting_loader`. The dataset if its snapshots are committed and
+    their read leases held here."""
     global _checked_for
-    if not _live:
-        return None
-    starting = _starting_loader()
     if starting is None:
         return None
     dataset, base_seed, workers, persistent = starting
@@ -287,7 +363,10 @@ def _starting_loader() -> tuple[TorchDataset, int, int, bool] | None:
 
 
 def _before_fork() -> None:
-    prepared = _check_before_fork()  # holds the read leases too (one manifest check)
+    starting = _starting_loader() if _live else None
+    if starting is not None:
+        starting[0]._workers_starting(starting[1])
+    prepared = _check_before_fork(starting)  # holds the read leases too (one manifest check)
     if prepared is not None:
         _not_held.discard(prepared)
     _hold_before_fork()
@@ -299,7 +378,10 @@ os.register_at_fork(before=_before_fork)
 def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
     """The rest of the epoch, for the whole job, from ``StatefulDataLoader.state_dict()``: a
     job with any number of ranks and workers resumed with ``ds.to_torch(state=job_state(saved))``
-    sees each remaining example once. None if the epoch had not started.
+    sees each remaining example once. None if the epoch had not started; for a state saved
+    after the epoch ended (in every rank given: lockstep ranks end it together),
+    ``{"epoch": e, "finished": True}``, from which ``to_torch`` starts epoch ``e + 1``, whatever
+    the pipeline.
 
     ``loader_state`` is rank 0's state, or every rank's in rank order (a list, e.g. gathered
     with ``torch.distributed.all_gather_object``). Rank 0's alone describes the job when every
@@ -308,6 +390,11 @@ def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
     rank's state is needed, and rank 0's alone is refused.
     """
     ranks = [loader_state] if isinstance(loader_state, dict) else list(loader_state)
+    if all(_ended(state) for state in ranks):
+        epochs = {d["epoch"] for state in ranks for d in _worker_states(state)
+                  if isinstance(d, dict)}
+        if len(epochs) == 1:
+            return {"epoch": epochs.pop(), "finished": True}
     per_rank = None
     consumed: list[int] = []
     known: list[dict] = []
@@ -364,6 +451,13 @@ def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
     job["consumed_by_stream"] = by_stream
     job["consumed"] = 0
     return job
+
+
+def _ended(loader_state: dict) -> bool:
+    """Whether a ``StatefulDataLoader.state_dict()`` was saved after its epoch ended: the loader
+    says so, or every worker's dataset does."""
+    return bool(loader_state.get("_iterator_finished")) or all(
+        isinstance(d, dict) and d.get("finished") for d in _worker_states(loader_state))
 
 
 def _worker_states(loader_state: dict) -> list[Any]:

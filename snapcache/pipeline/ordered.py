@@ -475,13 +475,15 @@ def _check_layout(state: dict, manifest: Manifest) -> None:
 def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSpec,
                     state: dict, built: bool) -> OrderedIterator:
     """The rest of a writing epoch, now that the snapshot is complete: the stream's rows in
-    the order it wrote them, after the first ``consumed``."""
+    the order it wrote them, after the first ``consumed`` (this stream's entry of
+    ``consumed_by_stream`` in a whole job's state, ``job_state``)."""
     if state["snapshot"] != reader.manifest.snapshot_id:
         raise ValueError(_other_snapshot(state["snapshot"], reader.manifest.snapshot_id))
     if state["streams"] != spec.count or state["unit"] != shape.unit:
         raise ValueError(
             f"a state saved while the snapshot was being written resumes only with the same "
-            f"streams ({state['streams']}) and batch size; got {spec.count} streams")
+            f"streams ({state['streams']}) and batch size; got {spec.count} streams: resume "
+            "with as many streams (workers x ranks), or start the epoch again")
     share = read_share(reader.manifest, spec, shuffled=False, unit=shape.unit)
     if spec.count > 1 and share.bounds is None:
         raise ValueError(
@@ -489,7 +491,8 @@ def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSp
             f"another number of streams: the positions of a state saved while it was being "
             "written do not apply; start the epoch again")
     order = EpochOrder(layout_of(reader.manifest), None, state["epoch"], 1)
-    skip = state["consumed"]
+    by_stream = state.get("consumed_by_stream")
+    skip = by_stream[spec.index] if by_stream else state["consumed"]
     record = {"format": STATE_FORMAT, "version": STATE_VERSION,
               "snapshot": reader.manifest.snapshot_id, "num_examples": len(order),
               "epoch": state["epoch"], "seed": None, "window": 1,

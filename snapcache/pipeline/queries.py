@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from snapcache.pipeline import ops, plan
+from snapcache.pipeline import ops, plan, shares
 from snapcache.store.schema import Schema
 
 
@@ -106,6 +106,12 @@ def shared_epoch(token: str | None) -> Any:
     from snapcache.store import checks
 
     return checks.shared_epoch(token)
+
+
+def positions_left(state: dict) -> int | None:
+    """Examples of its epoch an iterator state (``state_dict()``) has still to yield; None if
+    not known before the snapshot is complete (:func:`.shares.positions_left`)."""
+    return shares.positions_left(state)
 
 
 def batch_dims(dataset: Any) -> int:

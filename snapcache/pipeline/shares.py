@@ -22,6 +22,17 @@ def resume_ranges(state: dict) -> list[list[int]]:
                                               for k, c in enumerate(consumed)])]
 
 
+def positions_left(state: dict) -> int | None:
+    """Positions of its epoch that a state (``OrderedIterator.state_dict``) has not consumed:
+    of its stream's share, or of the whole job's with ``consumed_by_stream``. None for a state
+    saved while the snapshot was being written (its shares are known once it is complete)."""
+    if state.get("writing"):
+        return None
+    if state.get("consumed_by_stream"):
+        return sum(b - a for a, b in resume_ranges(state))
+    return max(0, share_of_state(state).count() - state["consumed"])
+
+
 def share_of_state(state: dict) -> Share:
     """The share a state (``OrderedIterator.state_dict``) was saved with."""
     bounds = state.get("bounds")

@@ -42,6 +42,28 @@ def take(it, k):
     return [next(it) for _ in range(k)]
 
 
+def checkpoint_after(loader, k):
+    """The ids of ``loader``'s first ``k`` items, and its state then (through JSON, as saved);
+    the loader's iterator is dropped, as by a crash."""
+    it = iter(loader)
+    head = ids_of(take(it, k))
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    return head, state
+
+
+def run_child(code: str) -> list:
+    """Run ``code`` in a new Python process (the real resume: after a restart); its last line of
+    output, as JSON."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [os.path.dirname(os.path.dirname(sc.__file__)),
+                              os.path.dirname(__file__)] +
+                             os.environ.get("PYTHONPATH", "").split(os.pathsep))})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])
 @pytest.mark.parametrize("batch_in", ["pipeline", "loader"])
 def test_stateful_dataloader_resumes_exactly(root, workers, batch_in):
@@ -58,11 +80,7 @@ def test_stateful_dataloader_resumes_exactly(root, workers, batch_in):
 
     full = ids_of(loader())
     assert sorted(full) == list(range(N))
-    first = loader()
-    it = iter(first)
-    head = ids_of(take(it, 7))
-    state = json.loads(json.dumps(first.state_dict()))
-    del it
+    head, state = checkpoint_after(loader(), 7)
     again = loader()
     again.load_state_dict(state)
     rest = ids_of(again)
@@ -70,11 +88,10 @@ def test_stateful_dataloader_resumes_exactly(root, workers, batch_in):
 
 
 RESUME_CHILD = textwrap.dedent("""
-    import json, sys
+    import json
     import numpy as np
     import snapcache as sc
     from torchdata.stateful_dataloader import StatefulDataLoader
-    sys.path.insert(0, {tests!r})
     from test_torch_resume import make
     ds = sc.Dataset.range({n}).map(make).snapshot({root!r}, shard_size=1024, progress=False)
     loader = StatefulDataLoader(ds.shuffle(16, seed=4).batch(4).to_torch(), batch_size=None,
@@ -87,20 +104,11 @@ RESUME_CHILD = textwrap.dedent("""
 def test_a_fresh_process_resumes_a_two_worker_loader(root, tmp_path):
     ds = build(root).shuffle(16, seed=4).batch(4)
     full = ids_of(StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2))
-    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
-    it = iter(loader)
-    head = ids_of(take(it, 9))
+    head, state = checkpoint_after(
+        StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2), 9)
     state_path = tmp_path / "state.json"
-    state_path.write_text(json.dumps(loader.state_dict()))
-    del it
-    code = RESUME_CHILD.format(tests=os.path.dirname(__file__), n=N, root=root,
-                               state=str(state_path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                             [os.path.dirname(os.path.dirname(sc.__file__))] +
-                             os.environ.get("PYTHONPATH", "").split(os.pathsep))})
-    assert out.returncode == 0, out.stderr
-    rest = json.loads(out.stdout.strip().splitlines()[-1])
+    state_path.write_text(json.dumps(state))
+    rest = run_child(RESUME_CHILD.format(n=N, root=root, state=str(state_path)))
     assert head + rest == full
 
 
@@ -269,3 +277,192 @@ def test_job_state_refuses_a_state_saved_between_worker_snapshots(root):
     again.load_state_dict(state)
     rest = ids_of(again)
     assert len(rest) == N - 28 and len(set(rest)) == len(rest)
+
+
+# -- checkpoints at the end of an epoch, job states across epochs ------------------------------
+NEXT_EPOCH_CHILD = textwrap.dedent("""
+    import json
+    import numpy as np
+    import snapcache as sc
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from test_torch_resume import make
+    ds = sc.Dataset.range({n}).map(make).snapshot({root!r}, shard_size=1024, progress=False)
+    train = ds.shuffle(16, seed=4).batch(4).to_torch()
+    loader = StatefulDataLoader(train, batch_size=None, num_workers={workers})
+    loader.load_state_dict(json.load(open({state!r})))
+    if {set_epoch}:
+        train.set_epoch(1)
+    print(json.dumps([int(i) for b in loader for i in np.asarray(b["id"]).reshape(-1)]))
+""")
+
+
+@pytest.mark.parametrize("workers,set_epoch", [(0, True), (0, False), (2, True)])
+def test_a_checkpoint_after_an_epoch_resumes_with_the_next_epoch(root, tmp_path, workers,
+                                                                set_epoch):
+    """The usual "save after each epoch": a new process that loads it runs the next epoch in
+    full (the one set_epoch gives; with num_workers=0 and no set_epoch, the next one)."""
+    ds = build(root).shuffle(16, seed=4).batch(4)
+    train = ds.to_torch()
+    loader = StatefulDataLoader(train, batch_size=None, num_workers=workers)
+    epochs = []
+    for epoch in range(2):
+        train.set_epoch(epoch)
+        epochs.append(ids_of(loader))
+        if epoch == 0:
+            state_path = tmp_path / "state.json"
+            state_path.write_text(json.dumps(loader.state_dict()))
+    assert sorted(epochs[1]) == list(range(N)) and epochs[1] != epochs[0]
+    rest = run_child(NEXT_EPOCH_CHILD.format(n=N, root=root, workers=workers,
+                                             set_epoch=set_epoch, state=str(state_path)))
+    assert rest == epochs[1]
+
+
+def test_an_exhausted_state_without_the_finished_mark_resumes_with_the_next_epoch(root):
+    """A state saved right after the last batch (the loop stopped without asking for more),
+    or by an older snapcache, has nothing left of its epoch: the next epoch runs."""
+    ds = build(root).shuffle(16, seed=4).batch(4)
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None)
+    it = iter(loader)
+    take(it, -(-N // 4))  # every batch, and not one more
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert not state["dataset_state"].get("finished") and not state["_iterator_finished"]
+    train = ds.to_torch()
+    train.set_epoch(1)
+    expected = ids_of(StatefulDataLoader(train, batch_size=None))
+    again = StatefulDataLoader(ds.to_torch(), batch_size=None)
+    again.load_state_dict(state)
+    assert ids_of(again) == expected
+
+
+def twice(e):
+    return [e, e]
+
+
+def keep(e):
+    return int(e["id"]) % 3 != 0
+
+
+@pytest.mark.parametrize("shape,workers", [("writing filter", 0), ("unseeded shuffle", 2),
+                                           ("interleave", 0), ("take", 0)])
+def test_an_epoch_end_checkpoint_resumes_for_every_pipeline(tmp_path, shape, workers):
+    """Pipelines that cannot resume mid-epoch (and a writing epoch that cannot) resume from the
+    end of an epoch: nothing is left of it. Mid-epoch, such a state is still refused."""
+    base = sc.Dataset.range(N).map(make).snapshot(str(tmp_path / "snaps"), shard_size=1024,
+                                                  progress=False)
+    if shape != "writing filter":
+        list(base)
+    ds = {"writing filter": lambda: base.filter(keep).batch(4),
+          "unseeded shuffle": lambda: base.shuffle(8).batch(4),
+          "interleave": lambda: base.interleave(twice, cycle_length=1).batch(4),
+          "take": lambda: base.take(30).batch(4)}[shape]()
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
+    first = ids_of(loader)
+    state = json.loads(json.dumps(loader.state_dict()))
+    train = ds.to_torch()
+    again = StatefulDataLoader(train, batch_size=None, num_workers=workers)
+    again.load_state_dict(state)
+    train.set_epoch(1)
+    assert sorted(ids_of(again)) == sorted(first)
+    # the whole job's state of an ended epoch starts the next epoch too
+    job = job_state(state)
+    assert job == {"epoch": 0, "finished": True}
+    resumed = ds.to_torch(state=job)
+    assert resumed.epoch == 1
+    assert sorted(ids_of(StatefulDataLoader(resumed, batch_size=None, num_workers=workers))) \
+        == sorted(first)
+    if shape == "unseeded shuffle":  # mid-epoch: refused, in the worker
+        _, state = checkpoint_after(
+            StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers), 3)
+        later = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
+        later.load_state_dict(state)
+        with pytest.raises(ValueError, match="cannot be resumed exactly"):
+            ids_of(later)
+
+
+@pytest.mark.parametrize("kind,set_epoch", [("stateful", True), ("stateful", False),
+                                            ("plain", True)])
+def test_a_job_state_resumes_its_own_epoch_only(root, kind, set_epoch):
+    """to_torch(state=job_state(...)) with DataLoader workers: the rest of the saved epoch,
+    then full epochs (the workers of each epoch are forked from the main process's copy)."""
+    from torch.utils.data import DataLoader
+
+    ds = build(root).shuffle(16, seed=4).batch(4)
+    make_loader = StatefulDataLoader if kind == "stateful" else DataLoader
+
+    def epochs(train, numbers):
+        loader = make_loader(train, batch_size=None, num_workers=3)
+        out = []
+        for epoch in numbers:
+            if set_epoch:
+                train.set_epoch(epoch)
+            out.append(ids_of(loader))
+        return out
+
+    expected = epochs(ds.to_torch(), [0, 1, 2])
+    head, saved = checkpoint_after(
+        StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2), 5)
+    rest, *later = epochs(ds.to_torch(state=job_state(saved)), [0, 1, 2])
+    assert sorted(head + rest) == list(range(N))
+    assert later == (expected[1:] if set_epoch else expected[:1] * 2)
+
+
+def test_a_checkpoint_before_a_resumed_worker_yields_keeps_its_place(root):
+    """Resumed loaders checkpointed again before each of their workers yielded: a worker not
+    started yet is still where its loaded state was."""
+    ds = build(root).shuffle(16, seed=4).batch(4)
+
+    def loader():
+        return StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+
+    seen, state = checkpoint_after(loader(), 3)
+    second = loader()
+    second.load_state_dict(state)
+    more, state = checkpoint_after(second, 1)  # worker 1 has not yielded since the resume
+    seen += more
+    third = loader()
+    third.load_state_dict(state)
+    seen += ids_of(third)
+    assert sorted(seen) == list(range(N))
+
+
+WRITING_CHILD = textwrap.dedent("""
+    import json, os
+    import numpy as np
+    import snapcache as sc
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from snapcache.adapters.torch import job_state
+    from test_torch_resume import make
+    ds = sc.Dataset.range({n}).map(make).snapshot({root!r}, shard_size=1024,
+                                                  progress=False).batch(4)
+    ids = lambda bs: [int(i) for b in bs for i in np.asarray(b["id"]).reshape(-1)]
+    if {save}:  # the writing epoch, checkpointed after 5 batches, then the process dies
+        loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers={workers})
+        it = iter(loader)
+        head = ids([next(it) for _ in range(5)])
+        json.dump(loader.state_dict(), open({state!r}, "w"))
+        print(json.dumps(head), flush=True)
+        os._exit(0)
+    state = job_state(json.load(open({state!r})))
+    loader = StatefulDataLoader(ds.to_torch(state=state), batch_size=None,
+                                num_workers={workers})
+    print(json.dumps(ids(loader)))
+""")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_job_state_of_the_writing_epoch_resumes_exactly_with_as_many_streams(tmp_path,
+                                                                            workers):
+    """A job checkpointed while its first epoch writes the snapshot, resumed after a crash by
+    job_state with as many workers: the snapshot is completed and each remaining example
+    comes once. With another number of workers it is refused."""
+    root, state = str(tmp_path / "snaps"), str(tmp_path / "state.json")
+    args = dict(n=N, root=root, workers=workers, state=state)
+    head = run_child(WRITING_CHILD.format(save=True, **args))
+    rest = run_child(WRITING_CHILD.format(save=False, **args))
+    assert len(head) == 20 and sorted(head + rest) == list(range(N))
+    ds = sc.Dataset.range(N).map(make).snapshot(root, shard_size=1024, progress=False).batch(4)
+    other = ds.to_torch(state=job_state(json.load(open(state))))
+    other = StatefulDataLoader(other, batch_size=None,  # 2 streams for 1, 1 for 2
+                               num_workers=3 - max(workers, 1))
+    with pytest.raises(ValueError, match="resumes only with the same streams"):
+        ids_of(other)
