@@ -134,21 +134,28 @@ TAKE_UPSTREAMS = {
 }
 
 
+SELECTIONS = {f"take({k})": (lambda ds, k=k: ds.take(k)) for k in (0, 1, 7, 13, 40, 100)}
+SELECTIONS.update({f"shard({n}, {i})": (lambda ds, n=n, i=i: ds.shard(n, i))
+                   for n, i in ((2, 0), (2, 1), (3, 2), (4, 1), (7, 3))})
+
+
 @pytest.mark.parametrize("count", [2, 3, 5])
 @pytest.mark.parametrize("upstream", list(TAKE_UPSTREAMS))
-@pytest.mark.parametrize("k", [0, 1, 7, 13, 40, 100])
-def test_streams_take_the_first_k_together(upstream, count, k):
-    """take(k) run as n streams (DataLoader workers, ranks) yields the first k examples of one
-    run, not k per stream: after a strided upstream each stream its own (so a snapshot of it
-    is written by every stream), otherwise stream 0 all of them."""
+@pytest.mark.parametrize("selection", list(SELECTIONS))
+def test_streams_select_by_position_together(upstream, count, selection):
+    """take(k) and shard(n, i) run as n streams (DataLoader workers, ranks) yield what one
+    run yields, not that of each stream's share (take(k) yielded k per stream): after a
+    strided upstream each stream its own (so a snapshot of it is written by every stream),
+    otherwise stream 0 all of it."""
     make, positional = TAKE_UPSTREAMS[upstream]
-    ds = make().take(k)
+    ds = SELECTIONS[selection](make())
     alone = list(ds)
     assert len(alone) == ops.known_length(ds._op) or ops.known_length(ds._op) is None
     shares = [list(ds.iterate(epoch=0, stream=(i, count))) for i in range(count)]
     assert sorted(x for share in shares for x in share) == sorted(alone)
-    if positional:
-        assert shares == [alone[i::count] for i in range(count)]
+    if positional:  # each stream the ones at its positions of the upstream (values unique)
+        position = {x: p for p, x in enumerate(make())}
+        assert shares == [[x for x in alone if position[x] % count == i] for i in range(count)]
     else:
         assert shares == [alone] + [[]] * (count - 1)
     assert splittable(pipeline(ds)) is positional

@@ -41,10 +41,10 @@ __all__ = [
 def splittable(op: Op | None) -> bool:
     """True if running the pipeline up to ``op`` as N streams, each on its share of the
     source, yields the same examples as one run: only element-wise ops after the source, and
-    takes of a strided upstream (:func:`strided`: the streams take the first k together)."""
+    selections by position (take, shard) of a strided upstream (:func:`strided`)."""
     return op is None or all(
         node.traits.source or node.traits.element_wise or
-        (node.traits.prefix and strided(node.parent)) for node in lineage(op))
+        (node.traits.by_position and strided(node.parent)) for node in lineage(op))
 
 
 def resumable(op: Op | None) -> bool:

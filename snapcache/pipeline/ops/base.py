@@ -48,14 +48,16 @@ class Traits:
       split between the streams exactly).
     - ``prefix``: it passes a prefix of its input, unchanged (take): what passes keeps its
       position.
+    - ``by_position``: it selects examples by their position in the epoch (take, shard): run as
+      several streams after a :func:`strided` upstream, each stream selects its own exactly;
+      elsewhere stream 0 selects alone.
     - ``length``: how the number of items changes: ``"keep"`` (same as upstream), ``"rule"``
       (the op's :meth:`Op.length` computes it) or ``"unknown"``.
     - ``structure_preserving``: the example structure (keys, dtypes, trailing shapes) is kept;
       ``batch_dims`` leading dimensions are added (1 for batch).
     - ``per_stream``: applied to each stream's share separately it would produce something
-      else than applied once to everything (batch and shard group the shares; take runs
-      differently under several streams so that they take the first k together: each its
-      own after a :func:`strided` upstream, otherwise stream 0 all of them).
+      else than applied once to everything (batch groups each stream's share; take and shard
+      run by position instead, see ``by_position``).
     - ``content``: it changes the examples, so it counts towards fingerprints (prefetch, cache
       and snapshot do not).
     - ``per_input``: each output comes from one input alone, though outputs of several inputs
@@ -74,6 +76,7 @@ class Traits:
     seekable: bool = False
     strided: bool = False
     prefix: bool = False
+    by_position: bool = False
     length: str = "unknown"
     structure_preserving: bool = False
     batch_dims: int = 0

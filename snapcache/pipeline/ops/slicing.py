@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from snapcache.pipeline import streams
 from snapcache.pipeline.ops.base import Op, Traits, closing, run, runs, strided, upstream
@@ -20,7 +21,7 @@ class TakeOp(Op):
     count: int = 0
     kind: ClassVar[str] = "take"
     TRAITS: ClassVar = Traits(length="rule", structure_preserving=True, per_stream=True,
-                              prefix=True)
+                              prefix=True, by_position=True)
     fingerprint_args: ClassVar = ("count",)
 
     def describe(self) -> str:
@@ -30,19 +31,30 @@ class TakeOp(Op):
         return None if upstream is None else min(upstream, self.count)
 
 
-@runs(TakeOp)
-def run_take(op: TakeOp, epoch: int) -> Iterator[Any]:
-    # The streams (DataLoader workers, ranks) take the first ``count`` together, not each.
+def _by_position(op: Op, epoch: int,
+                select: Callable[[Iterator[Any], int, int], Iterator[Any]]) -> Iterator[Any]:
+    """Run ``op``, which selects examples by their position in the epoch (take, shard), as the
+    current stream: the streams (DataLoader workers, ranks) together select what one stream
+    would. ``select(source, first, step)`` picks from ``source``, whose items are at the
+    positions ``first``, ``first + step``, ... of the epoch: this stream's own after a strided
+    upstream (:func:`strided`); otherwise stream 0 runs the whole upstream and selects alone,
+    and the other streams yield nothing."""
     spec = streams.current()
-    if spec.trivial or strided(op.parent):  # by position: the ones of this stream below count
-        count = len(range(spec.index + spec.count * spec.skip, op.count, spec.count))
+    if spec.trivial or strided(op.parent):
+        first, step = spec.index + spec.count * spec.skip, spec.count
         source = upstream(op, epoch)
-    elif spec.index == 0:  # no stream knows its examples' positions: stream 0 takes them all
-        count = max(0, op.count - spec.skip)
+    elif spec.index == 0:
+        first, step = spec.skip, 1
         source = run(op.parent, epoch, streams.StreamSpec(skip=spec.skip))
     else:
         return iter(())
-    return closing(source, itertools.islice(source, count))
+    return closing(source, select(source, first, step))
+
+
+@runs(TakeOp)
+def run_take(op: TakeOp, epoch: int) -> Iterator[Any]:
+    return _by_position(op, epoch, lambda source, first, step: itertools.islice(
+        source, len(range(first, op.count, step))))
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,7 +62,8 @@ class ShardOp(Op):
     num_shards: int = 1
     index: int = 0
     kind: ClassVar[str] = "shard"
-    TRAITS: ClassVar = Traits(length="rule", structure_preserving=True, per_stream=True)
+    TRAITS: ClassVar = Traits(length="rule", structure_preserving=True, per_stream=True,
+                              by_position=True)
     fingerprint_args: ClassVar = ("num_shards", "index")
 
     def describe(self) -> str:
@@ -64,8 +77,13 @@ class ShardOp(Op):
 
 @runs(ShardOp)
 def run_shard(op: ShardOp, epoch: int) -> Iterator[Any]:
-    source = upstream(op, epoch)
-    return closing(source, itertools.islice(source, op.index, None, op.num_shards))
+    def select(source: Iterator[Any], first: int, step: int) -> Iterator[Any]:
+        # the items at positions first + step * t with position % num_shards == index: a
+        # pattern that repeats every num_shards / gcd(step, num_shards) items
+        n = op.num_shards
+        pattern = [(first + step * t) % n == op.index for t in range(n // math.gcd(step, n))]
+        return itertools.compress(source, itertools.cycle(pattern))
+    return _by_position(op, epoch, select)
 
 
 @dataclass(frozen=True, eq=False)
