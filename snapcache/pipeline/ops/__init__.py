@@ -16,7 +16,8 @@ types; the derived decisions (stream splitting, resume, length) are the function
 """
 
 from snapcache.pipeline.ops.base import (RUNNERS, Op, Traits, callable_name, closing, counted,
-                                         lineage, run, runs, strided, upstream)
+                                         from_source, keeps_positions, lineage, run, runs,
+                                         strided, upstream)
 from snapcache.pipeline.ops.batch import BatchOp
 from snapcache.pipeline.ops.buffering import CacheOp, CacheState, PrefetchOp
 from snapcache.pipeline.ops.elementwise import FilterOp, MapOp
@@ -51,16 +52,7 @@ def resumable(op: Op | None) -> bool:
     """True if the pipeline up to ``op`` can start at its k-th output by skipping k source
     examples: a seekable source, then only one-to-one, order-preserving ops that keep no copy
     (after a ``map(deterministic=False)`` the first k outputs are not the first k inputs)."""
-    if op is None:
-        return False
-    for node in lineage(op):
-        t = node.traits
-        if t.source:
-            if not t.seekable:
-                return False
-        elif not (t.one_to_one and t.order_preserving and not t.keeps_copy):
-            return False
-    return True
+    return from_source(op, lambda t: t.seekable, keeps_positions)
 
 
 def known_length(op: Op | None) -> int | None:

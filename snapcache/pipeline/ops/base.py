@@ -174,22 +174,27 @@ def lineage(op: Op) -> list[Op]:
     return chain[::-1]
 
 
+def keeps_positions(t: Traits) -> bool:
+    """Each output is the input at the same position: one-to-one, in order, keeping no copy."""
+    return t.one_to_one and t.order_preserving and not t.keeps_copy
+
+
+def from_source(op: Op | None, source_ok: Callable[[Traits], bool],
+                op_ok: Callable[[Traits], bool]) -> bool:
+    """True if the pipeline up to ``op`` starts at a source whose traits ``source_ok`` accepts
+    and every op after it has traits ``op_ok`` accepts."""
+    if op is None:
+        return False
+    return all(source_ok(node.traits) if node.traits.source else op_ok(node.traits)
+               for node in lineage(op))
+
+
 def strided(op: Op | None) -> bool:
     """True if stream ``i`` of ``n`` of the pipeline up to ``op`` yields the examples at
     positions ``i``, ``i + n``, ... of one stream's run: a strided source, then only ops that
-    keep each example's position (element-wise, one-to-one and in order, keeping no copy; or
-    a prefix)."""
-    if op is None:
-        return False
-    for node in lineage(op):
-        t = node.traits
-        if t.source:
-            if not t.strided:
-                return False
-        elif not (t.prefix or (t.element_wise and t.one_to_one and t.order_preserving and
-                               not t.keeps_copy)):
-            return False
-    return True
+    keep each example's position (element-wise ones, or a prefix)."""
+    return from_source(op, lambda t: t.strided,
+                       lambda t: t.prefix or (t.element_wise and keeps_positions(t)))
 
 
 # -- runners -----------------------------------------------------------------------------------
