@@ -84,7 +84,8 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         self._loaded: dict | None = None   # this worker's state from load_state_dict
         self._epoch_set = False            # set_epoch was called
         # The current (or last) iteration: its epoch, iterator, items yielded, whether it ran
-        # to the end of its epoch; the loaded state it resumes, until its iterator starts.
+        # to the end of its epoch; the state it resumes (loaded, or its stream's share of the
+        # job state), until its iterator starts: what state_dict reports until then.
         self._run_epoch = self.epoch
         self._iterator: Any = None
         self._yielded = 0
@@ -129,6 +130,10 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
             epoch, state = self.epoch, None
         self._run_epoch, self._iterator, self._yielded, self._ended = epoch, None, 0, False
         self._pending = loaded
+        if resume is not None and state is resume:  # this stream's share of the job's state
+            own = queries.stream_state(resume, self.stream(), self.balance)
+            if own is not None:
+                self._pending = {"epoch": epoch, "iterator": own, "yielded": 0}
         token = self._epoch_token()
         if loaded is not None and loaded.get("finished"):  # nothing left of its epoch here
             self._ended = True
@@ -180,7 +185,7 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
     def state_dict(self) -> dict:
         """This worker's place in the epoch (``StatefulDataLoader`` calls it in each worker):
         ``finished`` once the iteration ran to the end of its epoch."""
-        if self._pending is not None:  # a loaded state, not started yet: still where it is
+        if self._pending is not None:  # a resumed stream not started yet: still where it is
             return dict(self._pending)
         state = None
         get = getattr(self._iterator, "state_dict", None)

@@ -466,3 +466,46 @@ def test_job_state_of_the_writing_epoch_resumes_exactly_with_as_many_streams(tmp
                                num_workers=3 - max(workers, 1))
     with pytest.raises(ValueError, match="resumes only with the same streams"):
         ids_of(other)
+
+
+PHASE_CHILD = textwrap.dedent("""
+    import json, os
+    import numpy as np
+    import snapcache as sc
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from snapcache.adapters.torch import job_state
+    from test_torch_resume import make
+    ds = sc.Dataset.range({n}).map(make).snapshot({root!r}, shard_size=1024,
+                                                  progress=False).shuffle(16, seed=4).batch(4)
+    ids = lambda bs: [int(i) for b in bs for i in np.asarray(b["id"]).reshape(-1)]
+    train = ds.to_torch(state=job_state(json.load(open({load!r}))))
+    loader = StatefulDataLoader(train, batch_size=None, num_workers={workers})
+    it = iter(loader)
+    seen = ids([next(it) for _ in range({batches})]) if {batches} >= 0 else ids(it)
+    if {save!r}:
+        json.dump(loader.state_dict(), open({save!r}, "w"))
+    print(json.dumps(seen), flush=True)
+    os._exit(0)  # a crash: nothing is closed
+""")
+
+
+@pytest.mark.parametrize("middle,last", [(3, 2), (2, 1)])
+def test_a_job_state_checkpointed_before_any_batch_resumes_again(root, tmp_path, middle, last):
+    """Saved mid-epoch with 2 workers; resumed by job_state in a new process with ``middle``
+    workers and checkpointed again before any batch (each stream is still at its share of the
+    job state); resumed from that in another with ``last`` workers: every example once."""
+    ds = build(root).shuffle(16, seed=4).batch(4)
+    seen, state = checkpoint_after(
+        StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2), 5)
+    first, second = tmp_path / "first.json", str(tmp_path / "second.json")
+    first.write_text(json.dumps(state))
+
+    def phase(load, workers, batches, save):
+        return run_child(PHASE_CHILD.format(n=N, root=root, load=str(load), workers=workers,
+                                            batches=batches, save=save))
+
+    assert phase(first, middle, 0, second) == []
+    job = job_state(json.load(open(second)))
+    assert job is not None and job["streams"] == middle
+    seen += phase(second, last, -1, "")
+    assert sorted(seen) == list(range(N))
