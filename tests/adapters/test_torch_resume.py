@@ -317,21 +317,46 @@ def test_a_checkpoint_after_an_epoch_resumes_with_the_next_epoch(root, tmp_path,
     assert rest == epochs[1]
 
 
-def test_an_exhausted_state_without_the_finished_mark_resumes_with_the_next_epoch(root):
-    """A state saved right after the last batch (the loop stopped without asking for more),
-    or by an older snapcache, has nothing left of its epoch: the next epoch runs."""
+@pytest.mark.parametrize("workers,set_epoch", [(0, False), (2, True), (3, False)])
+def test_a_checkpoint_right_after_the_last_batch_resumes_with_the_next_epoch(
+        root, tmp_path, workers, set_epoch):
+    """A loop that counts steps stops after the last batch without asking for more: the
+    loader is not marked finished, and with workers some (or all) of theirs are not either,
+    but every share is used up. A new process that loads it runs the next epoch in full, with
+    workers as without (no empty epoch first)."""
     ds = build(root).shuffle(16, seed=4).batch(4)
-    loader = StatefulDataLoader(ds.to_torch(), batch_size=None)
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
     it = iter(loader)
-    take(it, -(-N // 4))  # every batch, and not one more
+    assert sorted(ids_of(take(it, -(-N // 4)))) == list(range(N))  # every batch, not one more
     state = json.loads(json.dumps(loader.state_dict()))
-    assert not state["dataset_state"].get("finished") and not state["_iterator_finished"]
+    del it
+    assert not state["_iterator_finished"]
+    assert job_state(state) == {"epoch": 0, "finished": True}
     train = ds.to_torch()
     train.set_epoch(1)
-    expected = ids_of(StatefulDataLoader(train, batch_size=None))
-    again = StatefulDataLoader(ds.to_torch(), batch_size=None)
-    again.load_state_dict(state)
-    assert ids_of(again) == expected
+    expected = ids_of(StatefulDataLoader(train, batch_size=None, num_workers=workers))
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(state))
+    rest = run_child(NEXT_EPOCH_CHILD.format(n=N, root=root, workers=workers,
+                                             set_epoch=set_epoch, state=str(state_path)))
+    assert rest == expected
+
+
+def test_a_worker_that_cannot_tell_whether_its_loaders_epoch_ended_warns(root, monkeypatch):
+    """A worker whose share had ended, started by a loader not seen starting it: it says that
+    the iteration may be empty (and what to do) rather than be silent."""
+    from torch.utils.data import get_worker_info  # noqa: F401  (what is patched below)
+
+    ds = build(root).batch(4)
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None)
+    it = iter(loader)
+    take(it, -(-N // 4))
+    dataset_state = loader.state_dict()["dataset_state"]
+    worker = ds.to_torch()
+    monkeypatch.setattr(torch.utils.data, "get_worker_info",
+                        lambda: type("Info", (), {"id": 0, "num_workers": 1, "seed": 0})())
+    with pytest.warns(RuntimeWarning, match="whether the others' had is not known"):
+        worker.load_state_dict(dataset_state)
 
 
 def twice(e):
