@@ -417,7 +417,8 @@ def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
     """The rest of the epoch, for the whole job, from ``StatefulDataLoader.state_dict()``: a
     job with any number of ranks and workers resumed with ``ds.to_torch(state=job_state(saved))``
     sees each remaining example once. None if the epoch had not started; for a state saved
-    after the epoch ended (in every rank given: lockstep ranks end it together),
+    after the epoch ended, or right after its last batch (every share used up), in every rank
+    given (lockstep ranks end it together),
     ``{"epoch": e, "finished": True}``, from which ``to_torch`` starts epoch ``e + 1``, whatever
     the pipeline.
 
