@@ -257,7 +257,7 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         # DataLoader workers started with "spawn" pickle the dataset: a Dataset pickles as its
         # op graph only (its functions must then be picklable, i.e. defined at module level).
         starting = _starting_loader()
-        if starting is not None:  # workers started by spawn or forkserver: see _before_fork
+        if starting is not None and starting[0] is self:  # spawned workers: see _before_fork
             self._resuming(starting[4])
         state = dict(self.__dict__)
         state["_iterator"] = None  # a running iteration stays in its process
