@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import uuid
+import warnings
 import weakref
 from typing import Any, Iterator, Sequence
 
@@ -82,9 +83,13 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         self._resume = state
         self._resume_workers: int | None = None  # their base seed (main process)
         self._loaded: dict | None = None   # this worker's state from load_state_dict
+        # Whether the loader state the workers being started resume had ended its epoch in
+        # every worker (set in the main process as they start; None: not known).
+        self._loaded_ended: bool | None = None
         self._epoch_set = False            # set_epoch was called
         # The current (or last) iteration: its epoch, iterator, items yielded, whether it ran
-        # to the end of its epoch; the loaded state it resumes, until its iterator starts.
+        # to the end of its epoch; the state it resumes (loaded, or its stream's share of the
+        # job state), until its iterator starts: what state_dict reports until then.
         self._run_epoch = self.epoch
         self._iterator: Any = None
         self._yielded = 0
@@ -129,6 +134,10 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
             epoch, state = self.epoch, None
         self._run_epoch, self._iterator, self._yielded, self._ended = epoch, None, 0, False
         self._pending = loaded
+        if resume is not None and state is resume:  # this stream's share of the job's state
+            own = queries.stream_state(resume, self.stream(), self.balance)
+            if own is not None:
+                self._pending = {"epoch": epoch, "iterator": own, "yielded": 0}
         token = self._epoch_token()
         if loaded is not None and loaded.get("finished"):  # nothing left of its epoch here
             self._ended = True
@@ -177,10 +186,21 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         elif self._resume_workers != base_seed:
             self._resume = None
 
+    def _resuming(self, loader_state: dict | None) -> None:
+        """In the main process, as a ``StatefulDataLoader`` starts its workers to resume
+        ``loader_state`` (None: to start an epoch): if every worker's share of the saved epoch
+        had ended (a loop that stopped after the last batch without asking for more leaves the
+        loader unfinished), the epoch ended, and the workers run the next one, as without
+        workers (the one ``set_epoch`` gave, else the next)."""
+        states = _worker_states(loader_state) if loader_state else []
+        self._loaded_ended = bool(states) and all(_worker_ended(d) for d in states)
+        if self._loaded_ended and not self._epoch_set:
+            self.epoch = max(d["epoch"] for d in states) + 1
+
     def state_dict(self) -> dict:
         """This worker's place in the epoch (``StatefulDataLoader`` calls it in each worker):
         ``finished`` once the iteration ran to the end of its epoch."""
-        if self._pending is not None:  # a loaded state, not started yet: still where it is
+        if self._pending is not None:  # a resumed stream not started yet: still where it is
             return dict(self._pending)
         state = None
         get = getattr(self._iterator, "state_dict", None)
@@ -201,23 +221,34 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
 
         A state saved after its epoch ended (``finished``, or nothing left of its share)
         resumes for every pipeline, as nothing left of that epoch; the iteration after it
-        runs the epoch ``set_epoch`` gave, else the next one (a ``StatefulDataLoader`` whose
-        epoch ended starts a new one at once). A state in the middle of an epoch is refused
-        when the pipeline cannot resume there: here, or in a DataLoader worker (which cannot
-        tell whether its loader's epoch ended) when its iteration starts."""
+        runs the epoch ``set_epoch`` gave, else the next one. Without workers, or when every
+        worker's share had ended (:meth:`_resuming`), the loader's epoch had ended and its
+        resumed iteration is that next epoch; otherwise the others' rest of the epoch comes
+        first. A state in the middle of an epoch is refused when the pipeline cannot resume
+        there: here, or in a DataLoader worker (which cannot tell whether its loader's epoch
+        ended) when its iteration starts."""
         if not isinstance(state, dict) or "epoch" not in state:
             raise ValueError(f"not a to_torch() worker state: {state!r}")
         iterator = state.get("iterator")
-        ended = bool(state.get("finished")) or (
-            iterator is not None and queries.positions_left(iterator) == 0)
-        in_worker = torch.utils.data.get_worker_info() is not None
-        if iterator is None and state.get("yielded") and not ended and not in_worker:
+        ended = _worker_ended(state)
+        info = torch.utils.data.get_worker_info()
+        if iterator is None and state.get("yielded") and not ended and info is None:
             raise ValueError(_NOT_RESUMABLE)
         if ended:
             if not self._epoch_set:
                 self.epoch = state["epoch"] + 1
-            # in the main process the loader starts a new epoch; a worker's may go on
-            self._loaded = {**state, "finished": True} if in_worker else None
+            if info is None or self._loaded_ended:  # the loader's epoch ended: the next runs
+                self._loaded = None
+                return
+            if self._loaded_ended is None:
+                warnings.warn(
+                    f"DataLoader worker {info.id}: its share of epoch {state['epoch']} had "
+                    "ended when the loader state was saved, and its loader was not seen "
+                    "starting its workers, so whether the others' had is not known: if "
+                    "theirs had too, this iteration yields nothing. Then call set_epoch and "
+                    "iterate again, or save the loader's state after the loop has ended",
+                    RuntimeWarning, stacklevel=2)
+            self._loaded = {**state, "finished": True}  # the others' rest of the epoch
             return
         self.epoch = state["epoch"]
         self._loaded = state if iterator is not None or state.get("yielded") else None
@@ -225,6 +256,9 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
     def __getstate__(self) -> dict:
         # DataLoader workers started with "spawn" pickle the dataset: a Dataset pickles as its
         # op graph only (its functions must then be picklable, i.e. defined at module level).
+        starting = _starting_loader()
+        if starting is not None and starting[0] is self:  # spawned workers: see _before_fork
+            self._resuming(starting[4])
         state = dict(self.__dict__)
         state["_iterator"] = None  # a running iteration stays in its process
         return state
@@ -306,7 +340,7 @@ _live: "weakref.WeakSet[TorchDataset]" = weakref.WeakSet()
 _checked_for: str | None = None  # the epoch token the last check before a fork was made for
 
 
-def _check_before_fork(starting: "tuple[TorchDataset, int, int, bool] | None"
+def _check_before_fork(starting: "tuple[TorchDataset, int, int, bool, Any] | None"
                        ) -> "TorchDataset | None":
     """Before a DataLoader forks the workers of an epoch, get them ready here, once
     (:func:`queries.prepare_workers <snapcache.pipeline.queries.prepare_workers>`): the
@@ -323,7 +357,7 @@ def _check_before_fork(starting: "tuple[TorchDataset, int, int, bool] | None"
     global _checked_for
     if starting is None:
         return None
-    dataset, base_seed, workers, persistent = starting
+    dataset, base_seed, workers, persistent, _ = starting
     token = dataset._token(base_seed, dataset._epochs + 1)
     if token == _checked_for:  # the epoch's second worker
         return None
@@ -340,11 +374,12 @@ def _check_before_fork(starting: "tuple[TorchDataset, int, int, bool] | None"
     return dataset if held else None
 
 
-def _starting_loader() -> tuple[TorchDataset, int, int, bool] | None:
-    """(dataset, base seed, number of workers, whether they are persistent) of the DataLoader
-    iterator on this thread's stack that is starting its worker processes, if any (torch's and
-    torchdata's hold them as ``_dataset``, ``_base_seed``, ``_num_workers`` and
-    ``_persistent_workers``)."""
+def _starting_loader() -> tuple[TorchDataset, int, int, bool, dict | None] | None:
+    """(dataset, base seed, number of workers, whether they are persistent, the loader state
+    they resume) of the DataLoader iterator on this thread's stack that is starting its worker
+    processes, if any (torch's and torchdata's hold them as ``_dataset``, ``_base_seed``,
+    ``_num_workers`` and ``_persistent_workers``; torchdata's ``__init__`` has the state it
+    resumes as ``next_iter_state``, None when it starts an epoch)."""
     frame = sys._getframe(1)
     for _ in range(24):
         if frame is None:
@@ -355,8 +390,10 @@ def _starting_loader() -> tuple[TorchDataset, int, int, bool] | None:
             base_seed = getattr(owner, "_base_seed", None)
             workers = getattr(owner, "_num_workers", None)
             if isinstance(base_seed, int) and isinstance(workers, int) and workers > 0:
+                loaded = frame.f_locals.get("next_iter_state")
                 return dataset, base_seed, workers, \
-                    bool(getattr(owner, "_persistent_workers", True))
+                    bool(getattr(owner, "_persistent_workers", True)), \
+                    loaded if isinstance(loaded, dict) else None
             return None
         frame = frame.f_back
     return None
@@ -366,6 +403,7 @@ def _before_fork() -> None:
     starting = _starting_loader() if _live else None
     if starting is not None:
         starting[0]._workers_starting(starting[1])
+        starting[0]._resuming(starting[4])  # before the check: it may start the next epoch
     prepared = _check_before_fork(starting)  # holds the read leases too (one manifest check)
     if prepared is not None:
         _not_held.discard(prepared)
@@ -379,7 +417,8 @@ def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
     """The rest of the epoch, for the whole job, from ``StatefulDataLoader.state_dict()``: a
     job with any number of ranks and workers resumed with ``ds.to_torch(state=job_state(saved))``
     sees each remaining example once. None if the epoch had not started; for a state saved
-    after the epoch ended (in every rank given: lockstep ranks end it together),
+    after the epoch ended, or right after its last batch (every share used up), in every rank
+    given (lockstep ranks end it together),
     ``{"epoch": e, "finished": True}``, from which ``to_torch`` starts epoch ``e + 1``, whatever
     the pipeline.
 
@@ -455,9 +494,19 @@ def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
 
 def _ended(loader_state: dict) -> bool:
     """Whether a ``StatefulDataLoader.state_dict()`` was saved after its epoch ended: the loader
-    says so, or every worker's dataset does."""
+    says so, or every worker's share had ended."""
     return bool(loader_state.get("_iterator_finished")) or all(
-        isinstance(d, dict) and d.get("finished") for d in _worker_states(loader_state))
+        _worker_ended(d) for d in _worker_states(loader_state))
+
+
+def _worker_ended(state: Any) -> bool:
+    """Whether a worker's dataset state (:meth:`TorchDataset.state_dict`) has nothing left of
+    its epoch: it ran to the end, or it yielded its whole share and was not asked for more."""
+    if not isinstance(state, dict):
+        return False
+    iterator = state.get("iterator")
+    return bool(state.get("finished")) or (
+        iterator is not None and queries.positions_left(iterator) == 0)
 
 
 def _worker_states(loader_state: dict) -> list[Any]:

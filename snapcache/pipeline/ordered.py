@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 from snapcache.errors import LeaseTimeoutError
 from snapcache.pipeline import ops, streams
 from snapcache.pipeline.shares import (
-    first_needs, piece_rows, read_share, resume_ranges, share_of_state)
+    first_needs, own_position, piece_rows, read_share, resumed_share)
 from snapcache.runtime import stats
 from snapcache.runtime.batch import stack
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
@@ -365,23 +365,8 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
             raise ValueError(
                 "the iterator state was saved by a pipeline with another shuffle buffer or "
                 "batch size (or for another snapshot size); resume with the same pipeline")
-        same = state["streams"] == spec.count and state.get("balance") == balance
-        if state.get("consumed_by_stream") is None and state["streams"] > 1 and not (
-                state.get("rows_per_item_fixed", True) or same and state["stream"] == spec.index):
-            raise ValueError(
-                f"this iterator state is stream {state['stream']}'s of {state['streams']}, and "
-                "the pipeline filters between the snapshot and the batch: streams that took as "
-                "many items have read different numbers of examples, so it does not say where "
-                "the others are. Resume each stream with its own state, or give the whole job's "
-                "(snapcache.adapters.torch.job_state with every rank's loader state)")
-        if same:  # each stream continues its own share (lockstep: as far as the state's)
-            share = dataclasses.replace(share_of_state(state), index=spec.index)
-            by_stream = state.get("consumed_by_stream")
-            skip = by_stream[spec.index] if by_stream else state["consumed"]
-        else:
-            share = Share.of(resume_ranges(state), spec.count, spec.index,
-                             window=shape.window, unit=shape.unit, balance=balance)
-            skip = 0
+        share, skip = resumed_share(state, spec, window=shape.window, unit=shape.unit,
+                                    balance=balance)
     else:
         share = read_share(reader.manifest, spec, shuffled=seed is not None and not local_shuffle,
                            window=shape.window, unit=shape.unit, balance=balance)
@@ -491,8 +476,7 @@ def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSp
             f"another number of streams: the positions of a state saved while it was being "
             "written do not apply; start the epoch again")
     order = EpochOrder(layout_of(reader.manifest), None, state["epoch"], 1)
-    by_stream = state.get("consumed_by_stream")
-    skip = by_stream[spec.index] if by_stream else state["consumed"]
+    skip = own_position(state, spec.index)
     record = {"format": STATE_FORMAT, "version": STATE_VERSION,
               "snapshot": reader.manifest.snapshot_id, "num_examples": len(order),
               "epoch": state["epoch"], "seed": None, "window": 1,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from snapcache.pipeline import ops, plan, shares
+from snapcache.pipeline import ops, plan, shares, streams
 from snapcache.store.schema import Schema
 
 
@@ -112,6 +112,17 @@ def positions_left(state: dict) -> int | None:
     """Examples of its epoch an iterator state (``state_dict()``) has still to yield; None if
     not known before the snapshot is complete (:func:`.shares.positions_left`)."""
     return shares.positions_left(state)
+
+
+def stream_state(state: dict, stream: tuple[int, int], balance: str | None) -> dict | None:
+    """The iterator state stream ``(index, count)`` resumes ``state`` (a whole job's, from
+    ``job_state``, or a stream's) from, as its iterator would report it before its first item:
+    its own share of the job's state. None if resuming ``state`` with it is refused, or it is
+    not an iterator state: the iteration then says why."""
+    try:
+        return shares.stream_state(state, streams.StreamSpec(*stream), balance)
+    except (ValueError, KeyError):
+        return None
 
 
 def batch_dims(dataset: Any) -> int:

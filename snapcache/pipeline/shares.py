@@ -4,6 +4,7 @@ the snapshot's shards (to fetch them for DataLoader workers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Sequence
 
@@ -39,6 +40,55 @@ def share_of_state(state: dict) -> Share:
     return Share(tuple(tuple(r) for r in state["ranges"]), state["streams"], state["stream"],
                  state["chunk"], state["unit"], state.get("balance"),
                  tuple(bounds) if bounds is not None else None)
+
+
+def resumed_share(state: dict, spec: streams.StreamSpec, *, window: int, unit: int,
+                  balance: str | None) -> tuple[Share, int]:
+    """Stream ``spec``'s share and its position in it (positions already consumed), resuming
+    ``state``: a stream's (``OrderedIterator.state_dict``) or the whole job's (with
+    ``consumed_by_stream``, from ``job_state``). With as many streams each continues its own
+    share; with another number the rest of the epoch is shared anew. Raises ``ValueError``
+    when the state does not say where the other streams are."""
+    same = state["streams"] == spec.count and state.get("balance") == balance
+    if state.get("consumed_by_stream") is None and state["streams"] > 1 and not (
+            state.get("rows_per_item_fixed", True) or same and state["stream"] == spec.index):
+        raise ValueError(
+            f"this iterator state is stream {state['stream']}'s of {state['streams']}, and "
+            "the pipeline filters between the snapshot and the batch: streams that took as "
+            "many items have read different numbers of examples, so it does not say where "
+            "the others are. Resume each stream with its own state, or give the whole job's "
+            "(snapcache.adapters.torch.job_state with every rank's loader state)")
+    if same:  # each stream continues its own share (lockstep: as far as the state's)
+        return (dataclasses.replace(share_of_state(state), index=spec.index),
+                own_position(state, spec.index))
+    return Share.of(resume_ranges(state), spec.count, spec.index, window=window, unit=unit,
+                    balance=balance), 0
+
+
+def own_position(state: dict, index: int) -> int:
+    """Positions stream ``index`` consumed of its own share, resuming ``state`` with as many
+    streams: its entry of ``consumed_by_stream`` in a whole job's state, else (lockstep) the
+    state's own."""
+    by_stream = state.get("consumed_by_stream")
+    return by_stream[index] if by_stream else state["consumed"]
+
+
+def stream_state(state: dict, spec: streams.StreamSpec, balance: str | None) -> dict:
+    """The state stream ``spec`` resumes ``state`` (a whole job's or a stream's) from, as its
+    iterator would report it before yielding anything: where a stream not started yet is.
+    Raises ``ValueError`` where resuming ``state`` with ``spec`` is refused."""
+    out = {k: v for k, v in state.items() if k != "consumed_by_stream"}
+    if state.get("writing"):  # positions are known once the snapshot is complete
+        if state["streams"] != spec.count:
+            raise ValueError("a state saved while the snapshot was being written resumes only "
+                             "with the same streams")
+        return {**out, "stream": spec.index, "consumed": own_position(state, spec.index)}
+    share, skip = resumed_share(state, spec, window=state["window"], unit=state["unit"],
+                                balance=balance)
+    return {**out, "ranges": [list(r) for r in share.ranges], "streams": share.streams,
+            "stream": share.index, "chunk": share.chunk, "unit": share.unit,
+            "balance": share.balance, "consumed": skip,
+            "bounds": list(share.bounds) if share.bounds is not None else None}
 
 
 def read_share(manifest: Manifest, spec: streams.StreamSpec, *, shuffled: bool, window: int = 1,

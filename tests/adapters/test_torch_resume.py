@@ -317,21 +317,46 @@ def test_a_checkpoint_after_an_epoch_resumes_with_the_next_epoch(root, tmp_path,
     assert rest == epochs[1]
 
 
-def test_an_exhausted_state_without_the_finished_mark_resumes_with_the_next_epoch(root):
-    """A state saved right after the last batch (the loop stopped without asking for more),
-    or by an older snapcache, has nothing left of its epoch: the next epoch runs."""
+@pytest.mark.parametrize("workers,set_epoch", [(0, False), (2, True), (3, False)])
+def test_a_checkpoint_right_after_the_last_batch_resumes_with_the_next_epoch(
+        root, tmp_path, workers, set_epoch):
+    """A loop that counts steps stops after the last batch without asking for more: the
+    loader is not marked finished, and with workers some (or all) of theirs are not either,
+    but every share is used up. A new process that loads it runs the next epoch in full, with
+    workers as without (no empty epoch first)."""
     ds = build(root).shuffle(16, seed=4).batch(4)
-    loader = StatefulDataLoader(ds.to_torch(), batch_size=None)
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
     it = iter(loader)
-    take(it, -(-N // 4))  # every batch, and not one more
+    assert sorted(ids_of(take(it, -(-N // 4)))) == list(range(N))  # every batch, not one more
     state = json.loads(json.dumps(loader.state_dict()))
-    assert not state["dataset_state"].get("finished") and not state["_iterator_finished"]
+    del it
+    assert not state["_iterator_finished"]
+    assert job_state(state) == {"epoch": 0, "finished": True}
     train = ds.to_torch()
     train.set_epoch(1)
-    expected = ids_of(StatefulDataLoader(train, batch_size=None))
-    again = StatefulDataLoader(ds.to_torch(), batch_size=None)
-    again.load_state_dict(state)
-    assert ids_of(again) == expected
+    expected = ids_of(StatefulDataLoader(train, batch_size=None, num_workers=workers))
+    state_path = tmp_path / "state.json"
+    state_path.write_text(json.dumps(state))
+    rest = run_child(NEXT_EPOCH_CHILD.format(n=N, root=root, workers=workers,
+                                             set_epoch=set_epoch, state=str(state_path)))
+    assert rest == expected
+
+
+def test_a_worker_that_cannot_tell_whether_its_loaders_epoch_ended_warns(root, monkeypatch):
+    """A worker whose share had ended, started by a loader not seen starting it: it says that
+    the iteration may be empty (and what to do) rather than be silent."""
+    from torch.utils.data import get_worker_info  # noqa: F401  (what is patched below)
+
+    ds = build(root).batch(4)
+    loader = StatefulDataLoader(ds.to_torch(), batch_size=None)
+    it = iter(loader)
+    take(it, -(-N // 4))
+    dataset_state = loader.state_dict()["dataset_state"]
+    worker = ds.to_torch()
+    monkeypatch.setattr(torch.utils.data, "get_worker_info",
+                        lambda: type("Info", (), {"id": 0, "num_workers": 1, "seed": 0})())
+    with pytest.warns(RuntimeWarning, match="whether the others' had is not known"):
+        worker.load_state_dict(dataset_state)
 
 
 def twice(e):
@@ -466,3 +491,46 @@ def test_job_state_of_the_writing_epoch_resumes_exactly_with_as_many_streams(tmp
                                num_workers=3 - max(workers, 1))
     with pytest.raises(ValueError, match="resumes only with the same streams"):
         ids_of(other)
+
+
+PHASE_CHILD = textwrap.dedent("""
+    import json, os
+    import numpy as np
+    import snapcache as sc
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from snapcache.adapters.torch import job_state
+    from test_torch_resume import make
+    ds = sc.Dataset.range({n}).map(make).snapshot({root!r}, shard_size=1024,
+                                                  progress=False).shuffle(16, seed=4).batch(4)
+    ids = lambda bs: [int(i) for b in bs for i in np.asarray(b["id"]).reshape(-1)]
+    train = ds.to_torch(state=job_state(json.load(open({load!r}))))
+    loader = StatefulDataLoader(train, batch_size=None, num_workers={workers})
+    it = iter(loader)
+    seen = ids([next(it) for _ in range({batches})]) if {batches} >= 0 else ids(it)
+    if {save!r}:
+        json.dump(loader.state_dict(), open({save!r}, "w"))
+    print(json.dumps(seen), flush=True)
+    os._exit(0)  # a crash: nothing is closed
+""")
+
+
+@pytest.mark.parametrize("middle,last", [(3, 2), (2, 1)])
+def test_a_job_state_checkpointed_before_any_batch_resumes_again(root, tmp_path, middle, last):
+    """Saved mid-epoch with 2 workers; resumed by job_state in a new process with ``middle``
+    workers and checkpointed again before any batch (each stream is still at its share of the
+    job state); resumed from that in another with ``last`` workers: every example once."""
+    ds = build(root).shuffle(16, seed=4).batch(4)
+    seen, state = checkpoint_after(
+        StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2), 5)
+    first, second = tmp_path / "first.json", str(tmp_path / "second.json")
+    first.write_text(json.dumps(state))
+
+    def phase(load, workers, batches, save):
+        return run_child(PHASE_CHILD.format(n=N, root=root, load=str(load), workers=workers,
+                                            batches=batches, save=save))
+
+    assert phase(first, middle, 0, second) == []
+    job = job_state(json.load(open(second)))
+    assert job is not None and job["streams"] == middle
+    seen += phase(second, last, -1, "")
+    assert sorted(seen) == list(range(N))
