@@ -81,12 +81,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _merge(plan: PurgeReport, done: PurgeReport) -> PurgeReport:
-    """The executed report, with the plan's reasons, its kept snapshots and its budget."""
+    """The executed report, with the plan's reasons, its kept snapshots and its budget (the
+    sizes are the executed purge's: a folder may have grown since the plan was made)."""
     reasons = {item.snapshot.id: item.reason for item in plan.deleted}
     deleted = tuple(type(item)(item.snapshot, reasons.get(item.snapshot.id, item.reason))
                     for item in done.deleted)
     return PurgeReport(done.root, False, deleted, plan.kept + done.kept, done.tidied,
-                       done.tidied_bytes, plan.size_before, plan.max_size,
+                       done.tidied_bytes, done.size_before, plan.max_size,
                        done.aborted_uploads, done.old_versions)
 
 

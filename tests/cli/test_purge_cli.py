@@ -214,3 +214,28 @@ def test_old_versions_are_named_by_number(tmp_path, root):
     assert any(name.endswith("manifest-000001.json") for name in old["files"])
     proc = run_cli("info", root, fid[:8])
     assert "versions   3 (newest 3)" in proc.stdout
+
+
+def test_a_write_that_grows_between_plan_and_purge_is_reported_consistently(
+        root, monkeypatch, capsys):
+    """The executed purge's sizes come from one scan: a folder that grew after the plan was
+    made reported a negative size after the purge ("256.4 KB -> -45.1 KB")."""
+    from snapcache.cli import main as cli_main
+    from snapcache.cli import purge as cli_purge
+    from snapcache.store.fs import Storage
+
+    make_snapshot(root, "kept")
+    abandoned_write(root, "ab" * 16)
+    real = cli_purge.purge
+
+    def growing(*args, **kwargs):
+        if not kwargs.get("dry_run"):  # the plan is made: the abandoned folder grows
+            Storage(root).child("ab" * 16).write_atomic("0badc0de-0000-000001.arrow",
+                                                        b"\0" * 200_000)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(cli_purge, "purge", growing)
+    code = cli_main.main(["purge", "--root", root, "--incomplete", "--yes", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and not exists(root, "ab" * 16)
+    assert doc["freed_bytes"] > 200_000
+    assert doc["size_after"] == doc["size_before"] - doc["freed_bytes"] >= 0
