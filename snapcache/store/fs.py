@@ -66,6 +66,18 @@ def check_url(url: str | os.PathLike) -> None:
                      f"named '{scheme}:' in the working directory)")
 
 
+_CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "obstore")
+
+
+def is_storage_error(error: BaseException) -> bool:
+    """Whether ``error`` is a failure of the storage (a full disk, a refused or lost request):
+    an OSError, as every client's errors are translated to, or an error of an S3 client's
+    libraries that no translation caught (told by its module: botocore is not imported
+    here)."""
+    return isinstance(error, OSError) or \
+        type(error).__module__.split(".")[0] in _CLIENT_MODULES
+
+
 def _protocol(fs: fsspec.AbstractFileSystem) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
