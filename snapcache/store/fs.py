@@ -411,7 +411,9 @@ class Storage:
 
         Exactly one of several concurrent callers wins: on local disk by hard-linking a finished
         temporary file into place (``link`` fails if the target exists), on S3 with a
-        conditional PUT (``If-None-Match: *``), in ``memory://`` under a process-wide lock.
+        conditional PUT (``If-None-Match: *``; when its answer is lost, the object is read back:
+        holding ``data`` it is this call's, :func:`snapcache.store.fs_s3.create_exclusive`), in
+        ``memory://`` under a process-wide lock.
         Other filesystems have no atomic primitive through fsspec: there a check-then-write is
         used, and the commit protocol stays correct (see docs/format.md) at the cost of
         possibly duplicated work.
@@ -431,8 +433,8 @@ class Storage:
                 return False
             finally:
                 _silent_remove(tmp)
-        if self._s3:
-            return self._s3.client().create(target, data)
+        if self._s3:  # settled by reading back when the PUT's answer is lost
+            return fs_s3.create_exclusive(self._s3.client(), target, data)
         with _MEMORY_LOCK:
             if self.fs.exists(target):
                 return False

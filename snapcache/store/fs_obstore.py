@@ -182,6 +182,10 @@ class S3Client:
     the methods raise FileNotFoundError, PermissionError, FileExistsError or ConnectionError
     (:func:`_translated`)."""
 
+    retries_creates = False
+    """object_store never sends a conditional PUT twice: its "exists" answers this request
+    (see :func:`snapcache.store.fs_s3.create_exclusive`)."""
+
     def __init__(self, bucket: str, config: dict):
         import obstore
         from obstore.store import S3Store

@@ -11,7 +11,8 @@ what a snapshot's phases cost:
 
 - :func:`list_names`: one LIST of a folder (s3fs's ``ls`` lists the parent too when it is empty);
 - :func:`read_whole`: one GET, or concurrent ranged GETs for a large file of known size;
-- ``create``: a conditional PUT (``If-None-Match: *``), the primitive of leases and commits;
+- :func:`create_exclusive`: a conditional PUT (``If-None-Match: *``), the primitive of leases
+  and commits, whose outcome is settled when its answer is lost (a GET, then);
 - :func:`upload`: one PUT, or a multipart upload whose parts go up in parallel;
 - :func:`listed_identities`: the size and ETag of a folder's objects, one LIST per 1,000;
 - :func:`incomplete_uploads` / :func:`abort_upload`: multipart uploads nobody completed.
@@ -206,6 +207,10 @@ class S3fsClient:
     dropped before each query: another process may have changed the object), with the same
     errors (:meth:`translated`)."""
 
+    retries_creates = True
+    """botocore sends a request again when its answer is lost, a conditional PUT too: its
+    "exists" may answer this client's own first attempt (see :func:`create_exclusive`)."""
+
     def __init__(self, fs: Any):
         self.fs = fs
 
@@ -394,6 +399,44 @@ def _run(fs: Any, coroutine: Any) -> Any:
     ``fs`` (fsspec's I/O thread; never called from it). The wait can be interrupted (SIGINT):
     the request then ends on the loop without anyone waiting for it."""
     return asyncio.run_coroutine_threadsafe(coroutine, fs.loop).result()
+
+
+CREATE_ATTEMPTS = 3
+"""Conditional PUTs :func:`create_exclusive` sends at most, when answers are lost."""
+
+
+def create_exclusive(client: Any, path: str, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` unless it exists, with ``client`` (either kind): a
+    conditional PUT (``If-None-Match: *``). True if this call created it.
+
+    The PUT may reach S3 and its answer be lost (a connection reset, a timeout): the object
+    is then created but the client hears an error, or, if the client sent the request again
+    (botocore does; obstore does not), "exists" (412). Either way the object is read back
+    (one GET): holding exactly ``data`` it is this call's (a lease, stream marker or manifest
+    holds its writer's run id, so another writer's bytes differ), holding anything else
+    another writer's; absent, nothing was created and the PUT is sent again (if the first one
+    lands late, the second finds it and the GET says whose it is). Raised: a FileNotFoundError
+    (no bucket), a PermissionError, the GET's error, or the last attempt's when every attempt
+    failed and nothing was there after each (a ConnectionError from either: a request may
+    still land, whether the object gets created is unknown)."""
+    lost: OSError | None = None
+    for _ in range(CREATE_ATTEMPTS):
+        try:
+            if client.create(path, data):
+                return True
+            if lost is None and not client.retries_creates:
+                return False  # a 412 to the one request sent: another writer's
+        except (FileNotFoundError, PermissionError):
+            raise
+        except OSError as e:  # no answer: the object may have been created
+            lost = e
+        try:
+            return bytes(client.read(path)) == data
+        except FileNotFoundError:
+            continue  # nothing was created: send it again
+    if lost is None:  # created and removed again by others, each time: not ours
+        return False
+    raise lost
 
 
 def upload(client: Any, path: str, data: bytes | str) -> None:
