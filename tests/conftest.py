@@ -46,6 +46,8 @@ snapcache.fingerprint.register(CallCounter, lambda counter: "CallCounter")
 
 # S3 over HTTP: a moto server subprocess (session) and a fresh bucket per test; see s3server.py.
 from s3server import s3_root, s3_server  # noqa: E402,F401
+# A fault-injecting proxy in front of it (resets, lost answers, refusals); see faultproxy.py.
+from faultproxy import fault_proxy  # noqa: E402,F401
 
 
 # A test that hangs is stopped by pytest-timeout, which prints this process's stacks. The

@@ -66,6 +66,18 @@ def check_url(url: str | os.PathLike) -> None:
                      f"named '{scheme}:' in the working directory)")
 
 
+_CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "obstore")
+
+
+def is_storage_error(error: BaseException) -> bool:
+    """Whether ``error`` is a failure of the storage (a full disk, a refused or lost request):
+    an OSError, as every client's errors are translated to, or an error of an S3 client's
+    libraries that no translation caught (told by its module: botocore is not imported
+    here)."""
+    return isinstance(error, OSError) or \
+        type(error).__module__.split(".")[0] in _CLIENT_MODULES
+
+
 def _protocol(fs: fsspec.AbstractFileSystem) -> str:
     return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
@@ -399,7 +411,9 @@ class Storage:
 
         Exactly one of several concurrent callers wins: on local disk by hard-linking a finished
         temporary file into place (``link`` fails if the target exists), on S3 with a
-        conditional PUT (``If-None-Match: *``), in ``memory://`` under a process-wide lock.
+        conditional PUT (``If-None-Match: *``; when its answer is lost, the object is read back:
+        holding ``data`` it is this call's, :func:`snapcache.store.fs_s3.create_exclusive`), in
+        ``memory://`` under a process-wide lock.
         Other filesystems have no atomic primitive through fsspec: there a check-then-write is
         used, and the commit protocol stays correct (see docs/format.md) at the cost of
         possibly duplicated work.
@@ -419,8 +433,8 @@ class Storage:
                 return False
             finally:
                 _silent_remove(tmp)
-        if self._s3:
-            return self._s3.client().create(target, data)
+        if self._s3:  # settled by reading back when the PUT's answer is lost
+            return fs_s3.create_exclusive(self._s3.client(), target, data)
         with _MEMORY_LOCK:
             if self.fs.exists(target):
                 return False

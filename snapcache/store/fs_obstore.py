@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Mapping
 
-from snapcache.store import streamed
+from snapcache.store import s3_errors, streamed
 
 RANGE_BYTES = 64 << 20
 """A whole read of a file larger than this (size known) is ranged GETs of this size, in
@@ -181,6 +181,10 @@ class S3Client:
     """Requests to one bucket through obstore. Paths are ``bucket/key`` as s3fs writes them;
     the methods raise FileNotFoundError, PermissionError, FileExistsError or ConnectionError
     (:func:`_translated`)."""
+
+    retries_creates = False
+    """object_store never sends a conditional PUT twice: its "exists" answers this request
+    (see :func:`snapcache.store.fs_s3.create_exclusive`)."""
 
     def __init__(self, bucket: str, config: dict):
         import obstore
@@ -373,35 +377,25 @@ class S3Client:
             self._call("DELETE", path, self._obstore.delete, keys[start:start + 1000])
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:400] if text else type(error).__name__
-
-
 def _translated(error: Exception, what: str, url: str, endpoint: str) -> Exception:
-    """obstore's error as the builtin one s3fs would raise, its message naming the object, the
-    cause and the way out."""
+    """obstore's error as the builtin one s3fs would raise (:func:`s3_errors.error
+    <snapcache.store.s3_errors.error>`)."""
     import obstore.exceptions as ox
 
-    where = endpoint or "AWS S3"
-    cause = _first_line(error)
     text = str(error)
     if "NoSuchBucket" in text:  # (a listing's 404 is a GenericError)
-        return FileNotFoundError(2, f"the bucket of {url} does not exist on {where} "
-                                    f"(create it, or check the URL)", url)
-    if isinstance(error, (FileNotFoundError, ox.NotFoundError)) or "404 Not Found" in text:
-        return FileNotFoundError(2, "No such file or S3 object", url)
-    if isinstance(error, (FileExistsError, ox.AlreadyExistsError)):
-        return FileExistsError(17, "S3 object exists", url)
-    if isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or \
+        kind = s3_errors.NO_BUCKET
+    elif isinstance(error, (FileNotFoundError, ox.NotFoundError)) or "404 Not Found" in text:
+        kind = s3_errors.MISSING
+    elif isinstance(error, (FileExistsError, ox.AlreadyExistsError)):
+        kind = s3_errors.EXISTS
+    elif isinstance(error, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or \
             "403 Forbidden" in text:
-        return PermissionError(13, f"{where} refused the {what} of {url} ({cause}): check the "
-                                   f"credentials (storage_options key/secret/token or the "
-                                   f"AWS_* variables) and their permissions on the bucket", url)
-    if isinstance(error, OSError):
+        kind = s3_errors.REFUSED
+    elif isinstance(error, OSError):
         return error
-    if "error sending request" in text or "connect" in text.lower() or "dns" in text.lower():
-        return ConnectionError(f"could not reach {where} for the {what} of {url} ({cause}): "
-                               f"check the endpoint (storage_options client_kwargs.endpoint_url "
-                               f"or AWS_ENDPOINT_URL) and the network")
-    return OSError(f"the {what} of {url} on {where} failed: {cause}")
+    elif "error sending request" in text or "connect" in text.lower() or "dns" in text.lower():
+        kind = s3_errors.UNREACHABLE
+    else:
+        kind = s3_errors.FAILED
+    return s3_errors.error(kind, what, url, endpoint, s3_errors.cause_of(error))

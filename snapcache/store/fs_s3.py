@@ -11,7 +11,8 @@ what a snapshot's phases cost:
 
 - :func:`list_names`: one LIST of a folder (s3fs's ``ls`` lists the parent too when it is empty);
 - :func:`read_whole`: one GET, or concurrent ranged GETs for a large file of known size;
-- :func:`create`: a conditional PUT (``If-None-Match: *``), the primitive of leases and commits;
+- :func:`create_exclusive`: a conditional PUT (``If-None-Match: *``), the primitive of leases
+  and commits, whose outcome is settled when its answer is lost (a GET, then);
 - :func:`upload`: one PUT, or a multipart upload whose parts go up in parallel;
 - :func:`listed_identities`: the size and ETag of a folder's objects, one LIST per 1,000;
 - :func:`incomplete_uploads` / :func:`abort_upload`: multipart uploads nobody completed.
@@ -20,13 +21,14 @@ what a snapshot's phases cost:
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import posixpath
 import sys
 import threading
 from typing import Any, Callable, NamedTuple
 
-from snapcache.store import fs_obstore, streamed
+from snapcache.store import fs_obstore, s3_errors, streamed
 
 RANGE_BYTES = 32 << 20
 """A file larger than this whose size is known is fetched in ranges of this size, concurrently."""
@@ -183,9 +185,31 @@ def _has_obstore() -> bool:
     return importlib.util.find_spec("obstore") is not None
 
 
+def _request(what: str) -> Callable:
+    """Decorate an :class:`S3fsClient` method whose first argument is the object's path: its
+    failures become :mod:`~snapcache.store.s3_errors`' (:meth:`S3fsClient.translated`)."""
+    def decorate(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self: "S3fsClient", path: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, path, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - s3fs's and botocore's errors, translated
+                translated = self.translated(e, what, path)
+                if translated is e:
+                    raise
+                raise translated from e
+        return call
+    return decorate
+
+
 class S3fsClient:
     """:class:`snapcache.store.fs_obstore.S3Client`'s requests through s3fs (whose caches are
-    dropped before each query: another process may have changed the object)."""
+    dropped before each query: another process may have changed the object), with the same
+    errors (:meth:`translated`)."""
+
+    retries_creates = True
+    """botocore sends a request again when its answer is lost, a conditional PUT too: its
+    "exists" may answer this client's own first attempt (see :func:`create_exclusive`)."""
 
     def __init__(self, fs: Any):
         self.fs = fs
@@ -194,6 +218,7 @@ class S3fsClient:
         self.fs.invalidate_cache(path)
         return path
 
+    @_request("HEAD")
     def head(self, path: str) -> dict | None:
         """One HEAD (s3fs's ``info`` would LIST too, for a folder, when the object is
         missing)."""
@@ -205,27 +230,34 @@ class S3fsClient:
         return {"size": int(out["ContentLength"]), "last_modified": out.get("LastModified"),
                 "e_tag": out.get("ETag")}
 
+    @_request("HEAD")
     def exists(self, path: str) -> bool:
         return self.fs.exists(self._fresh(path))
 
+    @_request("LIST")
     def list_names(self, path: str) -> list[str]:
         return list_names(self.fs, path)
 
+    @_request("LIST")
     def find(self, path: str) -> list[dict]:
         found = self.fs.find(path.rstrip("/"), detail=True, withdirs=False)
         return [{"path": name.rstrip("/"), "size": int(info.get("size") or 0),
                  "last_modified": info.get("LastModified") or info.get("mtime")}
                 for name, info in found.items() if info.get("type") != "directory"]
 
+    @_request("GET")
     def read(self, path: str, size: int | None = None) -> bytes:
         return read_whole(self.fs, path, size)
 
+    @_request("GET")
     def read_versioned(self, path: str) -> tuple[bytes, tuple]:
         return read_versioned(self.fs, path)
 
+    @_request("GET")
     def read_range(self, path: str, start: int, end: int) -> bytes:
         return self.fs.cat_file(path, start=start, end=end)
 
+    @_request("GET")
     def read_streaming(self, path: str, into: streamed.Streamed) -> streamed.Body:
         """As :meth:`snapcache.store.fs_obstore.S3Client.read_streaming`."""
         async def take(body: Any) -> None:
@@ -235,23 +267,83 @@ class S3fsClient:
         _get_object(self.fs, path, take)
         return into.result()
 
+    @_request("PUT")
     def put(self, path: str, data: bytes) -> None:
         self.fs.pipe_file(path, data)
 
+    @_request("PUT")
     def create(self, path: str, data: bytes) -> bool:
-        return create(self.fs, path, data)
+        """One conditional PUT (``If-None-Match: *``), sent again by botocore if its answer is
+        lost: True if it created ``path``, False if something was there."""
+        try:
+            self.fs.pipe_file(path, data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+        except OSError as e:
+            if _error_code(e) == "PreconditionFailed":  # a 412 s3fs did not map
+                return False
+            raise
 
+    @_request("PUT")
     def upload(self, path: str, data: bytes | str, part_bytes: int, concurrency: int) -> None:
         if isinstance(data, str):
             self.fs.put_file(data, path, chunksize=part_bytes, max_concurrency=concurrency)
         else:
             self.fs.pipe_file(path, data, chunksize=part_bytes, max_concurrency=concurrency)
 
+    @_request("DELETE")
     def remove(self, path: str, recursive: bool) -> None:
         try:
             self.fs.rm(path, recursive=recursive)
         except FileNotFoundError:
             pass
+
+    def translated(self, error: Exception, what: str, path: str) -> Exception:
+        """s3fs's or botocore's ``error`` as :mod:`~snapcache.store.s3_errors` words it for
+        both clients; ``error`` itself if it is not a storage failure."""
+        import botocore.exceptions as bx
+
+        code = _error_code(error)
+        if isinstance(error, FileExistsError):
+            kind = s3_errors.EXISTS
+        elif isinstance(error, (PermissionError, bx.NoCredentialsError)):
+            kind = s3_errors.REFUSED
+        elif code == "NoSuchBucket":
+            kind = s3_errors.NO_BUCKET
+        elif isinstance(error, FileNotFoundError):
+            kind = s3_errors.MISSING
+        elif isinstance(error, (bx.ConnectionError, bx.HTTPClientError, bx.IncompleteReadError,
+                                ConnectionError, TimeoutError)) or \
+                type(error).__module__.split(".")[0] in _TRANSPORT_MODULES:
+            kind = s3_errors.UNREACHABLE
+        elif isinstance(error, (OSError, bx.BotoCoreError)):
+            kind = s3_errors.FAILED
+        else:
+            return error
+        return s3_errors.error(kind, what, f"s3://{path.strip('/')}", self.endpoint(),
+                               s3_errors.cause_of(error))
+
+    def endpoint(self) -> str:
+        """The endpoint requests go to ("" for AWS's own)."""
+        client = getattr(self.fs, "_s3", None)
+        url = getattr(getattr(client, "meta", None), "endpoint_url", None) or \
+            self.fs.endpoint_url or (self.fs.client_kwargs or {}).get("endpoint_url")
+        return "" if not url or url.endswith(".amazonaws.com") else str(url)
+
+
+_TRANSPORT_MODULES = ("aiohttp", "urllib3", "http")
+"""Libraries under botocore whose errors s3fs may pass on: connections that failed."""
+
+
+def _error_code(error: BaseException) -> str | None:
+    """The S3 error code (``"NoSuchBucket"``, ``"PreconditionFailed"``) of the botocore error
+    behind an s3fs error, if any."""
+    for e in (error, error.__cause__):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            return (response.get("Error") or {}).get("Code")
+    return None
 
 
 def list_names(fs: Any, path: str) -> list[str]:
@@ -309,18 +401,42 @@ def _run(fs: Any, coroutine: Any) -> Any:
     return asyncio.run_coroutine_threadsafe(coroutine, fs.loop).result()
 
 
-def create(fs: Any, path: str, data: bytes) -> bool:
-    """Create ``path`` holding ``data`` unless it exists (a conditional PUT); True if this call
-    created it."""
-    try:
-        fs.pipe_file(path, data, mode="create")
-        return True
-    except FileExistsError:
+CREATE_ATTEMPTS = 3
+"""Conditional PUTs :func:`create_exclusive` sends at most, when answers are lost."""
+
+
+def create_exclusive(client: Any, path: str, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` unless it exists, with ``client`` (either kind): a
+    conditional PUT (``If-None-Match: *``). True if this call created it.
+
+    The PUT may reach S3 and its answer be lost (a connection reset, a timeout): the object
+    is then created but the client hears an error, or, if the client sent the request again
+    (botocore does; obstore does not), "exists" (412). Either way the object is read back
+    (one GET): holding exactly ``data`` it is this call's (a lease, stream marker or manifest
+    holds its writer's run id, so another writer's bytes differ), holding anything else
+    another writer's; absent, nothing was created and the PUT is sent again (if the first one
+    lands late, the second finds it and the GET says whose it is). Raised: a FileNotFoundError
+    (no bucket), a PermissionError, the GET's error, or the last attempt's when every attempt
+    failed and nothing was there after each (a ConnectionError from either: a request may
+    still land, whether the object gets created is unknown)."""
+    lost: OSError | None = None
+    for _ in range(CREATE_ATTEMPTS):
+        try:
+            if client.create(path, data):
+                return True
+            if lost is None and not client.retries_creates:
+                return False  # a 412 to the one request sent: another writer's
+        except (FileNotFoundError, PermissionError):
+            raise
+        except OSError as e:  # no answer: the object may have been created
+            lost = e
+        try:
+            return bytes(client.read(path)) == data
+        except FileNotFoundError:
+            continue  # nothing was created: send it again
+    if lost is None:  # created and removed again by others, each time: not ours
         return False
-    except OSError:
-        if fs.exists(path):  # a PreconditionFailed the client did not map
-            return False
-        raise
+    raise lost
 
 
 def upload(client: Any, path: str, data: bytes | str) -> None:

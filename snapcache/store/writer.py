@@ -24,7 +24,7 @@ from snapcache.store.options import FIRST_RECORD_BATCH, WriteOptions
 from snapcache.store.order import PIECE_ROWS
 from snapcache.store import layout
 from snapcache.store.codec import Encoder, Schema, infer_schema
-from snapcache.store.fs import Storage
+from snapcache.store.fs import Storage, is_storage_error
 from snapcache.store.indexed_file import (HashingSink, IndexedFileWriter, page_size_for,
                                           store_page_table)
 from snapcache.store.protocol import WriteLease
@@ -373,7 +373,7 @@ class SnapshotWriter:
             yield
         except BaseException as e:
             self.abort()
-            if isinstance(e, OSError):
+            if is_storage_error(e):
                 raise self._wrap(e) from e
             raise
 
@@ -453,11 +453,11 @@ class SnapshotWriter:
         if self._error is not None:
             error = self._error
             self.abort()
-            raise self._wrap(error) from (error if isinstance(error, OSError) else None)
+            raise self._wrap(error) from (error if is_storage_error(error) else None)
 
     def _wrap(self, error: BaseException) -> BaseException:
         """Storage failures (a full disk, a failed upload) become one clear StoreError."""
-        if not isinstance(error, OSError):
+        if not is_storage_error(error):
             return error
         if self._lease is not None:  # files vanishing under a writer that lost its stream
             try:

@@ -42,7 +42,15 @@ def folder_of(root):
     return storage.child(name)
 
 
-def test_a_failed_upload_fails_the_build_and_commits_nothing(s3_root, monkeypatch):
+class EndpointConnectionError(Exception):
+    """What an S3 client's library might let through untranslated (as s3fs once did)."""
+
+
+EndpointConnectionError.__module__ = "botocore.exceptions"
+
+
+@pytest.mark.parametrize("fault", [OSError, EndpointConnectionError])
+def test_a_failed_upload_fails_the_build_and_commits_nothing(s3_root, monkeypatch, fault):
     real = Storage.upload
     uploaded, attempts, lock = [], [], threading.Lock()
 
@@ -51,7 +59,7 @@ def test_a_failed_upload_fails_the_build_and_commits_nothing(s3_root, monkeypatc
             attempts.append(rel)
             third = len(attempts) == 3
         if third:
-            raise OSError("injected: the connection was reset while uploading")
+            raise fault("injected: the connection was reset while uploading")
         real(self, rel, data)
         uploaded.append(rel)
 

@@ -259,7 +259,18 @@ def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: An
             f"snapshot {storage.url}: {len(missing)} shard(s) listed by the streams' markers "
             f"are gone ({', '.join(missing[:3])}); nothing was committed. Run `snapcache purge "
             "--incomplete` and the pipeline again")
-    if storage.create_exclusive(layout.MANIFEST, manifest.dumps()):
+    try:
+        # A lost answer is settled by the storage (the manifest read back: ours if it holds
+        # these bytes), so that our commit is never reported as failed nor left untidied;
+        # only a storage that stays unreachable leaves it open.
+        created = storage.create_exclusive(layout.MANIFEST, manifest.dumps())
+    except ConnectionError as e:
+        raise StoreError(
+            f"snapshot {storage.url}: could not tell whether its commit reached the storage "
+            f"({e}). Every stream is complete: the next run reads the snapshot if it was "
+            "committed, or commits it from the finished shards without computing them "
+            "again") from e
+    if created:
         log.info("committed snapshot %s: %d examples in %d shards", fingerprint,
                  manifest.num_examples, len(manifest.shards))
         cleanup(storage, manifest)
