@@ -9,7 +9,10 @@ the server, unless a rule added with :meth:`FaultProxy.fail` matches it:
     the request is forwarded and served, then the connection is reset instead of answering
     (the request took effect, the client never hears so);
 ``"status"``
-    an S3 error response with that status (``403`` is ``AccessDenied``) and nothing forwarded.
+    an S3 error response with that status (``403`` is ``AccessDenied``) and nothing forwarded;
+``"cut"``
+    the request is forwarded and answered, but the connection is reset half-way through the
+    answer's body (a download that breaks off).
 
 Fixture (registered in ``tests/conftest.py``): ``fault_proxy``, a proxy in front of
 ``s3_server`` with the client environment of ``s3_root`` pointed at it.
@@ -64,7 +67,7 @@ class FaultProxy:
     def fail(self, method: str, match: str, action: str, times: int = 1,
              status: int = 500) -> None:
         """Fail the next ``times`` (-1: all) ``method`` requests whose path holds ``match``."""
-        if action not in ("reset", "forward_reset", "status"):
+        if action not in ("reset", "forward_reset", "status", "cut"):
             raise ValueError(f"unknown fault {action!r}")
         with self._lock:
             self._rules.append(Rule(method, match, action, times, status))
@@ -128,7 +131,8 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             self.close_connection = True
             self.connection.close()
 
-        def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes,
+                    cut: bool = False) -> None:
             self.send_response(status)
             for name, value in headers:
                 if name.lower() not in _HOP_HEADERS:
@@ -139,6 +143,10 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             else:
                 self.send_header("Content-Length", str(len(body)))
             self.end_headers()
+            if cut:
+                self.wfile.write(body[:len(body) // 2])
+                self.wfile.flush()
+                return self._reset()
             if self.command != "HEAD":
                 self.wfile.write(body)
 
@@ -158,7 +166,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             answer = proxy.forward(self.command, self.path, headers, body)
             if rule is not None and rule.action == "forward_reset":
                 return self._reset()
-            self._answer(*answer)
+            self._answer(*answer, cut=rule is not None and rule.action == "cut")
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _serve
 

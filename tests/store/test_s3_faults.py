@@ -129,3 +129,16 @@ def test_a_refusal_names_the_object_and_the_credentials(s3_root, fault_proxy, cl
                                               f"of {s3_root}/.*/manifest.json .*check the "
                                               "credentials"):
         read_all(pipeline(s3_root))
+
+
+# -- reads -----------------------------------------------------------------------------------
+def test_a_shard_download_that_breaks_off_half_way_is_fetched_again(
+        s3_root, fault_proxy, client):
+    """A GET of a shard whose body breaks off (a connection reset) is retried by the client
+    (obstore continues it, botocore sends it again); the epoch reads on."""
+    assert read_all(pipeline(s3_root)) == list(range(300))
+    s3server.clear_filesystem_caches()
+    fault_proxy.fail("GET", ".arrow", "cut", times=2)
+    assert read_all(pipeline(s3_root)) == list(range(300))  # a fresh pipeline: cold read
+    assert fault_proxy.seen("GET", ".arrow")[:2] == ["cut", "cut"]
+    assert len(fault_proxy.seen("GET", ".arrow")) > 2  # the continuations
