@@ -160,7 +160,7 @@ CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
         os.pathsep))}
 
 
-@pytest.mark.parametrize("with_snapshot", [True, False])
+@pytest.mark.parametrize("with_snapshot", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_two_ranks_times_two_workers_partition_the_examples(root, with_snapshot):
     ds = sc.Dataset.range(N)
     if with_snapshot:

@@ -474,7 +474,7 @@ WRITING_CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_job_state_of_the_writing_epoch_resumes_exactly_with_as_many_streams(tmp_path,
                                                                             workers):
     """A job checkpointed while its first epoch writes the snapshot, resumed after a crash by
@@ -514,7 +514,7 @@ PHASE_CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("middle,last", [(3, 2), (2, 1)])
+@pytest.mark.parametrize("middle,last", [pytest.param(3, 2, marks=pytest.mark.slow), (2, 1)])
 def test_a_job_state_checkpointed_before_any_batch_resumes_again(root, tmp_path, middle, last):
     """Saved mid-epoch with 2 workers; resumed by job_state in a new process with ``middle``
     workers and checkpointed again before any batch (each stream is still at its share of the
