@@ -24,7 +24,8 @@ How it holds together (see ``docs/architecture.md`` for the guarantees):
   marker or the manifest is written, :func:`fence` re-checks that the writer still holds the
   newest generation and that every shard it lists exists with its recorded size.
 - Liveness is judged by the observer's own clock (a heartbeat unchanged for ``ttl``), or by a
-  pid check only on the same host, pid namespace and boot.
+  pid check only on the same host, pid namespace and boot; an observer that looks once (ls,
+  purge) compares a lease file's modification time with the storage's clock.
 - Whoever completes the last stream commits: :func:`try_commit` creates the manifest
   exclusively from all markers; exactly one commit however many finish at once.
 """

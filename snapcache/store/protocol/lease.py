@@ -165,6 +165,7 @@ CLOCK_CHECK_INTERVAL = 300.0
 """Seconds (monotonic) a measured offset between a storage's clock and this machine's is used."""
 CLOCK_SKEW_WARNING = 5.0
 _offsets: dict[str, tuple[float, float]] = {}   # root url -> (storage - local seconds, when)
+_offsets_lock = threading.Lock()
 
 
 def storage_now(storage: Storage) -> float:
@@ -175,7 +176,7 @@ def storage_now(storage: Storage) -> float:
     otherwise take every live lease for expired. This machine's clock if the probe cannot be
     written (a read-only root: nothing is deleted from it then)."""
     root = storage.url.rsplit("/", 1)[0]
-    with _seen_lock:
+    with _offsets_lock:
         known = _offsets.get(root)
     if known is None or time.monotonic() - known[1] > CLOCK_CHECK_INTERVAL:
         probe = layout.tmp_name("clock")
@@ -198,7 +199,7 @@ def storage_now(storage: Storage) -> float:
                         "are judged by the storage's clock; check this machine's time "
                         "synchronisation (NTP)", root, offset)
         known = (offset, time.monotonic())
-        with _seen_lock:
+        with _offsets_lock:
             _offsets[root] = known
     return time.time() + known[0]
 
