@@ -347,9 +347,12 @@ class Storage:
         self.fs.makedirs(self.full(rel), exist_ok=True)
 
     def open_output(self, rel: str) -> IO[bytes]:
-        if self.local:
-            return _create(self.full(rel))
-        return self.fs.open(self.full(rel), "wb")
+        """A new local file to write into (its folder made if missing; local disk only: a
+        remote file is stored whole by :meth:`upload`)."""
+        if not self.local:
+            raise NotImplementedError(f"open_output on {self.url}: remote files are "
+                                      f"uploaded whole")
+        return _create(self.full(rel))
 
     def upload(self, rel: str, data: bytes | str) -> None:
         """Store a finished file whole on a remote filesystem: ``data`` is its bytes, or the
@@ -473,11 +476,12 @@ class Storage:
         return sorted(stats, key=lambda s: s.path)
 
     def rename(self, src: str, dst: str) -> None:
-        """Move a finished file into place (atomic on local disk)."""
-        if self.local:
-            os.replace(self.full(src), self.full(dst))
-        else:
-            self.fs.mv(self.full(src), self.full(dst))
+        """Move a finished file into place, atomically (local disk only: a remote shard is
+        stored whole by :meth:`upload` under its final name)."""
+        if not self.local:
+            raise NotImplementedError(f"rename on {self.url}: remote files are uploaded "
+                                      f"under their final name")
+        os.replace(self.full(src), self.full(dst))
 
     def incomplete_uploads(self) -> list[Upload]:
         """Multipart uploads started below this folder and never completed nor aborted (S3; an
@@ -485,10 +489,10 @@ class Storage:
         parts are billed but no listing shows them."""
         if not self._s3:
             return []
-        return fs_s3.incomplete_uploads(self._s3.fs, self.root)
+        return self._s3.s3fs().incomplete_uploads(self.root)
 
     def abort_upload(self, upload: Upload) -> None:
-        fs_s3.abort_upload(self._s3.fs if self._s3 else self.fs, self.root, upload)
+        self._s3.s3fs().abort_upload(self.root, upload)
 
     def link_target(self, rel: str = "") -> str | None:
         """Where ``rel`` points if it is a symbolic link (local disk), else None."""

@@ -299,6 +299,20 @@ class S3fsClient:
         except FileNotFoundError:
             pass
 
+    @_request("LIST")
+    def incomplete_uploads(self, root: str) -> list[Upload]:
+        """:func:`incomplete_uploads` below ``root`` (``bucket/prefix``)."""
+        return incomplete_uploads(self.fs, root)
+
+    @_request("DELETE")
+    def abort_upload(self, root: str, upload: Upload) -> None:
+        """:func:`abort_upload`; an upload already gone (completed or aborted meanwhile) is
+        not an error."""
+        try:
+            abort_upload(self.fs, root, upload)
+        except FileNotFoundError:  # NoSuchUpload
+            pass
+
     def translated(self, error: Exception, what: str, path: str) -> Exception:
         """s3fs's or botocore's ``error`` as :mod:`~snapcache.store.s3_errors` words it for
         both clients; ``error`` itself if it is not a storage failure."""

@@ -17,7 +17,7 @@ import pytest
 
 import s3server
 import snapcache as sc
-from snapcache.store import fs_obstore
+from snapcache.store import fs_obstore, fs_s3
 from snapcache.store.fs import Storage
 
 pytestmark = pytest.mark.skipif(s3server.missing_requirements() is not None,
@@ -200,6 +200,9 @@ def test_an_unreachable_endpoint_is_a_connection_error_naming_it(client, monkeyp
                                               "the GET of s3://bucket/snaps/manifest.json .*"
                                               "check the endpoint"):
         Storage("s3://bucket/snaps", options).read_bytes("manifest.json")
+    with pytest.raises(ConnectionError, match=f"could not reach http://127.0.0.1:{port} for "
+                                              "the LIST of s3://bucket/snaps .*"):
+        Storage("s3://bucket/snaps", options).incomplete_uploads()  # purge --incomplete
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +234,11 @@ def test_refused_credentials_are_a_permission_error(strict_server, client):
         storage.read_bytes("manifest.json")
     with pytest.raises(PermissionError, match=refused % ("PUT", "x")):
         storage.write_atomic("x", b"1")
+    with pytest.raises(PermissionError, match=f"{strict_server.endpoint} refused the LIST of "
+                                              "s3://some-bucket/snaps .*check the credentials"):
+        storage.incomplete_uploads()  # purge --incomplete: multipart uploads, through s3fs
+    with pytest.raises(PermissionError, match="refused the DELETE of s3://some-bucket/snaps"):
+        storage.abort_upload(fs_s3.Upload("x", "id", 0.0))
 
 
 def test_a_child_of_a_process_that_imported_obstore_does_not_use_it():
