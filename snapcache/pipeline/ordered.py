@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 from snapcache.errors import LeaseTimeoutError
 from snapcache.pipeline import ops, streams
 from snapcache.pipeline.shares import (
-    first_needs, own_position, piece_rows, read_share, resumed_share)
+    first_needs, own_position, piece_rows, read_share, resumed_share, share_of_state)
 from snapcache.runtime import stats
 from snapcache.runtime.batch import stack
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
@@ -81,6 +81,20 @@ class Shape:
             if not node.traits.one_to_one:  # a filter: items no longer map to positions
                 return 1
         return 1
+
+    @property
+    def least_yielding(self) -> int:
+        """The fewest positions left at the end of a share that still yield an item: fewer
+        are all dropped (``batch(..., drop_remainder=True)``). 1 when items do not map to
+        positions (a filter)."""
+        if not self.rows_per_item_fixed:
+            return 1
+        need = 1  # items the op after the one considered must get
+        for node in reversed(self.below + self.above):
+            if isinstance(node, ops.BatchOp):
+                size = node.batch_size
+                need = need * size if node.drop_remainder else (need - 1) * size + 1
+        return need
 
     @property
     def window(self) -> int:
@@ -191,10 +205,14 @@ class OrderedIterator:
     hands out from directly; what is left of it says how much of the run was consumed."""
 
     def __init__(self, items: Iterator[tuple[int, Any]], state: dict, resumable: str | None,
-                 on_close: Callable[[], None], *, runs: bool = False):
+                 on_close: Callable[[], None], *, runs: bool = False, least_yielding: int = 1):
         self._items = items
         self._state = state
         self._consumed = state["consumed"]
+        # positions of the share (None while the snapshot is written: known at its commit),
+        # and the fewest at its end that yield an item (Shape.least_yielding)
+        self._count = None if state.get("writing") else share_of_state(state).count()
+        self._least = least_yielding
         self._why_not = resumable
         self._on_close = on_close
         self._runs = runs
@@ -204,13 +222,18 @@ class OrderedIterator:
         return self
 
     def __next__(self) -> Any:
-        if self._runs:
-            for row in self._rows:
-                return row
-            self._consumed, rows = next(self._items)  # position after the run
-            self._rows = iter(rows)
-            return next(self._rows)
-        position, value = next(self._items)
+        try:
+            if self._runs:
+                for row in self._rows:
+                    return row
+                self._consumed, rows = next(self._items)  # position after the run
+                self._rows = iter(rows)
+                return next(self._rows)
+            position, value = next(self._items)
+        except StopIteration:
+            if self._count is not None:  # positions not handed out were dropped or filtered
+                self._consumed = max(self._consumed, self._count)
+            raise
         self._consumed = max(self._consumed, position)
         return value
 
@@ -222,10 +245,15 @@ class OrderedIterator:
     @property
     def consumed(self) -> int:
         """Positions of the share consumed so far (those of the state it started from
-        included)."""
+        included). Positions at the share's end that will be dropped count as consumed, once
+        the iteration reached them or nothing else is left: a resume on another number of
+        streams must not share them out again."""
+        consumed = self._consumed
         if self._runs:
-            return self._consumed - self._rows.__length_hint__()  # type: ignore[attr-defined]
-        return self._consumed
+            consumed -= self._rows.__length_hint__()  # type: ignore[attr-defined]
+        if self._count is not None and self._count - consumed < self._least:
+            return self._count
+        return consumed
 
     def state_dict(self) -> dict:
         """Where this iterator is: JSON-serialisable, a few numbers; pass it to
@@ -507,7 +535,7 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
             session.__exit__(None, None, None)
 
     return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close,
-                           runs=runs)
+                           runs=runs, least_yielding=shape.least_yielding)
 
 
 def _closing_items(items: Iterator[tuple[int, Any]], on_close: Callable[[], None]

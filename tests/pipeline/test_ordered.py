@@ -202,6 +202,60 @@ def test_a_lockstep_state_resumes_the_whole_job_elastically(root, streams, new_s
     assert sorted(flat + seen) == list(range(250))
 
 
+DROPPING = {
+    "batchdrop": lambda ds: ds.batch(4, drop_remainder=True),
+    "batchdrop-batch": lambda ds: ds.batch(4, drop_remainder=True).batch(3),
+    "shuffle-batchdrop": lambda ds: ds.shuffle(8, seed=3).batch(4, drop_remainder=True),
+}
+KEEPING = {
+    "batchdrop": lambda ds: ds.batch(4),
+    "batchdrop-batch": lambda ds: ds.batch(4),
+    "shuffle-batchdrop": lambda ds: ds.shuffle(8, seed=3).batch(4),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(DROPPING))
+@pytest.mark.parametrize("to_the_end", [True, False])
+@pytest.mark.parametrize("new_streams", [1, 3])
+@pytest.mark.parametrize("n,written_by", [(30, 2), (250, 1)])
+def test_what_an_ended_stream_dropped_stays_dropped_after_an_elastic_resume(
+        root, shape, to_the_end, new_streams, n, written_by):
+    """A stream that yielded its last item has ended: the remainder it drops at its share's
+    end must not come back when the job resumes on another number of streams, whether the
+    state was saved after the loop ended or right after the last item."""
+    ds = DROPPING[shape](pipeline(root, n=n))
+    keeping = KEEPING[shape](pipeline(root, n=n))  # the same shares, nothing dropped
+    run_streams(ds, 0, written_by)  # 2: each stream's share is the rows it wrote
+    items = [list(ds.iterate(1, stream=(k, 2))) for k in range(2)]
+    dropped = [set(ids(keeping.iterate(1, stream=(k, 2)))) - set(ids(items[k]))
+               for k in range(2)]
+    ended = 0 if dropped[0] else 1  # a stream whose share's end is dropped
+    assert dropped[ended]
+    its = [ds.iterate(1, stream=(k, 2)) for k in range(2)]
+    seen = ids(its[ended]) if to_the_end else \
+        ids([next(its[ended]) for _ in range(len(items[ended]))])
+    assert sorted(seen) == sorted(ids(items[ended]))
+    seen += ids([next(its[1 - ended])])
+    states = [it.state_dict() for it in its]
+    job = {**states[0], "consumed_by_stream": [s["consumed"] for s in states], "consumed": 0}
+    rest = sum(run_streams(ds, None, new_streams, state=job), [])
+    assert not set(rest) & set(seen), "repeated"
+    assert not set(rest) & dropped[ended], "brought back what the ended stream dropped"
+
+
+def test_least_yielding_counts_what_a_shares_end_drops(tmp_path):
+    from snapcache.pipeline import ordered
+
+    base = pipeline(str(tmp_path / "s"))
+    for make, least in [(lambda d: d.batch(4), 1), (lambda d: d.batch(4, drop_remainder=True), 4),
+                        (lambda d: d.batch(4).batch(3, drop_remainder=True), 9),
+                        (lambda d: d.batch(4, drop_remainder=True).batch(3), 4),
+                        (lambda d: d.batch(2, drop_remainder=True).batch(3, drop_remainder=True),
+                         6),
+                        (lambda d: d.filter(bool).batch(4, drop_remainder=True), 1)]:
+        assert ordered.match(make(base)._op).least_yielding == least
+
+
 def test_a_state_names_its_snapshot(tmp_path):
     a = pipeline(str(tmp_path / "a")).shuffle(10, seed=1)
     b = sc.Dataset.range(300).map(lambda i: {"id": i + 1, "x": np.zeros(2, np.float32)}
