@@ -92,8 +92,9 @@ def _check_splittable(snap: ops.SnapshotOp, num_tasks: int) -> None:
         return
     for node in ops.lineage(snap.parent):
         # An op applied to each stream's share separately would make n streams write other
-        # examples than one process (take keeps k per stream, batch and shard group shares).
-        if node.traits.per_stream:
+        # examples than one process (batch groups shares). take and shard select by position:
+        # each stream its own after a strided upstream, else stream 0 alone (ops.slicing).
+        if node.traits.per_stream and not node.traits.by_position:
             raise ValueError(
                 f"{node.describe()} before the snapshot would run in each of the {num_tasks} "
                 "streams on its share of the source, so the snapshot would not hold what one "

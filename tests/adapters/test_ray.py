@@ -149,6 +149,27 @@ def test_build_writes_the_snapshot_a_single_process_writes(ray_cluster, tmp_path
     assert sum(calls(calls_dir).values()) == before
 
 
+@pytest.mark.parametrize("select", ["take", "shard", "filter-take"])
+def test_take_and_shard_before_the_snapshot_write_what_one_process_writes(ray_cluster, tmp_path,
+                                                                          select):
+    """take and shard select by position: after a source that splits by position each task
+    selects its own; after a filter stream 0 selects alone, the others write nothing."""
+    def pipeline(root):
+        ds = sc.Dataset.range(40)
+        if select == "filter-take":
+            ds = ds.filter(lambda i: i % 3 != 0)
+        ds = ds.shard(3, 1) if select == "shard" else ds.take(11)
+        return ds.map(make_example).snapshot(root, shard_size=2048, progress=False)
+
+    result = scr.build(pipeline(str(tmp_path / "ray")), num_tasks=3)
+    single = [e["i"] for e in pipeline(str(tmp_path / "single"))]
+    assert result.fingerprint == pipeline(str(tmp_path / "x")).fingerprint()
+    assert result.num_examples == len(single)
+    written = sorted(e["i"] for e in sc.open_snapshot(str(tmp_path / "ray"),
+                                                      result.fingerprint))
+    assert written == sorted(single) and len(single) == (13 if select == "shard" else 11)
+
+
 def test_a_lost_worker_is_retried_and_its_stream_resumes(ray_cluster, tmp_path, calls_dir):
     flag = str(tmp_path / "crashed")
     at = 91  # stream 1 of 2, its 46th example: earlier shards are finished by then
@@ -271,8 +292,8 @@ def test_build_checks_its_arguments_before_starting_ray(tmp_path, monkeypatch):
         scr.build(sc.Dataset.range(3), num_tasks=2)
     with pytest.raises(ValueError, match="num_tasks"):
         scr.build(sc.Dataset.range(3).snapshot(str(tmp_path)), num_tasks=0)
-    with pytest.raises(ValueError, match=r"take\(5\) before the snapshot"):
-        scr.build(sc.Dataset.range(30).take(5).snapshot(str(tmp_path)), num_tasks=2)
+    with pytest.raises(ValueError, match=r"batch\(5.*\) before the snapshot"):
+        scr.build(sc.Dataset.range(30).batch(5).snapshot(str(tmp_path)), num_tasks=2)
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"pip install 'snapcache\[ray\]'"):
         scr.build(sc.Dataset.range(3).snapshot(str(tmp_path)), num_tasks=2)
