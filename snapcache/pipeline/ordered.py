@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import functools
 import secrets
 import time
 from typing import Any, Callable, Iterator, Sequence
 
 from snapcache.errors import LeaseTimeoutError
-from snapcache.pipeline import ops, streams
+from snapcache.pipeline import ops, streams, tagged
 from snapcache.pipeline.shares import (
-    first_needs, own_position, piece_rows, read_share, resumed_share, share_of_state)
+    first_needs, own_position, read_share, resumed_share, share_of_state)
 from snapcache.runtime import stats
-from snapcache.runtime.batch import stack
-from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
-from snapcache.store import batched_read
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Share, ranges_length
-from snapcache.store.ordered_read import layout_id, layout_of, ordered_pieces
+from snapcache.store.ordered_read import layout_id, layout_of
 from snapcache.store.reader import SnapshotReader
 
 STATE_FORMAT = "snapcache-iterator"
@@ -410,17 +406,13 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
                     built)
 
 
-def _depth(op: ops.Op) -> int:
-    return len(ops.lineage(op)) - 1
-
-
 def _charge_build(shape: Shape, seconds: float) -> None:
     """The stages after the snapshot waited for it to be completed (their first items came
     after that): ``Dataset.stats()`` counts the time in theirs. The snapshot's own stage, and
     those before it, counted it as they wrote."""
     recorder = stats.current.get()
     if isinstance(recorder, stats.Recorder):
-        recorder.charge(range(_depth(shape.snapshot) + 1, _depth(shape.stages[-1]) + 1),
+        recorder.charge(range(tagged.depth(shape.snapshot) + 1, tagged.depth(shape.stages[-1]) + 1),
                         seconds)
 
 
@@ -526,7 +518,7 @@ def _reading(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Sha
     record = {**record, "layout": layout_id(reader.manifest)}  # see _check_layout
     session = read_session(reader, shape.snapshot, order, share, skip)
     session.__enter__()
-    items, runs = _items(shape, reader, order, share, skip, epoch, local_shuffle, built)
+    items, runs = tagged.items(shape, reader, order, share, skip, epoch, local_shuffle, built)
     closed = []
 
     def on_close() -> None:
@@ -544,228 +536,6 @@ def _closing_items(items: Iterator[tuple[int, Any]], on_close: Callable[[], None
         yield from ops.closing(items, items)
     finally:
         on_close()
-
-
-def _items(shape: Shape, reader: SnapshotReader, order: EpochOrder, share: Share, skip: int,
-           epoch: int, local_shuffle: bool, built: bool
-           ) -> tuple[Iterator[tuple[int, Any]], bool]:
-    """(position after the item in the share, item) pairs, or (position after the run, rows)
-    pairs when the second value is True (see :class:`OrderedIterator`).
-
-    Each of the pipeline's stages is counted for ``Dataset.stats()`` where its work is done:
-    the ops after the snapshot run over (position, value) pairs as the stages they stand for;
-    the read is the snapshot's stage, unless this epoch ``built`` the snapshot (then its
-    stage counted the examples as it wrote them, once)."""
-    columnar = shape.columnar and batched_read.supports_batched(reader.schema)
-    pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
-                            else "rows", piece=piece_rows(share.unit))
-    if columnar:
-        return _columnar_counted(shape, reader, pieces, skip, epoch, local_shuffle, built)
-    tagged = _tag(pieces, skip)
-    if local_shuffle:
-        tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
-    return _run_tagged(shape.stages[1:], tagged, shape.snapshot, epoch, counted=not built), \
-        False
-
-
-def _run_tagged(nodes: Sequence[ops.Op], items: Iterator[tuple[int, Any]], below: ops.Op,
-                epoch: int, *, counted: bool) -> Iterator[tuple[int, Any]]:
-    """``nodes`` (the pipeline's ops right after ``below``) run over the (position, value)
-    pairs ``items``, each counted for ``Dataset.stats()`` as its own stage; ``items`` are
-    counted as ``below``'s stage when ``counted`` (else they were counted already)."""
-    from snapcache.pipeline import plan
-
-    top: ops.Op = ops.IterableSource(parent=None, items=_Once(items))
-    for node in nodes:
-        top = _tagged_op(node, top)
-    recorder = stats.current.get()
-    token = stats.current.set(recorder.standing_in(
-        _depth(below), skip=() if counted else {0}, payload=_value)) \
-        if isinstance(recorder, stats.Recorder) else None
-    try:
-        return plan.iterate(top, epoch, streams.StreamSpec())
-    finally:
-        if token is not None:
-            stats.current.reset(token)
-
-
-def _value(item: tuple[int, Any]) -> Any:
-    return item[1]
-
-
-def _rows(columns: dict) -> int:
-    return len(next(iter(columns.values())))
-
-
-def _tag(pieces: Iterator[tuple[int, int, list]], skip: int) -> Iterator[tuple[int, Any]]:
-    position = skip
-    for a, b, rows in pieces:
-        for row in rows:
-            position += 1
-            yield position, row
-
-
-RUN = 1024
-"""Rows a run holds at most (see :class:`OrderedIterator`): made together, handed out one by
-one."""
-
-
-def _columnar_counted(shape: Shape, reader: SnapshotReader, pieces, skip: int, epoch: int,
-                      local_shuffle: bool, built: bool
-                      ) -> tuple[Iterator[tuple[int, Any]], bool]:
-    """:func:`_columnar`'s items and whether they are runs, each stage counted: those up to
-    the first batch by the rows of the column chunks, the batch by batch (the snapshot's stage
-    not when this epoch ``built`` it). Every op after the first batch that changes the items
-    (a second batch) runs over its (position, batch) pairs, as on the row path; the ops that
-    change nothing right after the first batch (prefetch: the read prefetches already) are
-    only counted."""
-    batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
-    chunks: Iterator[dict] = (columns for _, _, columns in pieces)
-    if local_shuffle:
-        chunks = batched_read.window_shuffle(chunks, shape.window, epoch_rng(None, 0))
-    stages = shape.stages[1:] if built else shape.stages
-    cut = stages.index(batch) if batch is not None else len(stages)
-    for node in stages[:cut]:
-        chunks = ops.counted(node, chunks, size=_rows)
-    items = _columnar(reader.schema, pieces, chunks, skip, batch)
-    if batch is None:
-        return items, True
-    after = shape.stages[shape.stages.index(batch) + 1:]
-    run = next((i for i, node in enumerate(after) if node.content), len(after))
-    for node in (batch,) + after[:run]:
-        items = ops.counted(node, items, payload=_value)
-    if run < len(after):
-        items = _run_tagged(after[run:], items, after[run - 1] if run else batch, epoch,
-                            counted=False)
-    return items, False
-
-
-def _columnar(schema: Any, pieces, chunks: Iterator[dict], skip: int,
-              batch: ops.BatchOp | None) -> Iterator[tuple[int, Any]]:
-    """Batches cut from whole columns, ``(position after it, batch)``; without a batch op the
-    rows in runs of at most :data:`RUN`, ``(position after the run, rows)``."""
-    position = skip
-    try:
-        if batch is None:
-            for columns in chunks:
-                n = _rows(columns)
-                for start in range(0, n, RUN):
-                    part = columns if n <= RUN else \
-                        {name: column[start:start + RUN] for name, column in columns.items()}
-                    run = batched_read.row_list(part, schema)
-                    position += len(run)
-                    yield position, run
-            return
-        for columns in batched_read.cut_batches(chunks, batch.batch_size, batch.drop_remainder):
-            position += _rows(columns)
-            yield position, batched_read.as_structure(columns, schema)
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-        pieces.close()
-
-
-class _Once:
-    """An iterator that a one-off source op can iterate (once)."""
-
-    def __init__(self, iterator: Iterator[Any]):
-        self._iterator = iterator
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._iterator
-
-
-def _map_value(fn: Callable[[Any], Any], item: tuple[int, Any]) -> tuple[int, Any]:
-    return item[0], fn(item[1])
-
-
-def _keep_value(predicate: Callable[[Any], bool], item: tuple[int, Any]) -> bool:
-    return predicate(item[1])
-
-
-def _tagged_op(node: ops.Op, parent: ops.Op) -> ops.Op:
-    """``node`` rebuilt over ``parent`` so that it passes (position, value) pairs; a map or
-    filter still names the user's function in errors (its ``describe()`` is ``node``'s)."""
-    if isinstance(node, ops.MapOp):
-        return _rebuilt(TaggedMap, node, parent, fn=functools.partial(_map_value, node.fn),
-                        label=node.describe())
-    if isinstance(node, ops.FilterOp):
-        return _rebuilt(TaggedFilter, node, parent,
-                        predicate=functools.partial(_keep_value, node.predicate),
-                        label=node.describe())
-    if isinstance(node, ops.BatchOp):
-        return _rebuilt(TaggedBatch, node, parent)
-    if isinstance(node, ops.ShuffleOp):
-        return _rebuilt(TaggedShuffle, node, parent)
-    return dataclasses.replace(node, parent=parent)
-
-
-def _rebuilt(cls: type, node: ops.Op, parent: ops.Op, **changes: Any) -> ops.Op:
-    """An op of ``cls`` (a subclass of ``node``'s class) with ``node``'s fields, over
-    ``parent``, with ``changes``."""
-    fields = {f.name: getattr(node, f.name) for f in dataclasses.fields(node) if f.init}
-    return cls(**{**fields, "parent": parent, **changes})
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TaggedMap(ops.MapOp):
-    """``map`` over (position, value) pairs (``fn`` maps the value), labelled as the user's
-    map (``label``: its ``describe()``) wherever a label is shown: errors, progress."""
-
-    label: str = ""
-
-    def describe(self) -> str:
-        return self.label
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TaggedFilter(ops.FilterOp):
-    """``filter`` over (position, value) pairs (``predicate`` tests the value), labelled as
-    the user's filter."""
-
-    label: str = ""
-
-    def describe(self) -> str:
-        return self.label
-
-
-ops.runs(TaggedMap)(ops.RUNNERS[ops.MapOp])
-ops.runs(TaggedFilter)(ops.RUNNERS[ops.FilterOp])
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TaggedBatch(ops.BatchOp):
-    """``batch`` over (position, value) pairs: each batch carries its last position."""
-
-
-@ops.runs(TaggedBatch)
-def run_tagged_batch(op: TaggedBatch, epoch: int) -> Iterator[Any]:
-    source = ops.upstream(op, epoch)
-
-    def body() -> Iterator[tuple[int, Any]]:
-        chunk: list[tuple[int, Any]] = []
-        for item in source:
-            chunk.append(item)
-            if len(chunk) == op.batch_size:
-                yield chunk[-1][0], stack([v for _, v in chunk])
-                chunk = []
-        if chunk and not op.drop_remainder:
-            yield chunk[-1][0], stack([v for _, v in chunk])
-
-    return ops.closing(source, body())
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class TaggedShuffle(ops.ShuffleOp):
-    """The shuffle's place among the ops over (position, value) pairs: the read already put
-    them in the epoch's order, so they pass through unchanged (counted as the shuffle's
-    stage by ``Dataset.stats()``)."""
-
-
-@ops.runs(TaggedShuffle)
-def run_tagged_shuffle(op: TaggedShuffle, epoch: int) -> Iterator[Any]:
-    return ops.upstream(op, epoch)
 
 
 def total_positions(state: dict) -> int:

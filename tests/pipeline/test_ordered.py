@@ -121,12 +121,12 @@ def test_state_resumes_at_exactly_the_next_example(root, shape, stop):
 
 @pytest.mark.parametrize("shape", ["none", "shuffle"])
 def test_rows_handed_out_in_runs_keep_an_exact_state(root, shape, monkeypatch):
-    """Unbatched reads of whole columns hand rows out in runs (ordered.RUN at a time) straight
+    """Unbatched reads of whole columns hand rows out in runs (tagged.RUN at a time) straight
     from the run's list: a state taken anywhere, on a run's edge or inside it, counts exactly
     the rows handed out."""
-    from snapcache.pipeline import ordered
+    from snapcache.pipeline import tagged
 
-    monkeypatch.setattr(ordered, "RUN", 7)
+    monkeypatch.setattr(tagged, "RUN", 7)
     ds = pipeline(root, n=100)
     if shape == "shuffle":
         ds = ds.shuffle(30, seed=4)
@@ -145,9 +145,9 @@ def test_rows_handed_out_in_runs_keep_an_exact_state(root, shape, monkeypatch):
 
 
 def test_closing_an_iterator_inside_a_run_ends_it(root, monkeypatch):
-    from snapcache.pipeline import ordered
+    from snapcache.pipeline import tagged
 
-    monkeypatch.setattr(ordered, "RUN", 16)
+    monkeypatch.setattr(tagged, "RUN", 16)
     ds = pipeline(root, n=100)
     list(ds)
     it = iter(ds)
