@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from snapcache.errors import RedundantSnapshotWarning, warn
 from snapcache.fingerprint import register
+from snapcache.machine import available_cpus
 from snapcache.options import AUTOTUNE, SnapshotOptions, check_parallelism, default_root
 from snapcache.pipeline import ops, ordered, plan
 
@@ -185,9 +186,17 @@ class Dataset:
 
             ds = Dataset.from_files("shards/*.bin").interleave(read_records, cycle_length=4,
                                                               num_parallel_calls=AUTOTUNE)
+
+        ``cycle_length`` decides the order of the examples (and so what a later ``take``
+        keeps): AUTOTUNE becomes this machine's CPU count here, when the pipeline is built, and
+        that number is what a snapshot downstream is fingerprinted with and what Ray tasks
+        and DataLoader workers run, whatever their machine has. Give a number for the same
+        order everywhere.
         """
         _callable(fn, "interleave's fn")
         _positive_int(cycle_length, "cycle_length", allow_autotune=True)
+        if cycle_length == AUTOTUNE:
+            cycle_length = available_cpus()
         _positive_int(block_length, "block_length")
         check_parallelism(num_parallel_calls, what="num_parallel_calls")
         return self._then(ops.InterleaveOp, fn=fn, cycle_length=cycle_length,

@@ -69,15 +69,25 @@ def _named(node: ops.Op) -> str:
 def pipeline_fingerprint(op: ops.Op) -> FingerprintNode:
     """The fingerprint tree of everything up to and including ``op`` (taken once per op
     object, see the module docstring)."""
-    if isinstance(op, ops.SnapshotOp) and not op.options.key:
-        return snapshot_tree(op)  # the same tree (a snapshot adds no content), the same memo
+    if isinstance(op, ops.SnapshotOp):
+        return snapshot_tree(op)  # a snapshot adds no content: its upstream's tree, or its key
     return op.memo("pipeline_fingerprint", lambda: _pipeline_fingerprint(op))
 
 
 def _pipeline_fingerprint(op: ops.Op) -> FingerprintNode:
-    nodes = [combine(label, node.fingerprint_children(label), kind=f"op:{node.kind}",
-                     summary=node.describe())
-             for label, node in labelled_ops(op)]
+    """The tree of the content ops up to ``op``. A snapshot with a user's ``key`` below ``op``
+    stands for everything up to it: the key names the version of its upstream (a new key, new
+    data), which is not looked at (it may not be hashable at all, the reason for a key)."""
+    keyed = next((node for node in reversed(ops.lineage(op))
+                  if isinstance(node, ops.SnapshotOp) and node.options.key), None)
+    nodes = []
+    below: set[int] = set()
+    if keyed is not None:
+        nodes.append(keyed_fingerprint(keyed.options.key))
+        below = {id(node) for node in ops.lineage(keyed)}
+    nodes += [combine(label, node.fingerprint_children(label), kind=f"op:{node.kind}",
+                      summary=node.describe())
+              for label, node in labelled_ops(op) if id(node) not in below]
     return pipeline_root(nodes)
 
 

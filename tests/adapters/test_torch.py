@@ -278,6 +278,42 @@ def test_from_torch_fingerprint_follows_the_dataset_state():
     assert a != sc.Dataset.from_torch(Squares(11)).fingerprint()
 
 
+class TextFiles(torch.utils.data.Dataset):
+    """The usual torch dataset: file names held, each file read in __getitem__ (torchvision's
+    ImageFolder holds (path, class) pairs in ``samples``)."""
+
+    def __init__(self, folder, pairs=False):
+        paths = sorted(str(p) for p in folder.iterdir())
+        self.samples = [(p, k) for k, p in enumerate(paths)] if pairs else paths
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        sample = self.samples[i]
+        with open(sample[0] if isinstance(sample, tuple) else sample) as f:
+            return int(f.read())
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_from_torch_counts_the_files_its_dataset_names(tmp_path, pairs):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name, text in [("a.txt", "1"), ("b.txt", "2")]:
+        (folder / name).write_text(text)
+
+    def pipeline():
+        return sc.Dataset.from_torch(TextFiles(folder, pairs)).map(lambda x: x * 10).snapshot(
+            str(tmp_path / "snaps"), progress=False)
+
+    first = pipeline()
+    assert list(first) == [10, 20] and pipeline().fingerprint() == first.fingerprint()
+    (folder / "a.txt").write_text("70")  # re-exported under the same name
+    second = pipeline()
+    assert second.fingerprint() != first.fingerprint()
+    assert list(second) == [700, 20]
+
+
 class Locked(torch.utils.data.Dataset):
     def __init__(self):
         self.lock = threading.Lock()

@@ -107,6 +107,28 @@ def test_key_replaces_the_fingerprint(tmp_path):
     assert "hit" in str(other.explain())
 
 
+def test_a_snapshot_after_a_keyed_snapshot_keys_on_its_key_and_what_follows(tmp_path):
+    """The key names the version of everything below it: a new key rebuilds the snapshots
+    above it too, and what is below it (unhashable, the reason for a key) is not looked at."""
+    import threading
+
+    lock = threading.Lock()
+
+    def pipeline(key, scale=10):
+        inner = sc.Dataset.range(3).map(lambda i, lock=lock: i).snapshot(
+            str(tmp_path / "inner"), key=key, progress=False)
+        return inner.map(lambda i: i * scale).snapshot(str(tmp_path / "outer"), progress=False)
+
+    first = pipeline("v1")
+    assert list(first) == [0, 10, 20]
+    assert pipeline("v1").fingerprint() == first.fingerprint()
+    assert pipeline("v2").fingerprint() != first.fingerprint()
+    assert pipeline("v1", scale=3).fingerprint() != first.fingerprint()  # after the key counts
+    keyed = sc.Dataset.range(5).snapshot(str(tmp_path / "k"), key="v1")
+    assert keyed.fingerprint() == sc.Dataset.range(9).snapshot(str(tmp_path / "k"),
+                                                               key="v1").fingerprint()
+
+
 class Resizer:
     def __init__(self, size):
         self.size = size
@@ -226,3 +248,30 @@ def test_captured_datasets_count_by_their_pipeline():
     # snapcache itself is a library (by version), even when installed from a checkout
     ds = sc.Dataset.range(3).interleave(lambda i: sc.Dataset.range(i), cycle_length=2)
     assert ds.fingerprint()
+
+
+def records(i):
+    return [i * 10 + k for k in range(3)]
+
+
+def test_interleave_autotune_is_this_machines_cpu_count_once_and_counts(tmp_path, monkeypatch):
+    """cycle_length decides the order (and what a take after it keeps): AUTOTUNE is resolved
+    when the pipeline is built, so a snapshot's fingerprint says what its examples are and
+    every process that runs the pipeline (Ray tasks, workers) runs the same cycle."""
+    import pickle
+
+    from snapcache.pipeline import dataset
+
+    def pipeline():
+        return sc.Dataset.range(4).interleave(records).take(4).snapshot(str(tmp_path),
+                                                                         progress=False)
+
+    monkeypatch.setattr(dataset, "available_cpus", lambda: 1)
+    one = pipeline()
+    monkeypatch.setattr(dataset, "available_cpus", lambda: 2)
+    two = pipeline()
+    assert list(one) == [0, 1, 2, 10] and list(two) == [0, 10, 1, 11]
+    assert one.fingerprint() != two.fingerprint()
+    assert one._op.parent.parent.cycle_length == 1
+    shipped = pickle.loads(pickle.dumps(one))  # to a worker with another CPU count
+    assert list(shipped) == [0, 1, 2, 10]

@@ -9,6 +9,8 @@ share of the examples, after skipping the ones a resumed snapshot already holds.
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
 
@@ -274,18 +276,49 @@ class TorchSource(Op):
 
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
         try:
-            return [hash_value(self.dataset, f"dataset `{type(self.dataset).__name__}`",
-                               where=where)]
+            children = [hash_value(self.dataset, f"dataset `{type(self.dataset).__name__}`",
+                                   where=where)]
         except FingerprintError as e:
             raise FingerprintError(
                 f"from_torch: the dataset cannot be fingerprinted: {e}. Name the version "
                 "yourself with .snapshot(path, key='my-data-v1'), or teach snapcache the type "
                 "with snapcache.fingerprint.register(type, fn)") from e
+        files = named_files(self.dataset)
+        if files:  # what __getitem__ reads: a file rewritten under its name is new data
+            children.append(source_fp.hash_files_source(bulk_identities(files)))
+        return children
 
     def randomness_problems(self) -> list[str]:
         # What ``dataset[i]`` draws at random: a random ``transform`` inside the dataset is the
         # torchvision way of augmenting, and upstream of a snapshot it is frozen.
         return [f"from_torch {problem}" for problem in detect_dataset_randomness(self.dataset)]
+
+
+def named_files(dataset: Any) -> list[str]:
+    """The local files a map-style dataset's attributes name, in order: a ``str`` or
+    ``os.PathLike`` attribute, or one in a list or tuple attribute (also one tuple deep:
+    torchvision's ``samples``, ``(path, class)`` pairs), that is an existing regular file.
+    Such a dataset reads them in ``__getitem__``; they count as ``from_files`` counts its
+    files (path, size, mtime)."""
+    def names(value: Any, depth: int) -> Iterator[Any]:
+        if isinstance(value, (str, os.PathLike)):
+            yield value
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            for item in value:
+                yield from names(item, depth + 1)
+
+    found = []
+    for value in getattr(dataset, "__dict__", {}).values():
+        for name in names(value, 0):
+            path = os.fspath(name)
+            if not isinstance(path, str) or "://" in path or "\n" in path or len(path) > 4096:
+                continue
+            try:
+                if stat.S_ISREG(os.stat(path).st_mode):
+                    found.append(path)
+            except (OSError, ValueError):  # not a file's name
+                continue
+    return found
 
 
 @runs(TorchSource)
