@@ -79,6 +79,16 @@ class Shape:
         return 1
 
     @property
+    def item_positions(self) -> int:
+        """Positions one item takes, when no filter comes before the last batch: the product
+        of the batch sizes (``batch(4).batch(3)``: 12), a share's last item aside."""
+        size = 1
+        for node in self.below + self.above:
+            if isinstance(node, ops.BatchOp):
+                size *= node.batch_size
+        return size
+
+    @property
     def least_yielding(self) -> int:
         """The fewest positions left at the end of a share that still yield an item: fewer
         are all dropped (``batch(..., drop_remainder=True)``). 1 when items do not map to
@@ -436,8 +446,8 @@ def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
               "snapshot": plan.snapshot_id(shape.snapshot), "epoch": epoch,
               "seed": None, "window": shape.window, "streams": spec.count,
               "stream": spec.index, "unit": shape.unit, "consumed": 0}
-    unit = shape.unit
-    items = ((k * unit, item) for k, item in enumerate(iterator, 1))
+    size = shape.item_positions  # (a filter makes the state refused: why_not)
+    items = ((k * size, item) for k, item in enumerate(iterator, 1))
 
     def on_close() -> None:
         close = getattr(iterator, "close", None)

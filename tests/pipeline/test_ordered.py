@@ -285,16 +285,20 @@ def test_unseeded_shuffles_resume_with_the_drawn_seed(root):
     assert head + rest != list(range(300))
 
 
-@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("batch", [1, 4, (4, 3), (2, 5, 3)])
 def test_a_state_saved_while_writing_resumes_the_write_then_the_position(root, counter, batch):
     def make(i):
         counter.hit()
         return example(i)
 
     ds = sc.Dataset.range(300).map(make).snapshot(root, shard_size=1024, progress=False)
-    ds = ds.map(lambda e: e).batch(batch) if batch > 1 else ds
+    sizes = batch if isinstance(batch, tuple) else (batch,) if batch > 1 else ()
+    if sizes:
+        ds = ds.map(lambda e: e)
+    for size in sizes:  # a batch of batches: an item takes the product of the sizes
+        ds = ds.batch(size)
     it = ds.iterate(0)
-    head = ids([next(it) for _ in range(150 // batch)])
+    head = ids([next(it) for _ in range(150 // int(np.prod(sizes, dtype=int)))])
     state = json.loads(json.dumps(it.state_dict()))
     it.close()  # the process stops mid-write: finished shards stay
     computed = counter.count
