@@ -13,10 +13,13 @@ A leaf module (standard library only) so every layer may use it.
 Example::
 
     stop = threading.Event()
-    thread = threading.Thread(target=work, args=(stop,), daemon=True)
-    thread.start()
-    forget = lifecycle.at_exit(lambda: (stop.set(), thread.join(JOIN_TIMEOUT)))
-    ...                    # when the work ends normally:
+    thread = lifecycle.background(lambda: work(stop), stop.set, "snapcache-work")
+    # registered until work() returns; at exit, while it runs: stop.set(), then a join
+
+or, for work whose end is not a thread's (an open iterator)::
+
+    forget = lifecycle.at_exit(it.close)
+    ...                    # when it is closed:
     forget()
 """
 
@@ -57,6 +60,24 @@ def at_exit(close: Callable[[], Any]) -> Callable[[], None]:
             _closers.pop(key, None)
 
     return forget
+
+
+def background(target: Callable[[], Any], stop: Callable[[], Any], name: str
+               ) -> threading.Thread:
+    """Start ``target()`` on a daemon thread that, while it runs, is stopped at interpreter
+    exit (``stop()``, then joined for up to :data:`JOIN_TIMEOUT`). The thread forgets itself
+    when ``target`` returns, so work its consumer abandoned leaves nothing registered once it
+    ends, however long after the consumer left."""
+    def run() -> None:
+        try:
+            target()
+        finally:
+            forget()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    forget = at_exit(lambda: (stop(), thread.join(JOIN_TIMEOUT)))
+    thread.start()
+    return thread
 
 
 def close_at_exit(obj: Any) -> Callable[[], None]:

@@ -104,9 +104,9 @@ class _Producer:
         self.position = position
         self.queue: queue.Queue = queue.Queue(maxsize=buffer)
         self._stop, self._gate, self._ready = stop, gate, ready
-        self.thread = threading.Thread(target=self._run, args=(fn, element), daemon=True,
-                                       name="snapcache-interleave")
-        self.thread.start()
+        # At interpreter exit a producer must leave library code before finalization starts.
+        self.thread = lifecycle.background(lambda: self._run(fn, element), stop.set,
+                                           "snapcache-interleave")
 
     def _put(self, value: Any) -> bool:
         while not self._stop.is_set():
@@ -159,11 +159,10 @@ def _parallel(fn, items, cycle_length, block_length, parallelism, deterministic,
         for producer in started:
             producer.thread.join(timeout=timeout)
 
-    # At interpreter exit the producers must leave library code before finalization starts.
-    forget = lifecycle.at_exit(lambda: stop_all(lifecycle.JOIN_TIMEOUT))
-
     def refill_ahead() -> None:
         nonlocal consumed, end_of_input
+        if len(started) > 4 * cycle_length:  # keep only the producers that may still run
+            started[:] = [p for p in started if p.thread.is_alive()]
         while not end_of_input and len(ahead) < cycle_length:
             try:
                 element = next(source)
@@ -219,9 +218,7 @@ def _parallel(fn, items, cycle_length, block_length, parallelism, deterministic,
                 else:
                     yield item
     finally:
-        stop_all(1.0)
-        if not any(producer.thread.is_alive() for producer in started):
-            forget()
+        stop_all(1.0)  # a producer still busy ends on its own, and forgets itself
         close = getattr(source, "close", None)
         if close is not None:
             close()

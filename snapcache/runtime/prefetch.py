@@ -69,10 +69,8 @@ def prefetch(items: Iterable[Any], buffer_size: int, tuner: BufferTuner | None =
             except queue.Full:
                 continue
 
-    thread = threading.Thread(target=produce, name="snapcache-prefetch", daemon=True)
-    thread.start()
     # At interpreter exit the producer must leave library code before finalization starts.
-    forget = lifecycle.at_exit(lambda: (stop.set(), thread.join(lifecycle.JOIN_TIMEOUT)))
+    thread = lifecycle.background(produce, stop.set, "snapcache-prefetch")
     try:
         while True:
             item = buffer.get()
@@ -83,6 +81,4 @@ def prefetch(items: Iterable[Any], buffer_size: int, tuner: BufferTuner | None =
             yield item
     finally:
         stop.set()
-        thread.join(timeout=0.2)
-        if not thread.is_alive():
-            forget()
+        thread.join(timeout=0.2)  # a producer still busy ends on its own, and forgets itself

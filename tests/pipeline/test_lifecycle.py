@@ -143,3 +143,42 @@ def test_exit_right_after_one_batch_is_clean_many_times(tmp_path, times):
         assert "one batch" in r.stdout
         assert "terminate called" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert leases(root) == []
+
+
+@pytest.mark.parametrize("kind", ["prefetch", "interleave"])
+def test_work_abandoned_while_busy_leaves_nothing_registered_once_it_ends(kind):
+    """An epoch abandoned while its background thread is inside a slow function: the thread
+    ends later on its own, and then nothing of it stays in the exit registry (a long
+    training that breaks out of many epochs would otherwise grow it forever)."""
+    import threading
+
+    from snapcache import lifecycle
+
+    def pipeline(release):
+        def slow(i):
+            if i > 0:  # the first example comes at once, the next one waits
+                release.wait(60)
+            return i
+
+        if kind == "prefetch":
+            return sc.Dataset.range(1000).map(slow).prefetch(2)
+        return sc.Dataset.range(50).interleave(lambda i: [slow(i)], cycle_length=1,
+                                               num_parallel_calls=1)
+
+    def registered():
+        with lifecycle._lock:
+            return len(lifecycle._closers)
+
+    before = registered()
+    releases = []
+    for _ in range(5):
+        releases.append(threading.Event())
+        it = iter(pipeline(releases[-1]))
+        assert next(it) == 0
+        it.close()  # the thread is inside slow(1): it outlives the close
+    for release in releases:
+        release.set()
+    for thread in threading.enumerate():
+        if thread.name in ("snapcache-prefetch", "snapcache-interleave"):
+            thread.join(60)
+    assert registered() == before

@@ -116,17 +116,8 @@ def _drop_later(held: _Held, token: int) -> None:
     code, even the storage client's event loop, where a storage call would deadlock)."""
     if held.key[0] != os.getpid():
         return
-    forget: list = []
-
-    def run() -> None:
-        try:
-            held.drop(token)
-        finally:
-            forget[0]()
-
-    thread = threading.Thread(target=run, daemon=True, name="snapcache-release-read-lease")
-    forget.append(lifecycle.at_exit(lambda: thread.join(lifecycle.JOIN_TIMEOUT)))
-    thread.start()
+    # joined at exit (nothing to stop: one release request)
+    lifecycle.background(lambda: held.drop(token), lambda: None, "snapcache-release-read-lease")
 
 
 def hold_read(storage: Storage, *, ttl: float, holder: Any) -> bool:
