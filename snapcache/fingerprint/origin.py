@@ -3,8 +3,10 @@
 User code (``__main__``, modules outside the folders of
 :func:`snapcache.errors.library_folders`) is fingerprinted by its bytecode and read for
 randomness; library code counts by module, qualified name and package version
-(:func:`module_version`), and is never imported to be read. snapcache itself counts as a
-library, by its version, even when installed from a checkout.
+(:func:`module_version`), and is never imported to be read. An imported module is judged by
+where its file is, by its name only when it has no file (built into the interpreter) or is not
+imported. snapcache itself counts as a library, by its version, even when installed from a
+checkout.
 """
 
 from __future__ import annotations
@@ -27,26 +29,39 @@ def _in_library(file: str) -> bool:
     return os.path.realpath(file).startswith(library_folders(resolved=True))
 
 
-_LIBRARY_MODULES: dict[str, bool] = {}
+_LIBRARY_MODULES: dict[str, tuple[object, bool]] = {}  # name -> (its __file__, decision)
 
 
-def _library_module(name: str) -> bool | None:
-    """Is module ``name`` stdlib or installed? None while it is not imported."""
-    known = _LIBRARY_MODULES.get(name)
-    if known is not None:
-        return known
+def _stdlib_name(top: str) -> bool:
+    return top in sys.stdlib_module_names or top in sys.builtin_module_names
+
+
+def _imported_library_module(name: str) -> bool | None:
+    """Is the imported module ``name`` stdlib or installed? None while it is not imported.
+
+    Decided by where its file is, when it has one: a user's ``calendar.py`` beside the script
+    is what ``import calendar`` imports, and it is user code. By name only for a module without
+    a file (``sys``, ``itertools``: built into the interpreter). The decision is remembered
+    with the file it was made for."""
     top = name.partition(".")[0]
-    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top == "snapcache":
-        # snapcache itself counts by version even when installed from a checkout (-e).
-        result = True
-    else:
-        module = sys.modules.get(name) or sys.modules.get(top)
-        if module is None:
-            return None  # not imported (yet): do not remember a guess
-        file = getattr(module, "__file__", None)
-        result = bool(file) and _in_library(file)
-    _LIBRARY_MODULES[name] = result
+    if top == "snapcache":  # counts by version even when installed from a checkout (-e)
+        return True
+    module = sys.modules.get(name) or sys.modules.get(top)
+    known = _LIBRARY_MODULES.get(name)
+    if module is None:
+        return None if known is None else known[1]  # imported once, since dropped
+    file = getattr(module, "__file__", None)
+    if known is not None and known[0] == file:
+        return known[1]
+    result = _in_library(file) if isinstance(file, str) and file else _stdlib_name(top)
+    _LIBRARY_MODULES[name] = (file, result)
     return result
+
+
+def _library_module(name: str) -> bool:
+    """Is module ``name`` stdlib or installed? A module not imported counts by its name."""
+    known = _imported_library_module(name)
+    return _stdlib_name(name.partition(".")[0]) if known is None else known
 
 
 def is_user_module(name: str | None) -> bool:
@@ -84,14 +99,14 @@ def is_library_path(path: str) -> bool:
     """Is the top-level module of ``path`` stdlib or installed? Decided without importing it
     when it is not imported yet."""
     top = path.partition(".")[0]
-    known = _library_module(top)
+    known = _imported_library_module(top)
     if known is not None:
         return known
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
-        return False
-    if spec is None:
-        return False
+        spec = None
+    if spec is None or spec.origin in ("built-in", "frozen"):
+        return _stdlib_name(top)  # nothing to import it from here, or no file: by its name
     places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
     return bool(places) and all(_in_library(p) for p in places)
