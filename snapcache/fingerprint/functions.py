@@ -29,7 +29,8 @@ from snapcache.fingerprint import canonical
 from snapcache.fingerprint.bytecode import NOT_IMPORTABLE, CodeInfo, code_info, module_reads
 from snapcache.fingerprint.canonical import child_node
 from snapcache.fingerprint.explain import describe
-from snapcache.fingerprint.origin import is_user_module, module_version, user_function
+from snapcache.fingerprint.origin import (is_user_module, module_version, user_class,
+                                          user_function)
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, leaf, node
 
 __all__ = ["callable_node", "class_node", "global_rng", "hash_function", "held_user_code",
@@ -218,7 +219,7 @@ def _method_node(m: types.MethodType, label: str, w: Walk) -> FingerprintNode:
 def class_node(cls: type, label: str, w: Walk) -> FingerprintNode:
     """A class: for user classes, its bases, methods' code and class attributes."""
     summary = f"<class {cls.__qualname__}>"
-    if not is_user_module(cls.__module__):
+    if not user_class(cls):
         payload = f"{cls.__module__}\0{cls.__qualname__}\0{module_version(cls.__module__)}"
         return leaf(label, "library class", payload.encode(), summary)
 

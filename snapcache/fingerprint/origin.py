@@ -11,6 +11,7 @@ checkout.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import importlib.metadata
 import importlib.util
@@ -20,7 +21,7 @@ import types
 
 from snapcache.errors import library_folders
 
-__all__ = ["is_library_path", "is_user_module", "module_version", "user_function"]
+__all__ = ["is_library_path", "is_user_module", "module_version", "user_class", "user_function"]
 
 
 def _in_library(file: str) -> bool:
@@ -73,6 +74,20 @@ def user_function(fn: types.FunctionType) -> bool:
     """Is ``fn``'s code user code? Judged by the module its code was written in (its globals):
     ``functools.wraps`` gives a library's wrapper the ``__module__`` of the function it wraps."""
     return is_user_module(fn.__globals__.get("__name__"))
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: made by a class statement or type(), not static C
+
+
+def user_class(cls: type) -> bool:
+    """Is ``cls`` user code (its methods hashed by bytecode)? Judged by its module; a class
+    made by ``exec(source, {})`` takes ``__module__`` "builtins" from a namespace without
+    ``__name__``, and counts as user code: the builtins module does not own it, and it was not
+    made in C (the builtins' classes are static types)."""
+    module = cls.__module__
+    if module == "builtins":
+        return bool(cls.__flags__ & _HEAPTYPE) and getattr(builtins, cls.__name__, None) is not cls
+    return is_user_module(module)
 
 
 @functools.lru_cache(maxsize=1024)

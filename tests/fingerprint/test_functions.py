@@ -201,6 +201,21 @@ def test_classes_used_as_functions():
     assert fp(a) == fp(c)
 
 
+def test_classes_made_by_exec_in_a_bare_namespace_are_user_code():
+    """``exec(source, {})`` (a config file a tool runs) gives a class ``__module__`` "builtins",
+    from a namespace without ``__name__``: it is user code all the same, counted by its
+    methods' code, not by the name ``builtins.Prep``."""
+    def prep(k):
+        namespace: dict = {}
+        exec(f"class Prep:\n    def __call__(self, x):\n        return x * {k}\n", namespace)
+        return namespace["Prep"]()
+    assert type(prep(2)).__module__ == "builtins"
+    assert fp(prep(2)) != fp(prep(3))
+    assert fp(prep(2)) == fp(prep(2))
+    assert fp(type(prep(2))) != fp(type(prep(3)))
+    assert not hash_function(dict, "f").children  # the builtins' own classes: by name
+
+
 def test_recursion_terminates():
     fact = make("def f(n):\n    return 1 if n < 2 else n * f(n - 1)\n")
     assert fp(fact) == fp(fact)
