@@ -102,10 +102,10 @@ def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNo
 
 def held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, Any]]:
     """What a function made by a library (a decorator's wrapper) holds, labelled, when that
-    includes user code: the function it wraps (``functools.wraps``: ``singledispatch``,
-    ``torch.no_grad()``, ...), the implementations registered with a ``singledispatch``
-    function, its closure (the decorator's settings). Empty when it holds no user code: it then
-    counts by name and version alone."""
+    includes user code: the function or callable object it wraps (``functools.wraps``:
+    ``singledispatch``, ``torch.no_grad()``, ``torch.vmap``, ...), the implementations
+    registered with a ``singledispatch`` function, its closure (the decorator's settings).
+    Empty when it holds no user code: it then counts by name and version alone."""
     held: list[tuple[str, Any]] = []
     wrapped = getattr(fn, "__wrapped__", None)
     if callable(wrapped):
@@ -124,12 +124,25 @@ def held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, An
             held.append((f"closure `{name}`", value))
 
     def user_code(v: Any) -> bool:
-        v = getattr(v, "func", getattr(v, "__func__", v))  # a partial's or a method's function
+        if _user_value(v):
+            return True
+        v = getattr(v, "func", getattr(v, "__func__", v))  # a partial's, a method's, a cm's
         if isinstance(v, types.FunctionType):
-            return user_function(v) or (
-                depth < 8 and bool(held_user_code(v, depth + 1)))
-        return isinstance(v, type) and is_user_module(v.__module__)
+            return user_function(v) or (depth < 8 and bool(held_user_code(v, depth + 1)))
+        return isinstance(v, type) and user_class(v)
     return held if any(user_code(v) for _, v in held) else []
+
+
+def _user_value(v: Any) -> bool:
+    """Is ``v`` the user's code itself: a user function (or a partial or method of one), a user
+    class, or an object of a user class (a callable object, a config)?"""
+    if isinstance(v, (functools.partial, functools.partialmethod)):
+        v = v.func
+    elif isinstance(v, (types.MethodType, staticmethod, classmethod)):
+        v = v.__func__
+    if isinstance(v, types.FunctionType):
+        return user_function(v)
+    return user_class(v if isinstance(v, type) else type(v))
 
 
 def _library_state(value: Any, label: str, w: Walk) -> FingerprintNode:
@@ -138,7 +151,7 @@ def _library_state(value: Any, label: str, w: Walk) -> FingerprintNode:
     try:
         return _captured(value, label, w)
     except Unhashable:
-        if isinstance(value, types.FunctionType) and user_function(value):
+        if _user_value(value):
             raise
         return leaf(label, "library state", canonical.type_name(type(value)).encode(),
                     describe(value))

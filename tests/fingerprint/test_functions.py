@@ -448,6 +448,41 @@ def test_library_wrappers_count_by_what_they_wrap():
     assert fp(wrapped(2)) == fp(wrapped(2))
 
 
+SCALER = """
+class Scaler:
+    def __init__(self, k):
+        self.k = k
+    def __call__(self, x):
+        return x * self.k
+"""
+
+
+def test_library_wrappers_around_callable_objects_count_by_the_object():
+    """A library's wrapper (``functools.wraps``, like ``torch.no_grad()``) around a user
+    callable object counts by the object: its attributes and its class's code."""
+    no_grad = make("""
+        def no_grad(fn):
+            @functools.wraps(fn)
+            def wrapper(*args):
+                return fn(*args)
+            return wrapper
+        """, "no_grad", __name__="numpy.fp_fixture_decorators")  # as if installed
+    scaler = make(SCALER, "Scaler")
+    assert fp(no_grad(scaler(2))) != fp(no_grad(scaler(3)))
+    assert fp(no_grad(scaler(2))) == fp(no_grad(scaler(2)))
+    other = make(SCALER.replace("x * self.k", "x + self.k"), "Scaler")
+    assert fp(no_grad(scaler(2))) != fp(no_grad(other(2)))
+    assert fp(no_grad(np.add)) == fp(no_grad(np.add))  # library code inside: by name
+
+
+def test_torch_wrappers_around_callable_objects_count_by_the_object():
+    torch = pytest.importorskip("torch")
+    scaler = make(SCALER, "Scaler")
+    for wrap in (torch.no_grad(), torch.vmap):
+        assert fp(wrap(scaler(2))) != fp(wrap(scaler(3)))
+        assert fp(wrap(scaler(2))) == fp(wrap(scaler(2)))
+
+
 def test_user_modules_held_as_values_count_by_their_source(user_package):
     import importlib
 
