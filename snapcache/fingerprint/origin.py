@@ -17,11 +17,15 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import time
 import types
+
+import xxhash
 
 from snapcache.errors import library_folders
 
-__all__ = ["is_library_path", "is_user_module", "module_version", "user_class", "user_function"]
+__all__ = ["is_library_path", "is_user_module", "module_version", "user_class", "user_function",
+           "user_module_sources"]
 
 
 def _in_library(file: str) -> bool:
@@ -125,3 +129,88 @@ def is_library_path(path: str) -> bool:
         return _stdlib_name(top)  # nothing to import it from here, or no file: by its name
     places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
     return bool(places) and all(_in_library(p) for p in places)
+
+
+# -- what a user module held as a value reads -------------------------------------------------
+
+def user_module_sources(module: types.ModuleType) -> list[tuple[str, bytes]]:
+    """(path, digest of the bytes) of the source files of ``module`` and of every user module
+    its code can read by name: recursively, the user modules in its namespace (``import
+    consts``, a package's submodules) and those its functions and classes come from (``from
+    .impl import scale`` in a package's ``__init__.py``). Library modules are not followed;
+    a module without a Python source file gives nothing.
+
+    Each path is relative to ``module``'s folder, with ``/`` (``impl.py``, ``../consts.py``):
+    so neither the project's place nor a module's name (``__main__`` when run as a script)
+    counts, and a file met under two names counts once. Sorted by path."""
+    found: dict[str, types.ModuleType] = {}
+    todo = [module]
+    while todo:
+        m = todo.pop()
+        name = getattr(m, "__name__", None)
+        if not isinstance(name, str) or name in found:
+            continue
+        found[name] = m
+        for value in list(vars(m).values()):
+            read = _module_read_through(value)
+            if read is not None and read.__name__ not in found and is_user_module(read.__name__):
+                todo.append(read)
+    files = {os.path.realpath(f) for m in found.values()
+             if isinstance(f := getattr(m, "__file__", None), str) and f.endswith(".py")}
+    base = _folder(module)
+    out = []
+    for file in files:
+        digest = _source_digest(file)
+        if digest is not None:
+            out.append((_relative(file, base), digest))
+    return sorted(out)
+
+
+def _folder(module: types.ModuleType) -> str | None:
+    file = getattr(module, "__file__", None)
+    if isinstance(file, str):
+        return os.path.dirname(os.path.realpath(file))
+    path = list(getattr(module, "__path__", None) or ())  # a namespace package
+    return os.path.realpath(path[0]) if path else None
+
+
+def _relative(file: str, base: str | None) -> str:
+    try:
+        return os.path.relpath(file, base).replace(os.sep, "/") if base else file
+    except ValueError:  # another drive
+        return file
+
+
+def _module_read_through(value: object) -> types.ModuleType | None:
+    """The module ``value`` is (``import consts``), or the one whose code it runs (a
+    function's, a class's, an object's class's)."""
+    if isinstance(value, types.ModuleType):
+        return value
+    if isinstance(value, types.FunctionType):
+        name = value.__globals__.get("__name__")
+    else:
+        name = (value if isinstance(value, type) else type(value)).__module__
+    return sys.modules.get(name) if isinstance(name, str) else None
+
+
+_SOURCE_DIGESTS: dict[str, tuple[int, int, bytes]] = {}  # file -> (mtime_ns, size, digest)
+_RECENT_NS = 2_000_000_000  # a file changed this recently may change again in the same mtime
+
+
+def _source_digest(file: str) -> bytes | None:
+    """The xxh3 digest of a Python source file's bytes, remembered while its size and mtime
+    stay the same (a module reloaded after an edit is read again). A file changed in the last
+    two seconds is read every time: the clock that stamps mtimes ticks in milliseconds, and two
+    writes in one tick would look alike."""
+    try:
+        st = os.stat(file)
+        known = _SOURCE_DIGESTS.get(file)
+        if known is not None and known[:2] == (st.st_mtime_ns, st.st_size):
+            return known[2]
+        with open(file, "rb") as f:
+            digest = xxhash.xxh3_128_digest(f.read())
+    except OSError:
+        return None
+    if time.time_ns() - st.st_mtime_ns > _RECENT_NS:
+        _SOURCE_DIGESTS[file] = (st.st_mtime_ns, st.st_size, digest)
+    return digest

@@ -497,6 +497,60 @@ def test_user_modules_held_as_values_count_by_their_source(user_package):
         math))
 
 
+def _held(module: str) -> str:
+    """The digest of a function holding user module ``module`` as a value (a closure cell), as
+    the docs recommend for ``importlib.import_module(name)``."""
+    import importlib
+    held = importlib.import_module(module)
+    return fp((lambda m: (lambda x: m.scale(x)))(held))
+
+
+def test_a_held_package_counts_by_the_modules_it_re_exports_from(user_package):
+    def digest(factor: int, other: int = 0) -> str:
+        user_package("feat/__init__", "from .impl import scale\n")
+        user_package("feat/impl", f"def scale(x):\n    return x * {factor}\n")
+        user_package("unrelated", f"X = {other}\n")
+        return _held("fp_pkg.feat")
+    first = digest(2)
+    assert digest(3) != first
+    assert digest(2) == first
+    assert digest(2, other=5) == first  # a module of the project it does not read
+
+
+def test_a_held_module_counts_by_the_user_modules_it_imports(user_package):
+    """Followed recursively, through an import cycle (consts imports the package back)."""
+    def digest(a: int, b: int) -> str:
+        user_package("helpers", "from fp_pkg import consts_a, consts_b\n"
+                                "def scale(x):\n    return x * consts_a.K + consts_b.K\n")
+        user_package("consts_a", f"import fp_pkg.helpers\nK = {a}\n")
+        user_package("consts_b", f"K = {b}\n")
+        return _held("fp_pkg.helpers")
+    first = digest(2, 7)
+    assert digest(3, 7) != first
+    assert digest(7, 2) != first  # the two files' contents swapped
+    assert digest(2, 7) == first
+
+
+def test_a_held_package_fingerprints_alike_at_another_place(tmp_path, monkeypatch):
+    def forget() -> None:
+        for name in [m for m in sys.modules if m.partition(".")[0] == "fp_moved"]:
+            del sys.modules[name]
+    digests = []
+    try:
+        for place in ("a", "b"):
+            package = tmp_path / place / "fp_moved"
+            package.mkdir(parents=True)
+            (package / "__init__.py").write_text("from .impl import scale\n")
+            (package / "impl.py").write_text("def scale(x):\n    return x * 2\n")
+            monkeypatch.syspath_prepend(str(tmp_path / place))
+            forget()
+            digests.append(_held("fp_moved"))
+            assert sys.modules["fp_moved"].__file__.startswith(str(tmp_path / place))
+    finally:
+        forget()
+    assert digests[0] == digests[1]
+
+
 def test_function_attributes_count():
     def attributed(k):
         f = make("def f(x):\n    return x * f.factor\n")
