@@ -21,6 +21,7 @@ import builtins
 import collections.abc
 import functools
 import random
+import re
 import sys
 import types
 from typing import Any, Callable
@@ -268,6 +269,39 @@ def _member_node(name: str, member: Any, w: Walk) -> FingerprintNode:
         return leaf(f"attribute `{name}`", "descriptor", payload, describe(member))
 
 
+def is_torchscript_function(v: Any) -> bool:
+    """A function compiled by ``torch.jit.script``: library type, user code. (A method of a
+    scripted module is not one: it reads its module's parameters, and stays refused.)"""
+    t = type(v)
+    return t.__name__ == "ScriptFunction" and t.__module__.partition(".")[0] == "torch"
+
+
+_TORCH_MANGLE = re.compile(r"___torch_mangle_\d+\.")  # a name compiled again in one process
+
+
+def _torchscript_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
+    """A TorchScript function by what the compiler made of it: its graph with the functions it
+    calls inlined (operators, constants, types; no source places), its own module's prefix
+    taken out of the names in it (``__torch__.prep.Acc`` imported, ``__torch__.Acc`` as
+    ``__main__``); and by the Python function it was compiled from, where torch keeps it, for
+    the helpers that still run in Python (``@torch.jit.ignore``); and by torch's version."""
+    try:
+        graph = fn.inlined_graph.str(False)  # False: without source file and line
+        qualified = _TORCH_MANGLE.sub("", fn.qualified_name)
+    except Exception as e:
+        raise Unhashable(fn, f"Its TorchScript graph cannot be read ({e}).") from None
+    own = qualified.rpartition(".")[0] + "."
+    graph = _TORCH_MANGLE.sub("", graph).replace(own, "__torch__.")
+    children = [leaf("TorchScript graph", "torchscript", graph.encode(), "<graph>")]
+    source = getattr(fn, "_torchdynamo_inline", None)  # set by torch.jit.script
+    if isinstance(source, types.FunctionType) and user_function(source):
+        children.append(_captured(source, "compiled from", w))
+    module = type(fn).__module__
+    payload = f"{canonical.type_name(type(fn))}\0{module_version(module)}".encode()
+    return node(label, "torchscript function", payload, children,
+                f"<scripted function {getattr(fn, 'name', '?')}>")
+
+
 def callable_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
     """The node of any callable, inside an ongoing walk."""
     if isinstance(fn, types.FunctionType):
@@ -278,6 +312,8 @@ def callable_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
         return w.guarded(fn, label, lambda: _method_node(fn, label, w))
     if isinstance(fn, type):
         return class_node(fn, label, w)
+    if is_torchscript_function(fn):
+        return w.guarded(fn, label, lambda: _torchscript_node(fn, label, w))
     if is_wrapper(fn):  # the cache settings do not change what is computed
         return node(label, "wrapper", canonical.type_name(type(fn)).encode(),
                     [_captured(fn.__wrapped__, "wrapped function", w)], describe(fn))

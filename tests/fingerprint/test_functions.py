@@ -497,6 +497,52 @@ def test_user_modules_held_as_values_count_by_their_source(user_package):
         math))
 
 
+SCRIPTED = """
+import torch
+
+@torch.jit.script
+class Offset:
+    def __init__(self, k: int):
+        self.k = k
+
+    def add(self, x: int) -> int:
+        return x + self.k
+
+def helper(x: int) -> int:
+    return x - {h}
+
+@torch.jit.ignore
+def in_python(x: int) -> int:
+    return x * {p}
+
+@torch.jit.script
+def f(x: int) -> int:
+    return Offset({o}).add(helper(x)) * {k} + in_python(x)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_torchscript_functions_count_by_their_code(user_package):
+    """A ``torch.jit.script`` function is a library type holding user code: it counts by its
+    compiled graph (what it calls inlined) and the Python function it was made from, not as
+    the library function ``torch.jit.ScriptFunction``."""
+    pytest.importorskip("torch")
+    import importlib
+    import linecache
+
+    def digest(k=2, h=1, o=3, p=1, module="scripted") -> str:
+        user_package(module, SCRIPTED.format(k=k, h=h, o=o, p=p))
+        linecache.clearcache()  # torch reads the source through linecache
+        return fp(importlib.import_module(f"fp_pkg.{module}").f)
+    first = digest()
+    assert digest(k=3) != first  # its body
+    assert digest(h=2) != first  # a helper compiled into it
+    assert digest(o=4) != first  # a scripted class it uses
+    assert digest(p=2) != first  # a helper it leaves to Python
+    assert digest() == first  # compiled again in this process: torch mangles the names
+    assert digest(module="elsewhere") == first  # the same code in another module
+
+
 def _held(module: str) -> str:
     """The digest of a function holding user module ``module`` as a value (a closure cell), as
     the docs recommend for ``importlib.import_module(name)``."""
