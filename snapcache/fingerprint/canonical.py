@@ -31,7 +31,7 @@ import numpy as np
 import xxhash
 
 from snapcache.fingerprint.explain import describe
-from snapcache.fingerprint.origin import is_user_module, module_version
+from snapcache.fingerprint.origin import is_user_module, module_version, user_module_sources
 from snapcache.fingerprint.tree import (FingerprintNode, Unhashable, Walk, leaf, node, shorten,
                                        type_name)
 
@@ -304,13 +304,19 @@ def _node_builder(v: Any) -> Callable[[Any, str, Walk], FingerprintNode] | None:
 
 
 def _module_node(m: types.ModuleType, label: str, w: Walk) -> FingerprintNode:
-    """A library module by name and version; a user module held as a value (a closure cell, a
-    default, an attribute: code may call anything in it) also by its source file's bytes."""
+    """A library module by name and version. A user module held as a value (a closure cell, a
+    default, an attribute: code may call anything in it) also by the source files of all the
+    user code it can read: its own and, recursively, those of the user modules it imports or
+    re-exports from (:func:`~snapcache.fingerprint.origin.user_module_sources`)."""
     version = module_version(m.__name__)
     summary = f"<module {m.__name__}{' ' + version if version else ''}>"
     payload = f"{m.__name__}\0{version}".encode()
-    if not version and (source := _module_source(m)) is not None:
-        payload += b"\0" + xxhash.xxh3_128_digest(source)
+    if not version:
+        sources = user_module_sources(m)
+        for path, digest in sources:  # its own file alone: the payload it always had
+            payload += (b"" if len(sources) == 1 else b"\0" + path.encode()) + b"\0" + digest
+        if len(sources) > 1:
+            summary = f"<module {m.__name__}, {len(sources)} files of yours>"
     return leaf(label, "module", payload, summary)
 
 
@@ -320,18 +326,6 @@ def module_name_node(m: types.ModuleType, label: str) -> FingerprintNode:
     version = module_version(m.__name__)
     summary = f"<module {m.__name__}{' ' + version if version else ''}>"
     return leaf(label, "module", f"{m.__name__}\0{version}".encode(), summary)
-
-
-def _module_source(m: types.ModuleType) -> bytes | None:
-    """The bytes of a module's Python source file, if it has one."""
-    file = getattr(m, "__file__", None)
-    if not isinstance(file, str) or not file.endswith(".py"):
-        return None
-    try:
-        with open(file, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 MEMO_NAME = re.compile(r"^_*(cache|caches|memo|memos|memory)$|_(cache|memo)$", re.IGNORECASE)

@@ -21,6 +21,7 @@ import builtins
 import collections.abc
 import functools
 import random
+import re
 import sys
 import types
 from typing import Any, Callable
@@ -29,7 +30,8 @@ from snapcache.fingerprint import canonical
 from snapcache.fingerprint.bytecode import NOT_IMPORTABLE, CodeInfo, code_info, module_reads
 from snapcache.fingerprint.canonical import child_node
 from snapcache.fingerprint.explain import describe
-from snapcache.fingerprint.origin import is_user_module, module_version, user_function
+from snapcache.fingerprint.origin import (is_user_module, module_version, user_class,
+                                          user_function)
 from snapcache.fingerprint.tree import FingerprintNode, Unhashable, Walk, leaf, node
 
 __all__ = ["callable_node", "class_node", "global_rng", "hash_function", "held_user_code",
@@ -101,10 +103,10 @@ def _function_node(fn: types.FunctionType, label: str, w: Walk) -> FingerprintNo
 
 def held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, Any]]:
     """What a function made by a library (a decorator's wrapper) holds, labelled, when that
-    includes user code: the function it wraps (``functools.wraps``: ``singledispatch``,
-    ``torch.no_grad()``, ...), the implementations registered with a ``singledispatch``
-    function, its closure (the decorator's settings). Empty when it holds no user code: it then
-    counts by name and version alone."""
+    includes user code: the function or callable object it wraps (``functools.wraps``:
+    ``singledispatch``, ``torch.no_grad()``, ``torch.vmap``, ...), the implementations
+    registered with a ``singledispatch`` function, its closure (the decorator's settings).
+    Empty when it holds no user code: it then counts by name and version alone."""
     held: list[tuple[str, Any]] = []
     wrapped = getattr(fn, "__wrapped__", None)
     if callable(wrapped):
@@ -123,12 +125,25 @@ def held_user_code(fn: types.FunctionType, depth: int = 0) -> list[tuple[str, An
             held.append((f"closure `{name}`", value))
 
     def user_code(v: Any) -> bool:
-        v = getattr(v, "func", getattr(v, "__func__", v))  # a partial's or a method's function
+        if _user_value(v):
+            return True
+        v = getattr(v, "func", getattr(v, "__func__", v))  # a partial's, a method's, a cm's
         if isinstance(v, types.FunctionType):
-            return user_function(v) or (
-                depth < 8 and bool(held_user_code(v, depth + 1)))
-        return isinstance(v, type) and is_user_module(v.__module__)
+            return user_function(v) or (depth < 8 and bool(held_user_code(v, depth + 1)))
+        return isinstance(v, type) and user_class(v)
     return held if any(user_code(v) for _, v in held) else []
+
+
+def _user_value(v: Any) -> bool:
+    """Is ``v`` the user's code itself: a user function (or a partial or method of one), a user
+    class, or an object of a user class (a callable object, a config)?"""
+    if isinstance(v, (functools.partial, functools.partialmethod)):
+        v = v.func
+    elif isinstance(v, (types.MethodType, staticmethod, classmethod)):
+        v = v.__func__
+    if isinstance(v, types.FunctionType):
+        return user_function(v)
+    return user_class(v if isinstance(v, type) else type(v))
 
 
 def _library_state(value: Any, label: str, w: Walk) -> FingerprintNode:
@@ -137,7 +152,7 @@ def _library_state(value: Any, label: str, w: Walk) -> FingerprintNode:
     try:
         return _captured(value, label, w)
     except Unhashable:
-        if isinstance(value, types.FunctionType) and user_function(value):
+        if _user_value(value):
             raise
         return leaf(label, "library state", canonical.type_name(type(value)).encode(),
                     describe(value))
@@ -218,7 +233,7 @@ def _method_node(m: types.MethodType, label: str, w: Walk) -> FingerprintNode:
 def class_node(cls: type, label: str, w: Walk) -> FingerprintNode:
     """A class: for user classes, its bases, methods' code and class attributes."""
     summary = f"<class {cls.__qualname__}>"
-    if not is_user_module(cls.__module__):
+    if not user_class(cls):
         payload = f"{cls.__module__}\0{cls.__qualname__}\0{module_version(cls.__module__)}"
         return leaf(label, "library class", payload.encode(), summary)
 
@@ -254,6 +269,39 @@ def _member_node(name: str, member: Any, w: Walk) -> FingerprintNode:
         return leaf(f"attribute `{name}`", "descriptor", payload, describe(member))
 
 
+def is_torchscript_function(v: Any) -> bool:
+    """A function compiled by ``torch.jit.script``: library type, user code. (A method of a
+    scripted module is not one: it reads its module's parameters, and stays refused.)"""
+    t = type(v)
+    return t.__name__ == "ScriptFunction" and t.__module__.partition(".")[0] == "torch"
+
+
+_TORCH_MANGLE = re.compile(r"___torch_mangle_\d+\.")  # a name compiled again in one process
+
+
+def _torchscript_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
+    """A TorchScript function by what the compiler made of it: its graph with the functions it
+    calls inlined (operators, constants, types; no source places), its own module's prefix
+    taken out of the names in it (``__torch__.prep.Acc`` imported, ``__torch__.Acc`` as
+    ``__main__``); and by the Python function it was compiled from, where torch keeps it, for
+    the helpers that still run in Python (``@torch.jit.ignore``); and by torch's version."""
+    try:
+        graph = fn.inlined_graph.str(False)  # False: without source file and line
+        qualified = _TORCH_MANGLE.sub("", fn.qualified_name)
+    except Exception as e:
+        raise Unhashable(fn, f"Its TorchScript graph cannot be read ({e}).") from None
+    own = qualified.rpartition(".")[0] + "."
+    graph = _TORCH_MANGLE.sub("", graph).replace(own, "__torch__.")
+    children = [leaf("TorchScript graph", "torchscript", graph.encode(), "<graph>")]
+    source = getattr(fn, "_torchdynamo_inline", None)  # set by torch.jit.script
+    if isinstance(source, types.FunctionType) and user_function(source):
+        children.append(_captured(source, "compiled from", w))
+    module = type(fn).__module__
+    payload = f"{canonical.type_name(type(fn))}\0{module_version(module)}".encode()
+    return node(label, "torchscript function", payload, children,
+                f"<scripted function {getattr(fn, 'name', '?')}>")
+
+
 def callable_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
     """The node of any callable, inside an ongoing walk."""
     if isinstance(fn, types.FunctionType):
@@ -264,6 +312,8 @@ def callable_node(fn: Any, label: str, w: Walk) -> FingerprintNode:
         return w.guarded(fn, label, lambda: _method_node(fn, label, w))
     if isinstance(fn, type):
         return class_node(fn, label, w)
+    if is_torchscript_function(fn):
+        return w.guarded(fn, label, lambda: _torchscript_node(fn, label, w))
     if is_wrapper(fn):  # the cache settings do not change what is computed
         return node(label, "wrapper", canonical.type_name(type(fn)).encode(),
                     [_captured(fn.__wrapped__, "wrapped function", w)], describe(fn))

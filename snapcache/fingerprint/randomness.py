@@ -29,7 +29,7 @@ from snapcache.fingerprint.bytecode import (
     ATTR_LOADS, LOCAL_LOADS, NOT_IMPORTABLE, code_info, module_reads)
 from snapcache.fingerprint.functions import (
     global_rng, held_user_code, is_function_like, is_wrapper)
-from snapcache.fingerprint.origin import is_user_module, user_function
+from snapcache.fingerprint.origin import user_class, user_function
 
 __all__ = ["detect_randomness", "detect_dataset_randomness"]
 
@@ -177,7 +177,7 @@ def _callees(fn: Any) -> list[tuple[str, Any]]:
     if not isinstance(fn, types.FunctionType):  # a class, a callable object, a bound method
         owner = getattr(fn, "__self__", fn)
         cls = owner if isinstance(owner, type) else type(owner)
-        members = [m for c in cls.__mro__ if is_user_module(c.__module__)
+        members = [m for c in cls.__mro__ if user_class(c)
                    for m in vars(c).values()]
         members = [getattr(m, "__func__", m) for m in members]  # static and class methods
         return [("", m) for m in members if isinstance(m, types.FunctionType)]
@@ -248,7 +248,7 @@ def _held_callables(fn: Any) -> list[tuple[str, Any]]:
         return []
     owner = getattr(fn, "__self__", fn) if isinstance(fn, types.MethodType) else fn
     module = getattr(type(owner), "__module__", None) or ""
-    if not (is_user_module(module) or module.partition(".")[0] in _AUGMENTATION_LIBRARIES
+    if not (user_class(type(owner)) or module.partition(".")[0] in _AUGMENTATION_LIBRARIES
             or module in _CONTAINER_MODULES):
         return []
     return [(path, v) for path, v in _attribute_values(owner, "self")
@@ -329,7 +329,7 @@ def _is_map_dataset(value: Any) -> bool:
     module = getattr(cls, "__module__", None) or ""
     return (not callable(value) and hasattr(cls, "__getitem__") and hasattr(cls, "__len__")
             and (module.startswith("torch.utils.data") or (
-                is_user_module(module) and isinstance(getattr(value, "__dict__", None), dict))))
+                user_class(cls) and isinstance(getattr(value, "__dict__", None), dict))))
 
 
 def _item_methods(cls: type) -> list[tuple[str, types.FunctionType]]:

@@ -201,6 +201,21 @@ def test_classes_used_as_functions():
     assert fp(a) == fp(c)
 
 
+def test_classes_made_by_exec_in_a_bare_namespace_are_user_code():
+    """``exec(source, {})`` (a config file a tool runs) gives a class ``__module__`` "builtins",
+    from a namespace without ``__name__``: it is user code all the same, counted by its
+    methods' code, not by the name ``builtins.Prep``."""
+    def prep(k):
+        namespace: dict = {}
+        exec(f"class Prep:\n    def __call__(self, x):\n        return x * {k}\n", namespace)
+        return namespace["Prep"]()
+    assert type(prep(2)).__module__ == "builtins"
+    assert fp(prep(2)) != fp(prep(3))
+    assert fp(prep(2)) == fp(prep(2))
+    assert fp(type(prep(2))) != fp(type(prep(3)))
+    assert not hash_function(dict, "f").children  # the builtins' own classes: by name
+
+
 def test_recursion_terminates():
     fact = make("def f(n):\n    return 1 if n < 2 else n * f(n - 1)\n")
     assert fp(fact) == fp(fact)
@@ -433,6 +448,41 @@ def test_library_wrappers_count_by_what_they_wrap():
     assert fp(wrapped(2)) == fp(wrapped(2))
 
 
+SCALER = """
+class Scaler:
+    def __init__(self, k):
+        self.k = k
+    def __call__(self, x):
+        return x * self.k
+"""
+
+
+def test_library_wrappers_around_callable_objects_count_by_the_object():
+    """A library's wrapper (``functools.wraps``, like ``torch.no_grad()``) around a user
+    callable object counts by the object: its attributes and its class's code."""
+    no_grad = make("""
+        def no_grad(fn):
+            @functools.wraps(fn)
+            def wrapper(*args):
+                return fn(*args)
+            return wrapper
+        """, "no_grad", __name__="numpy.fp_fixture_decorators")  # as if installed
+    scaler = make(SCALER, "Scaler")
+    assert fp(no_grad(scaler(2))) != fp(no_grad(scaler(3)))
+    assert fp(no_grad(scaler(2))) == fp(no_grad(scaler(2)))
+    other = make(SCALER.replace("x * self.k", "x + self.k"), "Scaler")
+    assert fp(no_grad(scaler(2))) != fp(no_grad(other(2)))
+    assert fp(no_grad(np.add)) == fp(no_grad(np.add))  # library code inside: by name
+
+
+def test_torch_wrappers_around_callable_objects_count_by_the_object():
+    torch = pytest.importorskip("torch")
+    scaler = make(SCALER, "Scaler")
+    for wrap in (torch.no_grad(), torch.vmap):
+        assert fp(wrap(scaler(2))) != fp(wrap(scaler(3)))
+        assert fp(wrap(scaler(2))) == fp(wrap(scaler(2)))
+
+
 def test_user_modules_held_as_values_count_by_their_source(user_package):
     import importlib
 
@@ -445,6 +495,106 @@ def test_user_modules_held_as_values_count_by_their_source(user_package):
     # a library module held as a value counts by name and version, as before
     assert fp((lambda m: (lambda x: m.sqrt(x)))(math)) == fp((lambda m: (lambda x: m.sqrt(x)))(
         math))
+
+
+SCRIPTED = """
+import torch
+
+@torch.jit.script
+class Offset:
+    def __init__(self, k: int):
+        self.k = k
+
+    def add(self, x: int) -> int:
+        return x + self.k
+
+def helper(x: int) -> int:
+    return x - {h}
+
+@torch.jit.ignore
+def in_python(x: int) -> int:
+    return x * {p}
+
+@torch.jit.script
+def f(x: int) -> int:
+    return Offset({o}).add(helper(x)) * {k} + in_python(x)
+"""
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_torchscript_functions_count_by_their_code(user_package):
+    """A ``torch.jit.script`` function is a library type holding user code: it counts by its
+    compiled graph (what it calls inlined) and the Python function it was made from, not as
+    the library function ``torch.jit.ScriptFunction``."""
+    pytest.importorskip("torch")
+    import importlib
+    import linecache
+
+    def digest(k=2, h=1, o=3, p=1, module="scripted") -> str:
+        user_package(module, SCRIPTED.format(k=k, h=h, o=o, p=p))
+        linecache.clearcache()  # torch reads the source through linecache
+        return fp(importlib.import_module(f"fp_pkg.{module}").f)
+    first = digest()
+    assert digest(k=3) != first  # its body
+    assert digest(h=2) != first  # a helper compiled into it
+    assert digest(o=4) != first  # a scripted class it uses
+    assert digest(p=2) != first  # a helper it leaves to Python
+    assert digest() == first  # compiled again in this process: torch mangles the names
+    assert digest(module="elsewhere") == first  # the same code in another module
+
+
+def _held(module: str) -> str:
+    """The digest of a function holding user module ``module`` as a value (a closure cell), as
+    the docs recommend for ``importlib.import_module(name)``."""
+    import importlib
+    held = importlib.import_module(module)
+    return fp((lambda m: (lambda x: m.scale(x)))(held))
+
+
+def test_a_held_package_counts_by_the_modules_it_re_exports_from(user_package):
+    def digest(factor: int, other: int = 0) -> str:
+        user_package("feat/__init__", "from .impl import scale\n")
+        user_package("feat/impl", f"def scale(x):\n    return x * {factor}\n")
+        user_package("unrelated", f"X = {other}\n")
+        return _held("fp_pkg.feat")
+    first = digest(2)
+    assert digest(3) != first
+    assert digest(2) == first
+    assert digest(2, other=5) == first  # a module of the project it does not read
+
+
+def test_a_held_module_counts_by_the_user_modules_it_imports(user_package):
+    """Followed recursively, through an import cycle (consts imports the package back)."""
+    def digest(a: int, b: int) -> str:
+        user_package("helpers", "from fp_pkg import consts_a, consts_b\n"
+                                "def scale(x):\n    return x * consts_a.K + consts_b.K\n")
+        user_package("consts_a", f"import fp_pkg.helpers\nK = {a}\n")
+        user_package("consts_b", f"K = {b}\n")
+        return _held("fp_pkg.helpers")
+    first = digest(2, 7)
+    assert digest(3, 7) != first
+    assert digest(7, 2) != first  # the two files' contents swapped
+    assert digest(2, 7) == first
+
+
+def test_a_held_package_fingerprints_alike_at_another_place(tmp_path, monkeypatch):
+    def forget() -> None:
+        for name in [m for m in sys.modules if m.partition(".")[0] == "fp_moved"]:
+            del sys.modules[name]
+    digests = []
+    try:
+        for place in ("a", "b"):
+            package = tmp_path / place / "fp_moved"
+            package.mkdir(parents=True)
+            (package / "__init__.py").write_text("from .impl import scale\n")
+            (package / "impl.py").write_text("def scale(x):\n    return x * 2\n")
+            monkeypatch.syspath_prepend(str(tmp_path / place))
+            forget()
+            digests.append(_held("fp_moved"))
+            assert sys.modules["fp_moved"].__file__.startswith(str(tmp_path / place))
+    finally:
+        forget()
+    assert digests[0] == digests[1]
 
 
 def test_function_attributes_count():

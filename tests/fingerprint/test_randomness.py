@@ -115,6 +115,17 @@ def test_detect_randomness_in_methods_of_callable_objects_and_classes():
     assert detect_randomness(cached) == ["reads global random state (`np.random.rand`)"]
 
 
+def test_detect_randomness_in_a_class_made_by_exec_in_a_bare_namespace():
+    """Its ``__module__`` is "builtins" (no ``__name__`` in the namespace): user code all the
+    same, read like any other user class."""
+    from snapcache.fingerprint import detect_randomness
+    namespace: dict = {}
+    exec("import random\nclass Prep:\n    def __call__(self, x):\n"
+         "        return x * random.random()\n", namespace)
+    assert detect_randomness(namespace["Prep"]()) == [
+        "reads global random state (`random.random`)"]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Scale:
     k: int = 2
