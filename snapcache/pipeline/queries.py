@@ -7,6 +7,7 @@ Derived from the ops' traits (``length``, ``structure_preserving``, ``batch_dims
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 from snapcache.pipeline import ops, plan, shares, streams
@@ -87,7 +88,7 @@ def prepare_workers(dataset: Any, token: str, *, epoch: int,
                     [StreamSpec(index, count) for index, count in streams], balance)
                 covered = reader.prefetch([reader.manifest.shards[i] for i in order],
                                           started=len(streams))
-                _prefetching[reader.storage.url] = reader  # until the next epoch's
+                _prefetching[node] = reader  # until the next epoch's, or the pipeline's end
     if persistent or not covered:
         for node in ops.lineage(dataset._op):
             if isinstance(node, ops.SnapshotOp):
@@ -95,8 +96,10 @@ def prepare_workers(dataset: Any, token: str, *, epoch: int,
     return held
 
 
-_prefetching: dict[str, Any] = {}
-"""The reader filling the node-local cache for a loader's workers, per snapshot folder."""
+_prefetching: "weakref.WeakKeyDictionary[ops.SnapshotOp, Any]" = weakref.WeakKeyDictionary()
+"""The reader filling the node-local cache for a loader's workers, per snapshot op: it lives
+as long as the pipeline does (a sweep that drops its pipelines drops their readers and the
+readers' fetch threads)."""
 
 
 def shared_epoch(token: str | None) -> Any:

@@ -49,6 +49,31 @@ def test_a_warm_epoch_with_two_workers_makes_at_most_one_request(logged, bucket_
         assert [m for m, _ in reqs] in ([], ["HEAD"]), reqs  # the epoch's manifest check
 
 
+def test_the_cache_fetching_reader_goes_with_its_pipeline(logged, bucket_url, tmp_path):
+    """The reader that fills the node-local cache for a loader's workers lives as long as the
+    pipeline: a sweep that drops each trial's pipeline and loader keeps none of their fetch
+    threads."""
+    import gc
+    import threading
+
+    def fetchers():
+        return [t for t in threading.enumerate() if t.name.startswith("snapcache-cache-fill")]
+
+    before = len(fetchers())
+    for trial in range(3):
+        ds = sc.Dataset.range(100).map(lambda i, t=trial: example(i + t)).snapshot(
+            bucket_url, progress=False, shard_size=32 << 10, local_cache=str(tmp_path / "c"))
+        train = ds.batch(20).to_torch()
+        loader = torch.utils.data.DataLoader(train, batch_size=None, num_workers=2)
+        for _ in range(2):
+            assert len(epoch(loader)) == 100
+        del ds, train, loader
+    gc.collect()
+    for thread in fetchers():
+        thread.join(30)  # a dropped reader's pool is shut down; its threads end
+    assert len(fetchers()) <= before
+
+
 def manifest_path(logged, bucket_url):
     fs = logged.server.filesystem()
     (path,) = [p for p in fs.find(bucket_url[len("s3://"):]) if p.endswith("/manifest.json")]
