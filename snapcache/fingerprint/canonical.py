@@ -349,12 +349,11 @@ def is_memo_cache(name: str, value: Any) -> bool:
 
 
 def _attributes(v: Any) -> list[tuple[str, Any]]:
-    """An object's state: dataclass fields, or ``__dict__`` and ``__slots__``, sorted by name;
-    memo caches (:func:`is_memo_cache`) and ``cached_property`` values left out."""
+    """An object's state: ``__dict__`` and ``__slots__``, sorted by name; for a dataclass (or
+    a subclass of one) its fields first, in their order, then the rest of that state (what a
+    subclass's ``__init__`` or a ``__post_init__`` sets). Memo caches (:func:`is_memo_cache`)
+    and ``cached_property`` values left out."""
     cls = type(v)
-    if dataclasses.is_dataclass(cls):
-        return [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)
-                if not is_memo_cache(f.name, getattr(v, f.name))]
     state = {k: x for k, x in getattr(v, "__dict__", {}).items()
              if not isinstance(getattr(cls, k, None), functools.cached_property)
              and not is_memo_cache(k, x)}
@@ -366,7 +365,13 @@ def _attributes(v: Any) -> list[tuple[str, Any]]:
             attr = f"_{c.__name__.lstrip('_')}{name}" if name.startswith("__") else name
             if hasattr(v, attr) and not is_memo_cache(name, getattr(v, attr)):
                 state[name] = getattr(v, attr)
-    return sorted(state.items())
+    if not dataclasses.is_dataclass(cls):
+        return sorted(state.items())
+    fields = [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)
+              if not is_memo_cache(f.name, getattr(v, f.name))]
+    for f in dataclasses.fields(v):
+        state.pop(f.name, None)
+    return fields + sorted(state.items())
 
 
 def child_node(value: Any, label: str, w: Walk) -> FingerprintNode:
@@ -382,9 +387,10 @@ def object_node(v: Any, label: str, w: Walk) -> FingerprintNode:
     """A plain object (dataclass, callable object, ...): its class's code and its attributes."""
     def build() -> FingerprintNode:
         cls = type(v)
-        word = "field" if dataclasses.is_dataclass(cls) else "attribute"
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else ()
         children = [_functions.class_node(cls, f"class `{cls.__qualname__}`", w)]
-        children += [child_node(x, f"{word} `{k}`", w) for k, x in _attributes(v)]
+        children += [child_node(x, f"{'field' if k in fields else 'attribute'} `{k}`", w)
+                     for k, x in _attributes(v)]
         return node(label, "object", b"", children, describe(v))
     return w.guarded(v, label, build)
 

@@ -169,6 +169,42 @@ def test_supported_kinds_hash_by_content():
     assert digest(np.random.default_rng(1)) != digest(np.random.default_rng(2))
 
 
+@dataclasses.dataclass
+class Transform:
+    name: str = "transform"
+
+
+class Resize(Transform):
+    """Extends a dataclass without being one: ``size`` is not a field."""
+
+    def __init__(self, size):
+        super().__init__(name="resize")
+        self.size = size
+
+
+@dataclasses.dataclass
+class Compiled:
+    pattern: str
+
+    def __post_init__(self):
+        self.parts = self.pattern.split("|")
+
+
+def test_a_dataclass_subclass_counts_its_own_attributes():
+    """The fields and the rest of the state: what a subclass's ``__init__`` or a
+    ``__post_init__`` sets counts too (an audit found Resize(size=2) and Resize(size=3) alike)."""
+    assert digest(Resize(2)) == digest(Resize(2)) != digest(Resize(3))
+    node = hash_value(Resize(2), "closure `t`")
+    assert [c.label for c in node.children] == ["class `Resize`", "field `name`",
+                                                "attribute `size`"]
+    a, b = Compiled("a|b"), Compiled("a|b")
+    b.parts = ["a", "c"]
+    assert digest(a) != digest(b)
+    # a dataclass without other state hashes as before: its fields, in their order
+    assert [c.label for c in hash_value(Params(1, (2,)), "x").children] == [
+        "class `Params`", "field `size`", "field `mean`"]
+
+
 def test_summaries_are_short_and_address_free():
     assert hash_value(224, "global `SIZE`").summary == "224"
     assert hash_value(np.zeros((3, 224, 224), np.float32), "x").summary == "float32[3, 224, 224]"
