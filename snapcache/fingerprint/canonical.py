@@ -38,7 +38,11 @@ from snapcache.fingerprint.tree import (FingerprintNode, Unhashable, Walk, leaf,
 __all__ = ["hash_value", "register"]
 
 _REGISTRY: dict[type, Callable[[Any], Any]] = {}
-_REGISTRY_LOOKUP: dict[type, Callable[[Any], Any] | None] = {}
+_DEFAULTS: dict[type, bool] = {}
+"""The types of :data:`_REGISTRY` whose form is snapcache's own (not the user's), each with
+whether a user subclass's instance attributes count too (see :func:`_registered`)."""
+_REGISTRY_LOOKUP: dict[type, tuple[Callable[[Any], Any], int] | None] = {}
+_FORM_ONLY, _WITH_CLASS, _WITH_STATE = 0, 1, 2  # what a type's value counts by besides its form
 _MAX_CHILDREN = 64  # dicts/objects with more entries become one leaf
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: the class was made by a class statement (or type())
 _NAN = struct.pack("<d", math.nan)
@@ -51,22 +55,52 @@ def register(type_: type, fn: Callable[[Any], Any]) -> None:
     numbers and strings that identifies the value's content::
 
         register(Image.Image, lambda im: (im.mode, im.size, im.tobytes()))
+
+    Your function is the whole fingerprint of the type's values and of its subclasses' values;
+    it replaces snapcache's own form of a type.
     """
     if not isinstance(type_, type):
         raise TypeError(f"register() needs a class, got {type_!r}")
     if not callable(fn):
         raise TypeError(f"register() needs a callable returning a hashable form, got {fn!r}")
     _REGISTRY[type_] = fn
+    _DEFAULTS.pop(type_, None)
     _REGISTRY_LOOKUP.clear()
 
 
-def _registered(t: type) -> Callable[[Any], Any] | None:
+def register_default(type_: type, fn: Callable[[Any], Any], *, subclass_state: bool = True
+                     ) -> None:
+    """snapcache's own form of a library type: like :func:`register`, but a form the user
+    registered wins, and a value of a user subclass counts by the form plus the subclass's
+    code and, with ``subclass_state``, its instance attributes (``False`` where the library's
+    own instance ``__dict__`` holds internals: loggers, pandas objects)."""
+    if type_ in _REGISTRY and type_ not in _DEFAULTS:
+        return
+    _REGISTRY[type_] = fn
+    _DEFAULTS[type_] = subclass_state
+    _REGISTRY_LOOKUP.clear()
+
+
+def _registered(t: type) -> tuple[Callable[[Any], Any], int] | None:
+    """The form registered for ``t`` or its nearest base, and what else counts: a user class
+    that extends a type snapcache registered is more than its base (a ``Vocab`` extending
+    ``OrderedDict`` with an ``unk`` attribute and a ``__call__``), so its class's code counts,
+    and its attributes (:func:`_attributes`) unless the registration says otherwise."""
     try:
         return _REGISTRY_LOOKUP[t]
     except KeyError:
-        fn = next((_REGISTRY[c] for c in t.__mro__ if c in _REGISTRY), None)
-        _REGISTRY_LOOKUP[t] = fn
-        return fn
+        pass
+    found = None
+    for c in t.__mro__:
+        if c in _REGISTRY:
+            extra = _FORM_ONLY
+            if c is not t and c in _DEFAULTS and t.__flags__ & _HEAPTYPE \
+                    and is_user_module(t.__module__):
+                extra = _WITH_STATE if _DEFAULTS[c] else _WITH_CLASS
+            found = (_REGISTRY[c], extra)
+            break
+    _REGISTRY_LOOKUP[t] = found
+    return found
 
 
 # -- the streaming encoder ---------------------------------------------------------------------
@@ -228,15 +262,11 @@ def feed_value(h: Any, v: Any, w: Walk) -> None:
 
 def _feed_other(h: Any, v: Any, w: Walk) -> None:
     t = type(v)
-    if (canonical := _registered(t)) is not None:
-        form = canonical(v)
-        if isinstance(form, t):
-            raise TypeError(f"the function registered for {type_name(t)} returned the same type")
-        identity = t.__qualname__ if is_user_module(t.__module__) else type_name(t)
-        _feed_bytes(h, b"R", identity.encode())
-        feed_value(h, form, w)
-    elif isinstance(v, np.ndarray):
+    if (registered := _registered(t)) is not None:
+        _feed_registered(h, v, w, *registered)
+    elif isinstance(v, np.ndarray):  # a subclass (np.ndarray itself is in _EXACT)
         _feed_array(h, v, w)
+        _feed_subclass(h, v, w, state=True)
     elif isinstance(v, np.generic):
         _feed_numpy_scalar(h, v, w)
     elif isinstance(v, np.dtype):
@@ -255,12 +285,53 @@ def _feed_other(h: Any, v: Any, w: Walk) -> None:
         raise Unhashable(v, _reason(v))
 
 
+def _feed_registered(h: Any, v: Any, w: Walk, canonical: Callable[[Any], Any], extra: int
+                     ) -> None:
+    """A value of a registered type: its form, and what :func:`_registered` says besides."""
+    t = type(v)
+    if (distance := w.enter(v)) is not None:  # the form holds the value itself
+        h.update(b"^" + _u64(distance))
+        return
+    try:
+        form = canonical(v)
+        if isinstance(form, t):
+            raise TypeError(f"the function registered for {type_name(t)} returned the same type")
+        identity = t.__qualname__ if is_user_module(t.__module__) else type_name(t)
+        _feed_bytes(h, b"R", identity.encode())
+        feed_value(h, form, w)
+        if extra != _FORM_ONLY:
+            _feed_subclass(h, v, w, state=extra == _WITH_STATE)
+    finally:
+        w.leave(v)
+
+
+def _feed_subclass(h: Any, v: Any, w: Walk, state: bool) -> None:
+    """What a subclass adds to the form of its base: its class (a user class by its code) and,
+    with ``state``, its instance attributes."""
+    h.update(b"+" + bytes.fromhex(_functions.class_node(type(v), "class", w).digest))
+    if state:
+        _feed_attributes(h, v, w)
+
+
+def _feed_attributes(h: Any, v: Any, w: Walk) -> None:
+    """``_attributes(v)`` as a flat tuple ``(name, value, name, value, ...)``; an error below
+    names the attribute."""
+    state = _attributes(v)
+    h.update(b"(" + _u64(2 * len(state)))
+    for name, x in state:
+        feed_value(h, name, w)
+        try:
+            feed_value(h, x, w)
+        except Unhashable as e:
+            e.path.append(f"attribute `{name}`")
+            raise
+
+
 def _feed_builtin_subclass(h: Any, v: Any, w: Walk) -> None:
     base = next(b for b in _BUILTIN_BASES if isinstance(v, b))
     h.update(b"@" + bytes.fromhex(_functions.class_node(type(v), "class", w).digest))
     _EXACT[base](h, v, w)
-    state = _attributes(v)
-    _feed_sequence(b"(", False)(h, tuple(x for pair in state for x in pair), w)
+    _feed_attributes(h, v, w)
 
 
 def _reason(v: Any) -> str:
@@ -441,22 +512,27 @@ def _register_defaults() -> None:
     import operator
     import random
 
-    register(logging.Logger, lambda lg: lg.name)
-    register(logging.LoggerAdapter, lambda a: a.logger)
+    register_default(logging.Logger, lambda lg: lg.name, subclass_state=False)
+    register_default(logging.LoggerAdapter, lambda a: a.logger, subclass_state=False)
     for cls in (datetime.date, datetime.datetime, datetime.time):
-        register(cls, lambda d: d.isoformat())
-    register(datetime.timedelta, lambda d: (d.days, d.seconds, d.microseconds))
-    register(decimal.Decimal, str)
-    register(collections.OrderedDict, lambda d: list(d.items()))
-    register(collections.defaultdict, lambda d: (d.default_factory, dict(d)))
-    register(collections.deque, lambda d: (list(d), d.maxlen))
-    register(types.SimpleNamespace, lambda ns: dict(vars(ns)))
-    register(types.MappingProxyType, dict)
+        register_default(cls, lambda d: d.isoformat())
+    register_default(datetime.timedelta, lambda d: (d.days, d.seconds, d.microseconds))
+    register_default(decimal.Decimal, str)
+    register_default(collections.OrderedDict, lambda d: list(d.items()))
+    register_default(collections.defaultdict, lambda d: (d.default_factory, dict(d)))
+    register_default(collections.deque, lambda d: (list(d), d.maxlen))
+    register_default(types.SimpleNamespace, lambda ns: dict(vars(ns)), subclass_state=False)
+    register_default(types.MappingProxyType, dict)
     for getter in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
-        register(getter, lambda g: g.__reduce__()[1:])
-    register(random.Random, lambda r: r.getstate())
-    register(np.random.Generator, lambda g: g.bit_generator.state)
-    register(np.random.RandomState, lambda r: r.get_state(legacy=False))
+        register_default(getter, lambda g: g.__reduce__()[1:])
+    register_default(random.Random, lambda r: r.getstate())
+    register_default(np.random.Generator, lambda g: g.bit_generator.state)
+    register_default(np.random.RandomState, lambda r: r.get_state(legacy=False))
+    # ndarray subclasses whose state is not in __dict__ (the rest: the array, the class and
+    # the instance attributes, in _feed_other)
+    register_default(np.ma.MaskedArray, lambda a: (np.ma.getdata(a), np.ma.getmaskarray(a),
+                                                   a.fill_value, a.hardmask))
+    register_default(np.memmap, np.asarray, subclass_state=False)  # by content, not its file
 
 
 _register_defaults()
