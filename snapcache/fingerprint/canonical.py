@@ -6,9 +6,10 @@ Scalars and containers are streamed into one xxh3-128 hasher with a one-letter t
 each value, so ``1``, ``1.0``, ``True``, ``"1"`` and ``b"1"`` all differ, and so do ``[1, 2]``
 and ``(1, 2)``. Dicts are hashed in their order (code that iterates a dict sees that order, so
 a reordered dict may compute something else); sets in an order-independent way. Objects of plain Python
-classes are hashed by their class's code and their attributes; anything else must be taught with
-:func:`register`, or the call fails with a :class:`~snapcache.errors.FingerprintError` that names
-the value and where it was captured.
+classes are hashed by their class's code and their attributes; library types whose state lives
+in C by a registered form of their content (snapcache's own: :mod:`snapcache.fingerprint.forms`);
+anything else must be taught with :func:`register`, or the call fails with a
+:class:`~snapcache.errors.FingerprintError` that names the value and where it was captured.
 
 Small str-keyed dicts and objects get one child node per entry, so an explanation can say
 ``global `cfg`: key `size` changed (224 -> 256)``.
@@ -24,6 +25,8 @@ import math
 import pathlib
 import re
 import struct
+import sys
+import threading
 import types
 from typing import Any, Callable
 
@@ -42,6 +45,10 @@ _DEFAULTS: dict[type, bool] = {}
 """The types of :data:`_REGISTRY` whose form is snapcache's own (not the user's), each with
 whether a user subclass's instance attributes count too (see :func:`_registered`)."""
 _REGISTRY_LOOKUP: dict[type, tuple[Callable[[Any], Any], int] | None] = {}
+_LAZY: dict[str, Callable[[], None]] = {}
+"""Top-level module -> what registers the forms of its types, not run yet (see
+:func:`register_lazily`)."""
+_LAZY_LOCK = threading.Lock()
 _FORM_ONLY, _WITH_CLASS, _WITH_STATE = 0, 1, 2  # what a type's value counts by besides its form
 _MAX_CHILDREN = 64  # dicts/objects with more entries become one leaf
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: the class was made by a class statement (or type())
@@ -81,6 +88,27 @@ def register_default(type_: type, fn: Callable[[Any], Any], *, subclass_state: b
     _REGISTRY_LOOKUP.clear()
 
 
+def register_lazily(module: str, registrar: Callable[[], None]) -> None:
+    """Call ``registrar()`` (which registers forms with :func:`register_default`) the first
+    time a value is fingerprinted whose class, or a base of it, comes from the top-level module
+    ``module``. Such a value exists only once ``module`` is imported, so snapcache never imports
+    it (torch, pandas); and it costs nothing to a user who never imports it."""
+    _LAZY[module] = registrar
+    _REGISTRY_LOOKUP.clear()
+
+
+def load_lazy_forms(module: str) -> None:
+    """Run the pending :func:`register_lazily` registration of ``module`` now, if the module
+    is imported. Another thread meeting one of its values meanwhile waits for it to finish
+    (or it might remember its types as having no form)."""
+    if module in _LAZY and module in sys.modules:
+        with _LAZY_LOCK:
+            registrar = _LAZY.get(module)
+            if registrar is not None:
+                registrar()
+                del _LAZY[module]
+
+
 def _registered(t: type) -> tuple[Callable[[Any], Any], int] | None:
     """The form registered for ``t`` or its nearest base, and what else counts: a user class
     that extends a type snapcache registered is more than its base (a ``Vocab`` extending
@@ -90,6 +118,9 @@ def _registered(t: type) -> tuple[Callable[[Any], Any], int] | None:
         return _REGISTRY_LOOKUP[t]
     except KeyError:
         pass
+    if _LAZY:  # once per type met: are forms of its modules pending?
+        for c in t.__mro__:
+            load_lazy_forms(str(getattr(c, "__module__", None)).partition(".")[0])
     found = None
     for c in t.__mro__:
         if c in _REGISTRY:
@@ -502,39 +533,7 @@ def hash_value(value: Any, label: str, *, where: str = "") -> FingerprintNode:
         raise e.to_error(label, where) from None
 
 
-def _register_defaults() -> None:
-    """Canonical forms for common stdlib and numpy types whose state lives in C, and loggers,
-    which user functions read all the time and which never change what they compute."""
-    import collections
-    import datetime
-    import decimal
-    import logging
-    import operator
-    import random
-
-    register_default(logging.Logger, lambda lg: lg.name, subclass_state=False)
-    register_default(logging.LoggerAdapter, lambda a: a.logger, subclass_state=False)
-    for cls in (datetime.date, datetime.datetime, datetime.time):
-        register_default(cls, lambda d: d.isoformat())
-    register_default(datetime.timedelta, lambda d: (d.days, d.seconds, d.microseconds))
-    register_default(decimal.Decimal, str)
-    register_default(collections.OrderedDict, lambda d: list(d.items()))
-    register_default(collections.defaultdict, lambda d: (d.default_factory, dict(d)))
-    register_default(collections.deque, lambda d: (list(d), d.maxlen))
-    register_default(types.SimpleNamespace, lambda ns: dict(vars(ns)), subclass_state=False)
-    register_default(types.MappingProxyType, dict)
-    for getter in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
-        register_default(getter, lambda g: g.__reduce__()[1:])
-    register_default(random.Random, lambda r: r.getstate())
-    register_default(np.random.Generator, lambda g: g.bit_generator.state)
-    register_default(np.random.RandomState, lambda r: r.get_state(legacy=False))
-    # ndarray subclasses whose state is not in __dict__ (the rest: the array, the class and
-    # the instance attributes, in _feed_other)
-    register_default(np.ma.MaskedArray, lambda a: (np.ma.getdata(a), np.ma.getmaskarray(a),
-                                                   a.fill_value, a.hardmask))
-    register_default(np.memmap, np.asarray, subclass_state=False)  # by content, not its file
-
-
-_register_defaults()
-
 from snapcache.fingerprint import functions as _functions  # noqa: E402  (mutual recursion)
+from snapcache.fingerprint.forms import register_forms  # noqa: E402  (it registers here)
+
+register_forms()

@@ -23,7 +23,6 @@ from hypothesis.extra import numpy as hnp
 
 from snapcache.errors import FingerprintError
 from snapcache.fingerprint import FINGERPRINT_VERSION, FingerprintNode, hash_value, register
-from snapcache.fingerprint import canonical
 from snapcache.fingerprint.tree import combine, leaf, pipeline_root
 
 
@@ -352,15 +351,6 @@ def test_non_deterministic_fallbacks_are_never_used():
 
 
 # -- register ----------------------------------------------------------------------------------
-
-@pytest.fixture
-def clean_registry():
-    saved = dict(canonical._REGISTRY)
-    yield
-    canonical._REGISTRY.clear()
-    canonical._REGISTRY.update(saved)
-    canonical._REGISTRY_LOOKUP.clear()
-
 
 class Image:
     def __init__(self, pixels, cache=None):
