@@ -297,7 +297,12 @@ def _feed_other(h: Any, v: Any, w: Walk) -> None:
         _feed_registered(h, v, w, *registered)
     elif isinstance(v, np.ndarray):  # a subclass (np.ndarray itself is in _EXACT)
         _feed_array(h, v, w)
-        _feed_subclass(h, v, w, state=True)
+        try:
+            _feed_subclass(h, v, w, state=True)
+        except Unhashable as e:
+            if not is_user_module(t.__module__):
+                e.inside(t, internals=True)
+            raise
     elif isinstance(v, np.generic):
         _feed_numpy_scalar(h, v, w)
     elif isinstance(v, np.dtype):
@@ -332,6 +337,10 @@ def _feed_registered(h: Any, v: Any, w: Walk, canonical: Callable[[Any], Any], e
         feed_value(h, form, w)
         if extra != _FORM_ONLY:
             _feed_subclass(h, v, w, state=extra == _WITH_STATE)
+    except Unhashable as e:
+        if not is_user_module(t.__module__):
+            e.inside(t, internals=False)
+        raise
     finally:
         w.leave(v)
 
@@ -494,7 +503,12 @@ def object_node(v: Any, label: str, w: Walk) -> FingerprintNode:
         children += [child_node(x, f"{'field' if k in fields else 'attribute'} `{k}`", w)
                      for k, x in _attributes(v)]
         return node(label, "object", b"", children, describe(v))
-    return w.guarded(v, label, build)
+    try:
+        return w.guarded(v, label, build)
+    except Unhashable as e:
+        if not is_user_module(type(v).__module__):  # a library's object: its internals
+            e.inside(type(v), internals=True)
+        raise
 
 
 def _dict_node(d: dict, label: str, w: Walk) -> FingerprintNode:

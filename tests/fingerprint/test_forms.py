@@ -4,6 +4,7 @@ torch and pandas forms are registered without importing either."""
 
 from __future__ import annotations
 
+import argparse
 import array
 import datetime
 import json
@@ -13,11 +14,14 @@ import re
 import struct
 import subprocess
 import sys
+import threading
+import weakref
 import zoneinfo
 
 import numpy as np
 import pytest
 
+from snapcache.errors import FingerprintError
 from snapcache.fingerprint import hash_value, register
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -164,6 +168,28 @@ def test_a_dataframe_subclass_counts_its_metadata_and_code(pd):
     a.source, b.source = "v1", "v2"
     assert digest(a) != digest(b)
     assert digest(a) != digest(pd.DataFrame({"x": [1]}))
+
+
+def test_an_unhashable_value_in_a_dataframe_names_the_dataframe(pd):
+    """Not a pandas internal (the audit's message said to register weakref.ReferenceType)."""
+    labels = pd.DataFrame({"id": [0, 1], "lock": [None, threading.Lock()]})
+    with pytest.raises(FingerprintError) as info:
+        hash_value(labels, "global `LABELS`", where="map #1 `label`")
+    message = str(info.value)
+    assert "inside the `pandas.DataFrame` captured as global `LABELS` of map #1 `label`" in message
+    assert "`_thread.lock`" in message and "weakref" not in message
+
+
+def test_an_unhashable_internal_of_a_library_object_names_the_object():
+    """A library's plain object is hashed by its attributes, its internals: the message says
+    which object the user holds, and that it is the type to register."""
+    owner = argparse.Namespace(ref=weakref.ref(argparse.Namespace))
+    with pytest.raises(FingerprintError) as info:
+        hash_value([owner], "global `ARGS`")
+    message = str(info.value)
+    assert ("object of type `weakref.ReferenceType` (attribute `ref`) inside the "
+            "`argparse.Namespace` captured as item #0 of global `ARGS`") in message
+    assert "register(argparse.Namespace, fn)" in message
 
 
 def test_a_form_the_user_registers_wins(pd, clean_registry):
