@@ -568,15 +568,9 @@ def numpy_example(value: Any) -> Any:
 
 
 def register_tensor_fingerprint() -> None:
-    """Let fingerprints hash torch tensors by dtype, shape and content (when torch is loaded)."""
-    module = sys.modules.get("torch")
-    if module is None:
-        return
-    from snapcache.fingerprint import register
+    """Let fingerprints hash torch values (tensors by dtype, shape and content) now, when torch
+    is loaded; otherwise they are registered when a torch value is first fingerprinted
+    (:mod:`snapcache.fingerprint.forms`)."""
+    from snapcache.fingerprint.forms import load_forms
 
-    def content(t: Any) -> Any:
-        t = t.detach().cpu().contiguous()
-        return ("torch.Tensor", str(t.dtype), tuple(t.shape),
-                t.reshape(-1).view(module.uint8).numpy().tobytes())
-
-    register(module.Tensor, content)
+    load_forms("torch")

@@ -5,7 +5,7 @@
 True
 
 See ``DESIGN.md`` ("Fingerprint rules"). The submodules hold the pieces: ``tree`` (nodes and
-digests), ``canonical`` (values), ``origin`` (user code or library), ``bytecode`` (what code
+digests), ``canonical`` (values), ``forms`` (library types' forms), ``origin`` (user code or library), ``bytecode`` (what code
 reads, from its bytecode), ``functions`` (code), ``randomness`` (what code draws at random,
 from the same reading of its bytecode), ``sources`` and ``explain``.
 """

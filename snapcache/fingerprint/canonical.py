@@ -6,9 +6,10 @@ Scalars and containers are streamed into one xxh3-128 hasher with a one-letter t
 each value, so ``1``, ``1.0``, ``True``, ``"1"`` and ``b"1"`` all differ, and so do ``[1, 2]``
 and ``(1, 2)``. Dicts are hashed in their order (code that iterates a dict sees that order, so
 a reordered dict may compute something else); sets in an order-independent way. Objects of plain Python
-classes are hashed by their class's code and their attributes; anything else must be taught with
-:func:`register`, or the call fails with a :class:`~snapcache.errors.FingerprintError` that names
-the value and where it was captured.
+classes are hashed by their class's code and their attributes; library types whose state lives
+in C by a registered form of their content (snapcache's own: :mod:`snapcache.fingerprint.forms`);
+anything else must be taught with :func:`register`, or the call fails with a
+:class:`~snapcache.errors.FingerprintError` that names the value and where it was captured.
 
 Small str-keyed dicts and objects get one child node per entry, so an explanation can say
 ``global `cfg`: key `size` changed (224 -> 256)``.
@@ -24,6 +25,8 @@ import math
 import pathlib
 import re
 import struct
+import sys
+import threading
 import types
 from typing import Any, Callable
 
@@ -38,7 +41,15 @@ from snapcache.fingerprint.tree import (FingerprintNode, Unhashable, Walk, leaf,
 __all__ = ["hash_value", "register"]
 
 _REGISTRY: dict[type, Callable[[Any], Any]] = {}
-_REGISTRY_LOOKUP: dict[type, Callable[[Any], Any] | None] = {}
+_DEFAULTS: dict[type, bool] = {}
+"""The types of :data:`_REGISTRY` whose form is snapcache's own (not the user's), each with
+whether a user subclass's instance attributes count too (see :func:`_registered`)."""
+_REGISTRY_LOOKUP: dict[type, tuple[Callable[[Any], Any], int] | None] = {}
+_LAZY: dict[str, Callable[[], None]] = {}
+"""Top-level module -> what registers the forms of its types, not run yet (see
+:func:`register_lazily`)."""
+_LAZY_LOCK = threading.Lock()
+_FORM_ONLY, _WITH_CLASS, _WITH_STATE = 0, 1, 2  # what a type's value counts by besides its form
 _MAX_CHILDREN = 64  # dicts/objects with more entries become one leaf
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: the class was made by a class statement (or type())
 _NAN = struct.pack("<d", math.nan)
@@ -51,22 +62,76 @@ def register(type_: type, fn: Callable[[Any], Any]) -> None:
     numbers and strings that identifies the value's content::
 
         register(Image.Image, lambda im: (im.mode, im.size, im.tobytes()))
+
+    Your function is the whole fingerprint of the type's values and of its subclasses' values;
+    it replaces snapcache's own form of a type.
     """
     if not isinstance(type_, type):
         raise TypeError(f"register() needs a class, got {type_!r}")
     if not callable(fn):
         raise TypeError(f"register() needs a callable returning a hashable form, got {fn!r}")
     _REGISTRY[type_] = fn
+    _DEFAULTS.pop(type_, None)
     _REGISTRY_LOOKUP.clear()
 
 
-def _registered(t: type) -> Callable[[Any], Any] | None:
+def register_default(type_: type, fn: Callable[[Any], Any], *, subclass_state: bool = True
+                     ) -> None:
+    """snapcache's own form of a library type: like :func:`register`, but a form the user
+    registered wins, and a value of a user subclass counts by the form plus the subclass's
+    code and, with ``subclass_state``, its instance attributes (``False`` where the library's
+    own instance ``__dict__`` holds internals: loggers, pandas objects)."""
+    if type_ in _REGISTRY and type_ not in _DEFAULTS:
+        return
+    _REGISTRY[type_] = fn
+    _DEFAULTS[type_] = subclass_state
+    _REGISTRY_LOOKUP.clear()
+
+
+def register_lazily(module: str, registrar: Callable[[], None]) -> None:
+    """Call ``registrar()`` (which registers forms with :func:`register_default`) the first
+    time a value is fingerprinted whose class, or a base of it, comes from the top-level module
+    ``module``. Such a value exists only once ``module`` is imported, so snapcache never imports
+    it (torch, pandas); and it costs nothing to a user who never imports it."""
+    _LAZY[module] = registrar
+    _REGISTRY_LOOKUP.clear()
+
+
+def load_lazy_forms(module: str) -> None:
+    """Run the pending :func:`register_lazily` registration of ``module`` now, if the module
+    is imported. Another thread meeting one of its values meanwhile waits for it to finish
+    (or it might remember its types as having no form)."""
+    if module in _LAZY and module in sys.modules:
+        with _LAZY_LOCK:
+            registrar = _LAZY.get(module)
+            if registrar is not None:
+                registrar()
+                del _LAZY[module]
+
+
+def _registered(t: type) -> tuple[Callable[[Any], Any], int] | None:
+    """The form registered for ``t`` or its nearest base, and what else counts: a user class
+    that extends a type snapcache registered is more than its base (a ``Vocab`` extending
+    ``OrderedDict`` with an ``unk`` attribute and a ``__call__``), so its class's code counts,
+    and its attributes (:func:`_attributes`) unless the registration says otherwise."""
     try:
         return _REGISTRY_LOOKUP[t]
     except KeyError:
-        fn = next((_REGISTRY[c] for c in t.__mro__ if c in _REGISTRY), None)
-        _REGISTRY_LOOKUP[t] = fn
-        return fn
+        pass
+    if _LAZY:  # once per type met: are forms of its modules pending?
+        for c in t.__mro__:
+            load_lazy_forms(str(getattr(c, "__module__", None)).partition(".")[0])
+    found = None
+    for c in t.__mro__:
+        if c in _REGISTRY:
+            extra = _FORM_ONLY
+            if c is not t and c in _DEFAULTS and t.__flags__ & _HEAPTYPE \
+                    and is_user_module(t.__module__):
+                extra = _WITH_STATE if _DEFAULTS[c] else _WITH_CLASS
+            found = (_REGISTRY[c], extra)
+            break
+    _REGISTRY_LOOKUP[t] = found
+    return found
 
 
 # -- the streaming encoder ---------------------------------------------------------------------
@@ -228,15 +293,16 @@ def feed_value(h: Any, v: Any, w: Walk) -> None:
 
 def _feed_other(h: Any, v: Any, w: Walk) -> None:
     t = type(v)
-    if (canonical := _registered(t)) is not None:
-        form = canonical(v)
-        if isinstance(form, t):
-            raise TypeError(f"the function registered for {type_name(t)} returned the same type")
-        identity = t.__qualname__ if is_user_module(t.__module__) else type_name(t)
-        _feed_bytes(h, b"R", identity.encode())
-        feed_value(h, form, w)
-    elif isinstance(v, np.ndarray):
+    if (registered := _registered(t)) is not None:
+        _feed_registered(h, v, w, *registered)
+    elif isinstance(v, np.ndarray):  # a subclass (np.ndarray itself is in _EXACT)
         _feed_array(h, v, w)
+        try:
+            _feed_subclass(h, v, w, state=True)
+        except Unhashable as e:
+            if not is_user_module(t.__module__):
+                e.inside(t, internals=True)
+            raise
     elif isinstance(v, np.generic):
         _feed_numpy_scalar(h, v, w)
     elif isinstance(v, np.dtype):
@@ -255,12 +321,57 @@ def _feed_other(h: Any, v: Any, w: Walk) -> None:
         raise Unhashable(v, _reason(v))
 
 
+def _feed_registered(h: Any, v: Any, w: Walk, canonical: Callable[[Any], Any], extra: int
+                     ) -> None:
+    """A value of a registered type: its form, and what :func:`_registered` says besides."""
+    t = type(v)
+    if (distance := w.enter(v)) is not None:  # the form holds the value itself
+        h.update(b"^" + _u64(distance))
+        return
+    try:
+        form = canonical(v)
+        if isinstance(form, t):
+            raise TypeError(f"the function registered for {type_name(t)} returned the same type")
+        identity = t.__qualname__ if is_user_module(t.__module__) else type_name(t)
+        _feed_bytes(h, b"R", identity.encode())
+        feed_value(h, form, w)
+        if extra != _FORM_ONLY:
+            _feed_subclass(h, v, w, state=extra == _WITH_STATE)
+    except Unhashable as e:
+        if not is_user_module(t.__module__):
+            e.inside(t, internals=False)
+        raise
+    finally:
+        w.leave(v)
+
+
+def _feed_subclass(h: Any, v: Any, w: Walk, state: bool) -> None:
+    """What a subclass adds to the form of its base: its class (a user class by its code) and,
+    with ``state``, its instance attributes."""
+    h.update(b"+" + bytes.fromhex(_functions.class_node(type(v), "class", w).digest))
+    if state:
+        _feed_attributes(h, v, w)
+
+
+def _feed_attributes(h: Any, v: Any, w: Walk) -> None:
+    """``_attributes(v)`` as a flat tuple ``(name, value, name, value, ...)``; an error below
+    names the attribute."""
+    state = _attributes(v)
+    h.update(b"(" + _u64(2 * len(state)))
+    for name, x in state:
+        feed_value(h, name, w)
+        try:
+            feed_value(h, x, w)
+        except Unhashable as e:
+            e.path.append(f"attribute `{name}`")
+            raise
+
+
 def _feed_builtin_subclass(h: Any, v: Any, w: Walk) -> None:
     base = next(b for b in _BUILTIN_BASES if isinstance(v, b))
     h.update(b"@" + bytes.fromhex(_functions.class_node(type(v), "class", w).digest))
     _EXACT[base](h, v, w)
-    state = _attributes(v)
-    _feed_sequence(b"(", False)(h, tuple(x for pair in state for x in pair), w)
+    _feed_attributes(h, v, w)
 
 
 def _reason(v: Any) -> str:
@@ -343,12 +454,11 @@ def is_memo_cache(name: str, value: Any) -> bool:
 
 
 def _attributes(v: Any) -> list[tuple[str, Any]]:
-    """An object's state: dataclass fields, or ``__dict__`` and ``__slots__``, sorted by name;
-    memo caches (:func:`is_memo_cache`) and ``cached_property`` values left out."""
+    """An object's state: ``__dict__`` and ``__slots__``, sorted by name; for a dataclass (or
+    a subclass of one) its fields first, in their order, then the rest of that state (what a
+    subclass's ``__init__`` or a ``__post_init__`` sets). Memo caches (:func:`is_memo_cache`)
+    and ``cached_property`` values left out."""
     cls = type(v)
-    if dataclasses.is_dataclass(cls):
-        return [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)
-                if not is_memo_cache(f.name, getattr(v, f.name))]
     state = {k: x for k, x in getattr(v, "__dict__", {}).items()
              if not isinstance(getattr(cls, k, None), functools.cached_property)
              and not is_memo_cache(k, x)}
@@ -360,7 +470,13 @@ def _attributes(v: Any) -> list[tuple[str, Any]]:
             attr = f"_{c.__name__.lstrip('_')}{name}" if name.startswith("__") else name
             if hasattr(v, attr) and not is_memo_cache(name, getattr(v, attr)):
                 state[name] = getattr(v, attr)
-    return sorted(state.items())
+    if not dataclasses.is_dataclass(cls):
+        return sorted(state.items())
+    fields = [(f.name, getattr(v, f.name)) for f in dataclasses.fields(v)
+              if not is_memo_cache(f.name, getattr(v, f.name))]
+    for f in dataclasses.fields(v):
+        state.pop(f.name, None)
+    return fields + sorted(state.items())
 
 
 def child_node(value: Any, label: str, w: Walk) -> FingerprintNode:
@@ -376,11 +492,17 @@ def object_node(v: Any, label: str, w: Walk) -> FingerprintNode:
     """A plain object (dataclass, callable object, ...): its class's code and its attributes."""
     def build() -> FingerprintNode:
         cls = type(v)
-        word = "field" if dataclasses.is_dataclass(cls) else "attribute"
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else ()
         children = [_functions.class_node(cls, f"class `{cls.__qualname__}`", w)]
-        children += [child_node(x, f"{word} `{k}`", w) for k, x in _attributes(v)]
+        children += [child_node(x, f"{'field' if k in fields else 'attribute'} `{k}`", w)
+                     for k, x in _attributes(v)]
         return node(label, "object", b"", children, describe(v))
-    return w.guarded(v, label, build)
+    try:
+        return w.guarded(v, label, build)
+    except Unhashable as e:
+        if not is_user_module(type(v).__module__):  # a library's object: its internals
+            e.inside(type(v), internals=True)
+        raise
 
 
 def _dict_node(d: dict, label: str, w: Walk) -> FingerprintNode:
@@ -419,34 +541,7 @@ def hash_value(value: Any, label: str, *, where: str = "") -> FingerprintNode:
         raise e.to_error(label, where) from None
 
 
-def _register_defaults() -> None:
-    """Canonical forms for common stdlib and numpy types whose state lives in C, and loggers,
-    which user functions read all the time and which never change what they compute."""
-    import collections
-    import datetime
-    import decimal
-    import logging
-    import operator
-    import random
-
-    register(logging.Logger, lambda lg: lg.name)
-    register(logging.LoggerAdapter, lambda a: a.logger)
-    for cls in (datetime.date, datetime.datetime, datetime.time):
-        register(cls, lambda d: d.isoformat())
-    register(datetime.timedelta, lambda d: (d.days, d.seconds, d.microseconds))
-    register(decimal.Decimal, str)
-    register(collections.OrderedDict, lambda d: list(d.items()))
-    register(collections.defaultdict, lambda d: (d.default_factory, dict(d)))
-    register(collections.deque, lambda d: (list(d), d.maxlen))
-    register(types.SimpleNamespace, lambda ns: dict(vars(ns)))
-    register(types.MappingProxyType, dict)
-    for getter in (operator.itemgetter, operator.attrgetter, operator.methodcaller):
-        register(getter, lambda g: g.__reduce__()[1:])
-    register(random.Random, lambda r: r.getstate())
-    register(np.random.Generator, lambda g: g.bit_generator.state)
-    register(np.random.RandomState, lambda r: r.get_state(legacy=False))
-
-
-_register_defaults()
-
 from snapcache.fingerprint import functions as _functions  # noqa: E402  (mutual recursion)
+from snapcache.fingerprint.forms import register_forms  # noqa: E402  (it registers here)
+
+register_forms()

@@ -143,14 +143,35 @@ class Unhashable(Exception):
         self.type_name = type_name(type(value))
         self.reason = reason
         self.path: list[str] = []  # innermost first, appended while unwinding
+        self.holder = ""  # the outermost library object the value is in (see inside())
+        self.inner = 0  # how many entries of path lie inside that object
+        self.to_register = self.type_name
+
+    def inside(self, holder: type, *, internals: bool) -> None:
+        """The value is in an object of the library type ``holder``, which the user holds
+        (called while unwinding, so the message names the outermost one). ``internals``: the
+        path runs through the object's attributes, the library's internals, so ``holder`` is
+        the type to register (a DataFrame, not a weakref inside it); otherwise it runs through
+        snapcache's form of the object's content (a column's items, an OrderedDict's values),
+        a path not worth showing, and the value's own type is the one to register."""
+        if internals:
+            self.to_register = type_name(holder)
+        else:
+            del self.path[:]
+        self.holder = type_name(holder)
+        self.inner = len(self.path)
 
     def to_error(self, label: str, where: str) -> FingerprintError:
-        chain = " of ".join([*self.path, label] + ([where] if where else []))
+        chain = " of ".join([*self.path[self.inner:], label] + ([where] if where else []))
+        subject = f"object of type `{self.type_name}`"
+        if self.holder and (self.inner or self.holder != self.type_name):
+            inner = f" ({' of '.join(self.path[:self.inner])})" if self.inner else ""
+            subject += f"{inner} inside the `{self.holder}`"
         reason = f"{self.reason} " if self.reason else ""
         return FingerprintError(
-            f"A captured value cannot be fingerprinted: object of type `{self.type_name}` "
-            f"captured as {chain}. {reason}Teach snapcache how with "
-            f"snapcache.fingerprint.register({self.type_name}, fn), or name the version "
+            f"A captured value cannot be fingerprinted: {subject} captured as {chain}. "
+            f"{reason}Teach snapcache how with "
+            f"snapcache.fingerprint.register({self.to_register}, fn), or name the version "
             f'yourself with snapshot(path, key="my-version-1").')
 
 

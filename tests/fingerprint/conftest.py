@@ -27,3 +27,16 @@ def user_package(tmp_path, monkeypatch):
     yield write
     for m in [m for m in sys.modules if m == "fp_pkg" or m.startswith("fp_pkg.")]:
         del sys.modules[m]
+
+
+@pytest.fixture
+def clean_registry():
+    """The registry of canonical forms as it was before the test, after it."""
+    from snapcache.fingerprint import canonical
+
+    saved = dict(canonical._REGISTRY), dict(canonical._DEFAULTS), dict(canonical._LAZY)
+    yield
+    for table, before in zip((canonical._REGISTRY, canonical._DEFAULTS, canonical._LAZY), saved):
+        table.clear()
+        table.update(before)
+    canonical._REGISTRY_LOOKUP.clear()

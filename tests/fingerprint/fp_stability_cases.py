@@ -6,11 +6,16 @@ the digests as JSON.
 
 from __future__ import annotations
 
+import array
+import collections
 import dataclasses
+import datetime
 import enum
 import functools
 import json
 import math
+import re
+import struct
 import sys
 
 import numpy as np
@@ -65,6 +70,40 @@ def values() -> dict[str, object]:
         "array": np.arange(12, dtype=np.float32).reshape(3, 4),
         "enum": Color.GREEN, "dataclass": Config(), "callable": Scale(2.0),
         "dict_int_keys": {3: "c", 1: "a", 2: "b"},
+        **library_values(),
+    }
+
+
+class Vocab(collections.OrderedDict):
+    """A subclass of a type with a default form: the form, its code and its attributes."""
+
+    def __init__(self, unk):
+        super().__init__(a=1)
+        self.unk = unk
+        self.reserved = {"<pad>", "<eos>", "<bos>"}
+
+
+@dataclasses.dataclass
+class Base:
+    name: str = "base"
+
+
+class Resize(Base):
+    """Extends a dataclass without being one: its fields and its own attributes."""
+
+    def __init__(self, size):
+        super().__init__(name="resize")
+        self.size = size
+        self.modes = frozenset({"bilinear", "nearest"})
+
+
+def library_values() -> dict[str, object]:
+    return {
+        "pattern": re.compile(r"\s+", re.IGNORECASE), "timezone": datetime.timezone.utc,
+        "array_module": array.array("d", [1.5, 2.5]), "struct": struct.Struct("<if"),
+        "seed_sequence": np.random.SeedSequence(7), "pcg64": np.random.PCG64(7),
+        "masked": np.ma.masked_array([1, 2, 3], mask=[0, 1, 0]), "vocab": Vocab(0),
+        "dataclass_subclass": Resize(224),
     }
 
 

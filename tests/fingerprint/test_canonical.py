@@ -23,7 +23,6 @@ from hypothesis.extra import numpy as hnp
 
 from snapcache.errors import FingerprintError
 from snapcache.fingerprint import FINGERPRINT_VERSION, FingerprintNode, hash_value, register
-from snapcache.fingerprint import canonical
 from snapcache.fingerprint.tree import combine, leaf, pipeline_root
 
 
@@ -169,6 +168,111 @@ def test_supported_kinds_hash_by_content():
     assert digest(np.random.default_rng(1)) != digest(np.random.default_rng(2))
 
 
+@dataclasses.dataclass
+class Transform:
+    name: str = "transform"
+
+
+class Resize(Transform):
+    """Extends a dataclass without being one: ``size`` is not a field."""
+
+    def __init__(self, size):
+        super().__init__(name="resize")
+        self.size = size
+
+
+@dataclasses.dataclass
+class Compiled:
+    pattern: str
+
+    def __post_init__(self):
+        self.parts = self.pattern.split("|")
+
+
+def test_a_dataclass_subclass_counts_its_own_attributes():
+    """The fields and the rest of the state: what a subclass's ``__init__`` or a
+    ``__post_init__`` sets counts too (an audit found Resize(size=2) and Resize(size=3) alike)."""
+    assert digest(Resize(2)) == digest(Resize(2)) != digest(Resize(3))
+    node = hash_value(Resize(2), "closure `t`")
+    assert [c.label for c in node.children] == ["class `Resize`", "field `name`",
+                                                "attribute `size`"]
+    a, b = Compiled("a|b"), Compiled("a|b")
+    b.parts = ["a", "c"]
+    assert digest(a) != digest(b)
+    # a dataclass without other state hashes as before: its fields, in their order
+    assert [c.label for c in hash_value(Params(1, (2,)), "x").children] == [
+        "class `Params`", "field `size`", "field `mean`"]
+
+
+class Vocab(collections.OrderedDict):
+    def __init__(self, unk):
+        super().__init__(a=1)
+        self.unk = unk
+
+    def __call__(self, key):
+        return self.get(key, self.unk)
+
+
+class Vocab2(collections.OrderedDict):  # Vocab with another __call__
+    def __init__(self, unk):
+        super().__init__(a=1)
+        self.unk = unk
+
+    def __call__(self, key):
+        return self.get(key, self.unk) * 10
+
+
+class Defaults(collections.defaultdict):
+    pass
+
+
+class Seeded(random.Random):
+    pass
+
+
+class Tagged(np.ndarray):
+    pass
+
+
+def test_a_subclass_of_a_registered_type_counts_its_class_and_attributes():
+    """A user class extending a type with a default form (OrderedDict, defaultdict,
+    random.Random, ...) is more than its base (an audit found Vocab(unk=1) and Vocab(unk=7),
+    and an edited Vocab.__call__, one snapshot)."""
+    assert digest(Vocab(1)) == digest(Vocab(1)) != digest(Vocab(7))
+    assert digest(Vocab(1)) != digest(Vocab2(1))
+    assert digest(Vocab(1)) != digest(collections.OrderedDict(a=1))
+    a, b = Defaults(int), Defaults(int)
+    b.note = "x"
+    assert digest(a) != digest(b)
+    c, d = Seeded(1), Seeded(1)
+    d.tag = 3
+    assert digest(c) != digest(d)
+    assert digest(Seeded(1)) != digest(random.Random(1))
+    held = Vocab(1)
+    held.lock = threading.Lock()
+    with pytest.raises(FingerprintError, match="attribute `lock`"):
+        hash_value(held, "global `VOCAB`")
+    cyclic = Vocab(1)
+    cyclic["self"] = cyclic
+    assert digest(cyclic) == digest(cyclic)
+
+
+def test_ndarray_subclasses_count_what_they_add():
+    """A MaskedArray by its data, mask and fill value; other subclasses by the array, their class
+    and their attributes (a recarray is not an ndarray of the same records)."""
+    masked = np.ma.masked_array([5, 5, 5, 5], mask=[0, 0, 0, 0])
+    assert digest(masked) == digest(np.ma.masked_array([5, 5, 5, 5], mask=[0, 0, 0, 0]))
+    assert digest(masked) != digest(np.ma.masked_array([5, 5, 5, 5], mask=[0, 1, 0, 1]))
+    assert digest(masked) != digest(np.ma.masked_array([5, 5, 5, 5], fill_value=7))
+    assert digest(masked) != digest(np.array([5, 5, 5, 5]))
+    x, y = np.arange(3).view(Tagged), np.arange(3).view(Tagged)
+    y.info = "meters"
+    assert digest(x) == digest(np.arange(3).view(Tagged)) != digest(y)
+    assert digest(x) != digest(np.arange(3))
+    rows = np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")])
+    assert digest(rows.view(np.recarray)) != digest(rows)
+
+
 def test_summaries_are_short_and_address_free():
     assert hash_value(224, "global `SIZE`").summary == "224"
     assert hash_value(np.zeros((3, 224, 224), np.float32), "x").summary == "float32[3, 224, 224]"
@@ -247,15 +351,6 @@ def test_non_deterministic_fallbacks_are_never_used():
 
 
 # -- register ----------------------------------------------------------------------------------
-
-@pytest.fixture
-def clean_registry():
-    saved = dict(canonical._REGISTRY)
-    yield
-    canonical._REGISTRY.clear()
-    canonical._REGISTRY.update(saved)
-    canonical._REGISTRY_LOOKUP.clear()
-
 
 class Image:
     def __init__(self, pixels, cache=None):
