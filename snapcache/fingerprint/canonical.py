@@ -28,6 +28,7 @@ import struct
 import sys
 import threading
 import types
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -45,6 +46,12 @@ _DEFAULTS: dict[type, bool] = {}
 """The types of :data:`_REGISTRY` whose form is snapcache's own (not the user's), each with
 whether a user subclass's instance attributes count too (see :func:`_registered`)."""
 _REGISTRY_LOOKUP: dict[type, tuple[Callable[[Any], Any], int] | None] = {}
+""":func:`_registered`'s answers for built-in types (they live as long as the process)."""
+_CLASS_LOOKUP: "weakref.WeakKeyDictionary[type, tuple[Callable[[Any], Any], int] | None]" = \
+    weakref.WeakKeyDictionary()
+"""The same for classes made by class statements, held weakly: a notebook that defines its
+transform class anew in every cell run of a sweep must not keep every old class (and what
+it holds) alive."""
 _LAZY: dict[str, Callable[[], None]] = {}
 """Top-level module -> what registers the forms of its types, not run yet (see
 :func:`register_lazily`)."""
@@ -72,7 +79,7 @@ def register(type_: type, fn: Callable[[Any], Any]) -> None:
         raise TypeError(f"register() needs a callable returning a hashable form, got {fn!r}")
     _REGISTRY[type_] = fn
     _DEFAULTS.pop(type_, None)
-    _REGISTRY_LOOKUP.clear()
+    _clear_lookups()
 
 
 def register_default(type_: type, fn: Callable[[Any], Any], *, subclass_state: bool = True
@@ -85,7 +92,7 @@ def register_default(type_: type, fn: Callable[[Any], Any], *, subclass_state: b
         return
     _REGISTRY[type_] = fn
     _DEFAULTS[type_] = subclass_state
-    _REGISTRY_LOOKUP.clear()
+    _clear_lookups()
 
 
 def register_lazily(module: str, registrar: Callable[[], None]) -> None:
@@ -94,7 +101,7 @@ def register_lazily(module: str, registrar: Callable[[], None]) -> None:
     ``module``. Such a value exists only once ``module`` is imported, so snapcache never imports
     it (torch, pandas); and it costs nothing to a user who never imports it."""
     _LAZY[module] = registrar
-    _REGISTRY_LOOKUP.clear()
+    _clear_lookups()
 
 
 def load_lazy_forms(module: str) -> None:
@@ -109,13 +116,19 @@ def load_lazy_forms(module: str) -> None:
                 del _LAZY[module]
 
 
+def _clear_lookups() -> None:
+    _REGISTRY_LOOKUP.clear()
+    _CLASS_LOOKUP.clear()
+
+
 def _registered(t: type) -> tuple[Callable[[Any], Any], int] | None:
     """The form registered for ``t`` or its nearest base, and what else counts: a user class
     that extends a type snapcache registered is more than its base (a ``Vocab`` extending
     ``OrderedDict`` with an ``unk`` attribute and a ``__call__``), so its class's code counts,
     and its attributes (:func:`_attributes`) unless the registration says otherwise."""
+    lookup = _CLASS_LOOKUP if t.__flags__ & _HEAPTYPE else _REGISTRY_LOOKUP
     try:
-        return _REGISTRY_LOOKUP[t]
+        return lookup[t]
     except KeyError:
         pass
     if _LAZY:  # once per type met: are forms of its modules pending?
@@ -130,7 +143,7 @@ def _registered(t: type) -> tuple[Callable[[Any], Any], int] | None:
                 extra = _WITH_STATE if _DEFAULTS[c] else _WITH_CLASS
             found = (_REGISTRY[c], extra)
             break
-    _REGISTRY_LOOKUP[t] = found
+    lookup[t] = found
     return found
 
 

@@ -39,4 +39,4 @@ def clean_registry():
     for table, before in zip((canonical._REGISTRY, canonical._DEFAULTS, canonical._LAZY), saved):
         table.clear()
         table.update(before)
-    canonical._REGISTRY_LOOKUP.clear()
+    canonical._clear_lookups()

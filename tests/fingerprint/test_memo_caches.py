@@ -107,4 +107,21 @@ def test_register_overrides_the_default_rule():
         assert hash_value(a, "v").digest != hash_value(b, "v").digest
     finally:
         canonical._REGISTRY.pop(Normalizer, None)
-        canonical._REGISTRY_LOOKUP.clear()
+        canonical._clear_lookups()
+
+
+def test_fingerprinting_a_class_does_not_keep_it_alive():
+    """A notebook sweep defines its transform class anew in every cell run: the fingerprint's
+    lookups must not keep each old class (and what it holds) alive."""
+    import gc
+    import weakref
+
+    refs = []
+    for k in range(5):
+        Transform = type("Transform", (), {"__init__": lambda self, k=k: setattr(self, "k", k),
+                                           "__call__": lambda self, x: x + self.k})
+        hash_value(Transform(), "v")
+        refs.append(weakref.ref(Transform))
+        del Transform
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
