@@ -35,7 +35,8 @@ import numpy as np
 import xxhash
 
 from snapcache.fingerprint.explain import describe
-from snapcache.fingerprint.origin import is_user_module, module_version, user_module_sources
+from snapcache.fingerprint.origin import (
+    is_user_module, module_version, user_class, user_module_sources)
 from snapcache.fingerprint.tree import (FingerprintNode, Unhashable, Walk, leaf, node, shorten,
                                        type_name)
 
@@ -138,8 +139,7 @@ def _registered(t: type) -> tuple[Callable[[Any], Any], int] | None:
     for c in t.__mro__:
         if c in _REGISTRY:
             extra = _FORM_ONLY
-            if c is not t and c in _DEFAULTS and t.__flags__ & _HEAPTYPE \
-                    and is_user_module(t.__module__):
+            if c is not t and c in _DEFAULTS and t.__flags__ & _HEAPTYPE and user_class(t):
                 extra = _WITH_STATE if _DEFAULTS[c] else _WITH_CLASS
             found = (_REGISTRY[c], extra)
             break
