@@ -1,5 +1,6 @@
-"""What this machine offers the process: usable CPUs and memory, and who the process is on it
-(host, pid namespace, boot, whether a pid is alive). A leaf module (it imports nothing from
+"""What this machine offers the process: usable CPUs and memory, who the process is on it
+(host, pid namespace, boot, whether a pid is alive), and the node-local folders where this
+user's processes share small records (:func:`shared_folder`). A leaf module (it imports nothing from
 snapcache), so the store and the runtime both size themselves from it without the store
 importing the runtime.
 
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import socket
+import tempfile
+import time
 
 
 def available_cpus() -> int:
@@ -75,3 +79,40 @@ PIDNS = _pid_namespace()
 process means the same process here only if both were in the same namespace (and boot)."""
 BOOT = _read_text("/proc/sys/kernel/random/boot_id")
 """This boot of the machine ("" where the platform does not say)."""
+
+
+STALE_SECONDS = 24 * 3600.0
+"""A node-local record untouched this long was left by a process that is gone."""
+
+_pruned: set[str] = set()
+
+
+def shared_folder(kind: str) -> str:
+    """``<tmp>/snapcache-<kind>-<uid>``: where this user's processes on this machine share
+    small records (manifest checks, progress ticks). The first time a process asks for it,
+    the entries untouched for :data:`STALE_SECONDS` are removed: records of killed runs would
+    otherwise pile up for ever (records are caches; one removed while in use is made again)."""
+    getuid = getattr(os, "getuid", None)
+    path = os.path.join(tempfile.gettempdir(),
+                        f"snapcache-{kind}-{getuid() if getuid is not None else 'user'}")
+    if path not in _pruned:
+        _pruned.add(path)
+        _prune(path, time.time() - STALE_SECONDS)
+    return path
+
+
+def _prune(path: str, before: float) -> None:
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.stat(follow_symlinks=False).st_mtime >= before:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            continue

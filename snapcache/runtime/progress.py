@@ -26,12 +26,13 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from snapcache.machine import shared_folder
 from snapcache.runtime.autotune import nbytes_of
 from snapcache.store import layout
 
@@ -127,8 +128,7 @@ class EpochProgress:
         self._mine = _Tick(examples=resumed, resumed=resumed)
         self._start = time.perf_counter()
         self._wall_start = time.time()
-        self._dir = os.path.join(tempfile.gettempdir(),
-                                 f"snapcache-progress-{_uid()}", key) if streams > 1 else None
+        self._dir = os.path.join(shared_folder("progress"), key) if streams > 1 else None
 
     # -- counting (every stream) -----------------------------------------------------------
     def wrap(self, items: Iterator[Any]) -> Iterator[Any]:
@@ -155,9 +155,13 @@ class EpochProgress:
                 self._display.close()
 
     def finish(self) -> None:
-        """This stream committed the snapshot: report the epoch's final numbers."""
+        """This stream committed the snapshot: report the epoch's final numbers, and remove
+        the epoch's tick files (every stream is done)."""
         self._mine.done = True
         self._report(done=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None  # nothing is published after the commit
 
     # -- publishing and aggregating ----------------------------------------------------------
     def _publish(self) -> None:
@@ -237,11 +241,6 @@ class EpochProgress:
                  + (f" ({self.streams} streams)" if self.streams > 1 else "")
                  + (f": {self.total:,} examples expected" if self.total is not None else ""))
         self._display.show(update)
-
-
-def _uid() -> str:
-    getuid = getattr(os, "getuid", None)
-    return str(getuid()) if getuid is not None else "user"
 
 
 class _Display:

@@ -24,12 +24,13 @@ import fcntl
 import json
 import logging
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import xxhash
+
+from snapcache.machine import shared_folder
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ def current() -> str | None:
 
 
 def directory() -> str:
-    return os.path.join(tempfile.gettempdir(), f"snapcache-checks-{os.getuid()}")
+    return shared_folder("checks")
 
 
 @dataclass

@@ -124,5 +124,32 @@ def test_local_streams_are_summed_from_their_tick_files():
     updates = []
     owner = EpochProgress("local", 100, stream=0, streams=2, key=key, callback=updates.append)
     assert sum(1 for _ in owner.wrap(iter(range(60)))) == 60
+    folder = owner._dir
+    assert os.path.isdir(folder)
     owner.finish()
     assert updates[-1].done and updates[-1].examples == 100 and updates[-1].streams == 2
+    assert not os.path.exists(folder)  # the committer removed the epoch's tick files
+
+
+def test_node_local_records_of_gone_runs_are_pruned(tmp_path, monkeypatch):
+    """Records of runs killed long ago (tick folders, manifest checks) do not pile up: the
+    first process to use the shared folder removes those untouched for a day."""
+    import tempfile
+    import time
+
+    from snapcache import machine
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(machine, "_pruned", set())
+    folder = os.path.join(str(tmp_path), f"snapcache-progress-{os.getuid()}")
+    for name in ("old", "new"):
+        os.makedirs(os.path.join(folder, name))
+        with open(os.path.join(folder, name, "0.json"), "w") as f:
+            f.write("{}")
+    with open(os.path.join(folder, "old.json"), "w") as f:
+        f.write("{}")
+    day_ago = time.time() - machine.STALE_SECONDS - 60
+    for stale in ("old", "old.json"):
+        os.utime(os.path.join(folder, stale), (day_ago, day_ago))
+    assert machine.shared_folder("progress") == folder
+    assert sorted(os.listdir(folder)) == ["new"]
