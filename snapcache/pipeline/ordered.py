@@ -70,22 +70,16 @@ class Shape:
 
     @property
     def unit(self) -> int:
-        """Positions per item of the first batch, when no filter comes before it."""
-        for node in self.below + self.above:
-            if isinstance(node, ops.BatchOp):
-                return node.batch_size
-            if not node.traits.one_to_one:  # a filter: items no longer map to positions
-                return 1
-        return 1
-
-    @property
-    def item_positions(self) -> int:
-        """Positions one item takes, when no filter comes before the last batch: the product
-        of the batch sizes (``batch(4).batch(3)``: 12), a share's last item aside."""
+        """Positions one item takes, as far as items map to positions (no filter before a
+        batch): the product of the batch sizes (``batch(4).batch(3)``: 12; up to the filter
+        in ``batch(4).filter(f).batch(3)``: 4; 1 without a batch). Shares are cut in whole
+        units, so that only the last stream's last item is short, as in one process."""
         size = 1
         for node in self.below + self.above:
             if isinstance(node, ops.BatchOp):
                 size *= node.batch_size
+            elif not node.traits.one_to_one:  # a filter: items no longer map to positions
+                break
         return size
 
     @property
@@ -446,8 +440,8 @@ def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
               "snapshot": plan.snapshot_id(shape.snapshot), "epoch": epoch,
               "seed": None, "window": shape.window, "streams": spec.count,
               "stream": spec.index, "unit": shape.unit, "consumed": 0}
-    size = shape.item_positions  # (a filter makes the state refused: why_not)
-    items = ((k * size, item) for k, item in enumerate(iterator, 1))
+    unit = shape.unit  # positions an item takes (a filter makes the state refused: why_not)
+    items = ((k * unit, item) for k, item in enumerate(iterator, 1))
 
     def on_close() -> None:
         close = getattr(iterator, "close", None)

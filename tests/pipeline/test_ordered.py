@@ -510,6 +510,23 @@ def test_every_op_after_the_first_batch_runs_on_a_committed_snapshot(root, shape
         assert len(ds) == len(want)
 
 
+@pytest.mark.parametrize("streams", [2, 3])
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_streams_share_a_batch_of_batches_in_whole_items(root, streams, shuffled):
+    """Shares are cut in whole items of the outer batch (12 positions for batch(4).batch(3)):
+    only the last stream's last batch is short, as in one process, and len() is what the
+    streams yield together."""
+    ds = pipeline(root, n=100)
+    if shuffled:
+        ds = ds.shuffle(10, seed=2)
+    ds = ds.batch(4).batch(3)
+    list(ds.iterate(0))
+    shares = [list(ds.iterate(1, stream=(k, streams))) for k in range(streams)]
+    shapes = [np.asarray(item["id"]).shape for share in shares for item in share]
+    assert shapes.count((3, 4)) == 8 and len(shapes) == 9 == len(ds)
+    assert sorted(ids(sum(shares, []))) == list(range(100))
+
+
 @pytest.mark.parametrize("shape", sorted(BATCH_SHAPES))
 @pytest.mark.parametrize("streams,new_streams", [(1, 1), (2, 2), (2, 3)])
 @pytest.mark.parametrize("stop", [0, 1, 3])
