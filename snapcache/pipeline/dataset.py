@@ -237,7 +237,11 @@ class Dataset:
         return self._then(ops.TakeOp, count=count)
 
     def cache(self) -> "Dataset":
-        """Keep the examples in memory after the first complete epoch."""
+        """Keep the examples in memory after the first complete epoch, and replay them.
+
+        Only an iteration of the whole epoch as one stream fills or replays it; a stream's
+        share (DataLoader workers beyond one, ranks, ``iterate(stream=...)``) passes through,
+        computed each epoch: see docs/guide.md, "Workers, ranks and streams"."""
         return self._then(ops.CacheOp)
 
     def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "auto",

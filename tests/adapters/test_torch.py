@@ -76,6 +76,18 @@ def test_dataloader_with_two_workers_writes_one_snapshot_and_delivers_each_examp
     assert len(calls(log)) == N
 
 
+def test_workers_forked_after_a_pass_that_filled_a_cache_each_yield_their_share_once(root):
+    """Found: a ``cache()`` filled by a pass in the main process (an evaluation loop) was
+    inherited by the forked DataLoader workers, and each replayed the whole epoch: 2 workers
+    yielded every example twice."""
+    ds = sc.Dataset.range(N).map(lambda i: {"id": i, "x": np.float32(i)}).snapshot(
+        root, progress=False).cache()
+    assert sorted(int(e["id"]) for e in ds) == list(range(N))  # fills the cache
+    for workers in (2, 1):
+        ids = ids_of(DataLoader(ds.to_torch(), batch_size=None, num_workers=workers))
+        assert sorted(ids) == list(range(N)), workers
+
+
 def test_take_with_two_workers_yields_the_first_k_once_and_splits_the_work(tmp_path, root):
     """take(k) under DataLoader workers: k examples in all (it was k per worker), the
     expensive map before a snapshot split between the workers."""
