@@ -313,10 +313,10 @@ class Dataset:
 
     def __len__(self) -> int:
         """Items one epoch yields, when known without running it: from the source and the ops'
-        length rules, or from a committed snapshot's example count (TypeError otherwise)."""
-        n = ops.known_length(self._op)
-        if n is None:
-            n = ordered.known_length(self._op)
+        length rules, a committed snapshot's example count in place of its upstream's (what
+        the epoch reads; with ``key=`` the source may have changed since). TypeError
+        otherwise."""
+        n = plan.known_length(self._op)
         if n is None:
             raise TypeError(
                 f"the length of {plan.describe_pipeline(self._op)} is not known without "

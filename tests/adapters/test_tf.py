@@ -91,3 +91,17 @@ def test_a_batch_of_batches_read_off_the_first_element_leaves_every_batch_dimens
     for _ in range(2):
         assert [tuple(e["x"].shape) for e in tf_ds] == [(3, 4), (1, 1)]
 
+
+def test_cardinality_counts_the_keyed_snapshot_each_epoch_reads(root):
+    """Found: with ``snapshot(key=...)`` over a source that had grown (100 examples written,
+    120 now), to_tf() asserted the source's 120 and every TF epoch failed at its end with
+    "expected to contain 120 elements but contained only 100"."""
+    list(sc.Dataset.range(100).map(lambda i: {"id": i}).snapshot(root, key="v1",
+                                                                   progress=False))
+    ds = sc.Dataset.range(120).map(lambda i: {"id": i}).snapshot(root, key="v1",
+                                                                  progress=False)
+    for pipeline, expected in ((ds, 100), (ds.map(lambda e: e["id"] * 2).batch(8), 13)):
+        tf_ds = pipeline.to_tf()
+        assert tf_ds.cardinality().numpy() == expected
+        for _ in range(2):
+            assert sum(1 for _ in tf_ds) == expected
