@@ -9,8 +9,10 @@ Where the spec comes from, in order:
    shuffle, batch, filter, take, shard, repeat, prefetch, cache). A snapshot not committed yet is built first (the first epoch's work, done once).
    Dimensions that varied between examples are ``None``; each ``batch`` after the snapshot adds
    a leading ``None``;
-3. otherwise the first example (or batch) of epoch 0: its shapes, with a leading ``None`` when
-   the pipeline batches. Pass ``element_spec`` when later examples may have other shapes.
+3. otherwise the first example (or batch) of epoch 0: its shapes, with a leading ``None`` for
+   each ``batch`` of the pipeline (a batch of batches: the last one, or a remainder of the
+   inner batch, is smaller in both). Pass ``element_spec`` when later examples may have other
+   shapes.
 
 Each iteration of the ``tf.data.Dataset`` (each Keras epoch) is the next snapcache epoch, so
 seeded shuffles reshuffle.
@@ -51,7 +53,7 @@ def infer_element_spec(dataset: Any) -> Any:
     if first is _EMPTY:
         raise ValueError("ds.to_tf(): the dataset is empty, so its element_spec cannot be "
                          "inferred; pass to_tf(element_spec=...)")
-    return spec_from_value(tf, first, queries.batch_dims(dataset) > 0)
+    return spec_from_value(tf, first, queries.batch_dims(dataset))
 
 
 _EMPTY = object()
@@ -75,18 +77,19 @@ def spec_from_schema(tf: Any, schema: Schema, batch_dims: int = 0) -> Any:
     return specs[0]
 
 
-def spec_from_value(tf: Any, value: Any, batched: bool) -> Any:
-    """TensorSpecs matching one element; the leading dimension ``None`` if ``batched``."""
+def spec_from_value(tf: Any, value: Any, batch_dims: int = 0) -> Any:
+    """TensorSpecs matching one element, its ``batch_dims`` leading dimensions ``None`` (as
+    :func:`spec_from_schema` makes them): each batch's size varies at an epoch's end."""
     if isinstance(value, dict):
-        return {k: spec_from_value(tf, v, batched) for k, v in value.items()}
+        return {k: spec_from_value(tf, v, batch_dims) for k, v in value.items()}
     if isinstance(value, tuple):
-        return tuple(spec_from_value(tf, v, batched) for v in value)
+        return tuple(spec_from_value(tf, v, batch_dims) for v in value)
     if isinstance(value, (str, bytes)):
         return tf.TensorSpec((), tf.string)
     array = np.asarray(value)
     shape = tuple(array.shape)
-    if batched and shape:
-        shape = (None,) + shape[1:]
+    lead = min(batch_dims, len(shape))
+    shape = (None,) * lead + shape[lead:]
     if array.dtype == object or array.dtype.kind in "US":
         return tf.TensorSpec(shape, tf.string)
     return tf.TensorSpec(shape, _tf_dtype(tf, array.dtype))

@@ -290,7 +290,11 @@ class Dataset:
         return self._then(ops.TakeOp, count=count)
 
     def cache(self) -> "Dataset":
-        """Keep the examples in memory after the first complete epoch."""
+        """Keep the examples in memory after the first complete epoch, and replay them.
+
+        Only an iteration of the whole epoch as one stream fills or replays it; a stream's
+        share (DataLoader workers beyond one, ranks, ``iterate(stream=...)``) passes through,
+        computed each epoch: see docs/guide.md, "Workers, ranks and streams"."""
         return self._then(ops.CacheOp)
 
     def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "auto",
@@ -362,10 +366,10 @@ class Dataset:
 
     def __len__(self) -> int:
         """Items one epoch yields, when known without running it: from the source and the ops'
-        length rules, or from a committed snapshot's example count (TypeError otherwise)."""
-        n = ops.known_length(self._op)
-        if n is None:
-            n = ordered.known_length(self._op)
+        length rules, a committed snapshot's example count in place of its upstream's (what
+        the epoch reads; with ``key=`` the source may have changed since). TypeError
+        otherwise."""
+        n = plan.known_length(self._op)
         if n is None:
             raise TypeError(
                 f"the length of {plan.describe_pipeline(self._op)} is not known without "

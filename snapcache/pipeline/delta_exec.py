@@ -43,7 +43,7 @@ from snapcache.pipeline import ops, streams
 from snapcache.pipeline.delta_plan import SourceUnits, Work, source_units, survey
 from snapcache.pipeline.delta_segment import run_task
 from snapcache.pipeline.snapshot_exec import (
-    check_root, make_folder, open_reader, root_errors, stream_rows)
+    check_root, make_folder, open_reader, read_only_examples, root_errors, stream_rows)
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import DELTA_FORMAT_VERSION, Manifest
@@ -66,7 +66,8 @@ def run_delta(op: ops.SnapshotOp, epoch: int, *, source: ops.Op, lineage, descri
     manifest = _negotiate(op, epoch, storage, units, source=source, lineage=lineage,
                           describe=describe, stream=spec.index, count=spec.count)
     if manifest is None:  # on_busy="compute": another process builds it
-        return ops.run(op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
+        return read_only_examples(ops.run(op.parent, epoch,
+                                          streams.StreamSpec(spec.index, spec.count)))
     return stream_rows(open_reader(storage, manifest, options), op, spec)  # held while op can read
 
 

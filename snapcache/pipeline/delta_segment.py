@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 import xxhash
 
@@ -79,8 +79,7 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     writer = SnapshotWriter(storage, fingerprint=storage.url.rsplit("/", 1)[-1],
                             options=op.options.write, stream=seq, streams=seq + 1,
                             run_id=run_id, lease=lease, resume=resume, task=task)
-    upstream = ops.run(ops.rebase(op.parent, source.with_units(chosen[start:])), epoch,
-                       streams.StreamSpec()) if start < len(chosen) else iter(())
+    upstream = _run_part(op, source, chosen[start:], epoch) if start < len(chosen) else iter(())
     with interrupt.keeps_written(writer, upstream):  # (for the next run: see _resumable)
         for example in upstream:
             writer.write(example)
@@ -90,6 +89,25 @@ def _compute(op: ops.SnapshotOp, epoch: int, storage: Storage, units: SourceUnit
     segment = Segment(members, record.shards, record.schema, unit_rows)
     versions.write_segment(storage, record, segment, seq=seq)
     return segment
+
+
+def _run_part(op: ops.SnapshotOp, source: ops.Op, units: Sequence[dict], epoch: int
+              ) -> Iterator[Any]:
+    """The upstream run on ``units`` (files, or Parquet row groups) only, as one stream; an
+    error in it says which part of the epoch its example number counts in
+    (:func:`streams.part`)."""
+    first = units[0]
+    if first.get("row_group") is None:
+        kind, where = "files", first["path"]
+    else:
+        kind, where = "row groups", f"{first['path']} row group {first['row_group']}"
+    token = streams.set_part(f"a delta segment (computed from its {len(units)} {kind} from "
+                             f"{where} on)")
+    try:
+        return ops.run(ops.rebase(op.parent, source.with_units(units)), epoch,
+                       streams.StreamSpec())
+    finally:
+        streams.reset_part(token)
 
 
 def _resumable(earlier: StreamRecord | None, unit_rows: Sequence[int]

@@ -131,20 +131,6 @@ def match(op: ops.Op) -> Shape | None:
     return Shape(node, tuple(below), chain[cut] if shuffles else None, tuple(above))
 
 
-def known_length(op: ops.Op) -> int | None:
-    """Items one epoch of ``op`` yields, from its committed snapshot's example count."""
-    shape = match(op)
-    if shape is None:
-        return None
-    reader = committed_reader(shape.snapshot)
-    if reader is None:
-        return None
-    n: int | None = reader.manifest.num_examples
-    for node in shape.below + shape.above:
-        n = node.length(n)
-    return n
-
-
 # -- the snapshot ----------------------------------------------------------------------------
 def _storage(snapshot: ops.SnapshotOp) -> Storage:
     from snapcache.pipeline import plan  # plan imports this module's runner table user

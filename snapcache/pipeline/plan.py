@@ -218,6 +218,25 @@ def commit_name(op: ops.SnapshotOp) -> str | None:
         manifest.version)
 
 
+def known_length(op: ops.Op) -> int | None:
+    """Items one epoch of the pipeline up to ``op`` yields, when knowable without running it:
+    each op's length rule (:func:`ops.known_length`) from the source down, except that a
+    committed snapshot gives its example count in place of its upstream's. An epoch reads the
+    committed snapshot, not the upstream: with ``key=`` the source may have grown or shrunk
+    since it was written, and an upstream with a filter has no length rule at all. Reads the
+    committed manifest of each snapshot in the pipeline (fingerprinting its upstream first, as
+    its first epoch would)."""
+    n: int | None = None
+    for node in ops.lineage(op):
+        if isinstance(node, ops.SnapshotOp):
+            _, manifest = committed_snapshot(node)
+            if manifest is not None:
+                n = manifest.num_examples
+                continue
+        n = node.length(n)
+    return n
+
+
 def last_snapshot(op: ops.Op) -> ops.SnapshotOp | None:
     """The snapshot op closest to ``op`` in its lineage, if any."""
     for node in reversed(ops.lineage(op)):

@@ -15,8 +15,10 @@ from snapcache.store.schema import Schema
 
 
 def known_length(dataset: Any) -> int | None:
-    """Items one epoch of ``dataset`` yields, when knowable without running it."""
-    return ops.known_length(dataset._op)
+    """Items one epoch of ``dataset`` yields, when knowable without running it (a committed
+    snapshot's count in place of its upstream's: :func:`plan.known_length`); what ``len()``
+    says."""
+    return plan.known_length(dataset._op)
 
 
 def last_snapshot(dataset: Any) -> ops.SnapshotOp | None:

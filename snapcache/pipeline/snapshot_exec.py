@@ -19,6 +19,7 @@ from snapcache.errors import (
 from snapcache.pipeline import interrupt, ops, streams
 from snapcache.pipeline.shares import first_shard, piece_rows, read_share
 from snapcache.store import layout
+from snapcache.store.codec import read_only
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as _open
@@ -80,7 +81,8 @@ def run_snapshot(op: ops.SnapshotOp, epoch: int, iterate: Iterate, *, tree, labe
     if decision.action == "compute":
         log.info("snapshot %s is being written by another process: computing without writing",
                  storage.url)
-        return iterate(op.parent, epoch, streams.StreamSpec(spec.index, spec.count))
+        return read_only_examples(iterate(op.parent, epoch,
+                                          streams.StreamSpec(spec.index, spec.count)))
     resume = decision.resume
     if resume is not None and not ops.resumable(op.parent):
         log.info("snapshot %s stream %d restarts: its upstream cannot skip examples",
@@ -393,7 +395,7 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
                 for item in source:
                     writer.write(item)
                     done += 1
-                    yield item
+                    yield read_only(item)  # as every later epoch reads it
                 finished = True
                 manifest = writer.commit()
                 if progress is not None and manifest is not None and \
@@ -413,6 +415,14 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
             lease.release()
         if writer.storage.local:  # (object stores have no empty folders: no LIST for it)
             writer.storage.remove_if_empty()  # a failed epoch that wrote nothing leaves nothing
+
+
+def read_only_examples(examples: Iterator[Any]) -> Iterator[Any]:
+    """``examples`` computed in place of a snapshot's read (``on_busy="compute"``), handed on
+    as a read hands them out: numpy arrays read-only (:func:`~snapcache.store.codec.read_only`).
+    A map after the snapshot that writes into its input then fails in whichever epoch it
+    first runs, with the same error, rather than only once epochs read the snapshot."""
+    return ops.closing(examples, (read_only(example) for example in examples))
 
 
 def _partial_manifest(resume: StreamRecord, fingerprint: str) -> Manifest:

@@ -53,6 +53,24 @@ def reset(token) -> None:
     _CURRENT.reset(token)
 
 
+_PART: ContextVar[str | None] = ContextVar("snapcache_part", default=None)
+
+
+def part() -> str | None:
+    """What the iterator chain being built runs over when it is a part of the epoch that no
+    stream spec describes (a delta snapshot's segment: some of the source's files), in words
+    for error notes; None otherwise."""
+    return _PART.get()
+
+
+def set_part(words: str | None):
+    return _PART.set(words)
+
+
+def reset_part(token) -> None:
+    _PART.reset(token)
+
+
 def indexable(items: Any) -> bool:
     """True if ``items`` is read by index: it has ``__getitem__`` and ``__len__`` (a list, a
     numpy array, a map-style torch dataset), and is not a snapcache ``Dataset``, whose

@@ -7,18 +7,23 @@ the value (:class:`TaggedMap`, :class:`TaggedFilter`, still named after the user
 the batch to carry its last position (:class:`TaggedBatch`). Without a user function the rows
 are cut from whole columns instead (:func:`_columnar`): batches, or runs of rows handed out one
 by one.
+
+An exception of a user function is noted with the example it was raised on, named by the
+position its item carries (:class:`Positions`): the same number in the epoch whichever stream
+read it, not the item's index in this stream's share.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 
 from snapcache.pipeline import ops, streams
 from snapcache.pipeline.shares import piece_rows
 from snapcache.runtime import stats
 from snapcache.runtime.batch import stack
+from snapcache.runtime.errors import mark_position
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
 from snapcache.store import batched_read
 from snapcache.store.order import EpochOrder, Share
@@ -47,25 +52,30 @@ def items(shape: "Shape", reader: SnapshotReader, order: EpochOrder, share: Shar
     columnar = shape.columnar and batched_read.supports_batched(reader.schema)
     pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
                             else "rows", piece=piece_rows(share.unit))
+    positions = Positions(order, share, local_shuffle)
     if columnar:
-        return _columnar_counted(shape, reader, pieces, skip, epoch, local_shuffle, built)
+        return _columnar_counted(shape, reader, pieces, skip, epoch, local_shuffle, built,
+                                 positions)
     tagged = _tag(pieces, skip)
     if local_shuffle:
         tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
-    return _run_tagged(shape.stages[1:], tagged, shape.snapshot, epoch, counted=not built), \
-        False
+    return _run_tagged(shape.stages[1:], tagged, shape.snapshot, epoch, counted=not built,
+                       positions=positions), False
 
 
 def _run_tagged(nodes: Sequence[ops.Op], items: Iterator[tuple[int, Any]], below: ops.Op,
-                epoch: int, *, counted: bool) -> Iterator[tuple[int, Any]]:
+                epoch: int, *, counted: bool, positions: "Positions") -> Iterator[tuple[int, Any]]:
     """``nodes`` (the pipeline's ops right after ``below``) run over the (position, value)
     pairs ``items``, each counted for ``Dataset.stats()`` as its own stage; ``items`` are
-    counted as ``below``'s stage when ``counted`` (else they were counted already)."""
+    counted as ``below``'s stage when ``counted`` (else they were counted already). Errors
+    name their example by ``positions``."""
     from snapcache.pipeline import plan
 
     top: ops.Op = ops.IterableSource(parent=None, items=_Once(items))
     for node in nodes:
-        top = _tagged_op(node, top)
+        top = _tagged_op(node, top, positions)
+        if node.traits.batch_dims:  # the items after it are batches
+            positions = dataclasses.replace(positions, batched=True)
     recorder = stats.current.get()
     token = stats.current.set(recorder.standing_in(
         depth(below), skip=() if counted else {0}, payload=_value)) \
@@ -99,7 +109,7 @@ one."""
 
 
 def _columnar_counted(shape: "Shape", reader: SnapshotReader, pieces, skip: int, epoch: int,
-                      local_shuffle: bool, built: bool
+                      local_shuffle: bool, built: bool, positions: "Positions"
                       ) -> tuple[Iterator[tuple[int, Any]], bool]:
     """:func:`_columnar`'s items and whether they are runs, each stage counted: those up to
     the first batch by the rows of the column chunks, the batch by batch (the snapshot's stage
@@ -123,8 +133,11 @@ def _columnar_counted(shape: "Shape", reader: SnapshotReader, pieces, skip: int,
     for node in (batch,) + after[:run]:
         items = ops.counted(node, items, payload=_value)
     if run < len(after):
+        # the batches carry the count of rows before them; with each stream's share shuffled
+        # on its own (local_shuffle) that is no row's position
+        positions = dataclasses.replace(positions, batched=True, known=not local_shuffle)
         items = _run_tagged(after[run:], items, after[run - 1] if run else batch, epoch,
-                            counted=False)
+                            counted=False, positions=positions)
     return items, False
 
 
@@ -165,23 +178,73 @@ class _Once:
 
 
 def _map_value(fn: Callable[[Any], Any], item: tuple[int, Any]) -> tuple[int, Any]:
-    return item[0], fn(item[1])
+    try:  # free unless it raises (Python 3.11+)
+        return item[0], fn(item[1])
+    except Exception as error:
+        mark_position(error, item[0])  # which example: Positions reads it
+        raise
 
 
 def _keep_value(predicate: Callable[[Any], bool], item: tuple[int, Any]) -> bool:
-    return predicate(item[1])
+    try:
+        return predicate(item[1])
+    except Exception as error:
+        mark_position(error, item[0])
+        raise
 
 
-def _tagged_op(node: ops.Op, parent: ops.Op) -> ops.Op:
+@dataclasses.dataclass(frozen=True)
+class Positions:
+    """The words an error note names its example by (a ``Locate`` of
+    :mod:`snapcache.runtime.errors`), from the position the failing item carried: the position
+    after it in this stream's ``share``, which is here turned into its position in the epoch's
+    ``order`` and the snapshot row there. ``batched``: the items are batches (the position is
+    that of their last example); ``known=False``: the positions name no row (batches cut from
+    a share each stream shuffled on its own), so the item's index in the share is said.
+    Computed only when an exception is."""
+
+    order: EpochOrder
+    share: Share
+    local_shuffle: bool
+    batched: bool = False
+    known: bool = True
+
+    def __call__(self, index: int, position: int | None) -> str:
+        if position is None or not self.known:  # None: not carried back by a worker process
+            item = "batch" if self.batched else "example"
+            if self.share.streams == 1:
+                return f"{item} #{index} of this epoch"
+            return (f"{item} #{index} of this stream's share (stream {self.share.index} of "
+                    f"{self.share.streams})")
+        at = self._epoch_position(position - 1)
+        row = int(self.order.rows(at, at + 1)[0])
+        if self.local_shuffle:  # each stream shuffled its share: no position in the epoch
+            what = "the batch whose last example is" if self.batched else "the example"
+            return f"{what} at row {row} of the snapshot"
+        what = "the batch whose last example is" if self.batched else "example"
+        return f"{what} #{at} of this epoch" + (f" (row {row} of the snapshot)"
+                                                 if row != at else "")
+
+    def _epoch_position(self, offset: int) -> int:
+        """The epoch position at ``offset`` of this stream's share."""
+        for a, b in self.share.pieces():
+            if offset < b - a:
+                return a + offset
+            offset -= b - a
+        raise IndexError(f"offset {offset} past the end of the share")
+
+
+def _tagged_op(node: ops.Op, parent: ops.Op, positions: Positions) -> ops.Op:
     """``node`` rebuilt over ``parent`` so that it passes (position, value) pairs; a map or
-    filter still names the user's function in errors (its ``describe()`` is ``node``'s)."""
+    filter still names the user's function in errors (its ``describe()`` is ``node``'s), and
+    the example by ``positions``."""
     if isinstance(node, ops.MapOp):
         return _rebuilt(TaggedMap, node, parent, fn=functools.partial(_map_value, node.fn),
-                        label=node.describe())
+                        label=node.describe(), positions=positions)
     if isinstance(node, ops.FilterOp):
         return _rebuilt(TaggedFilter, node, parent,
                         predicate=functools.partial(_keep_value, node.predicate),
-                        label=node.describe())
+                        label=node.describe(), positions=positions)
     if isinstance(node, ops.BatchOp):
         return _rebuilt(TaggedBatch, node, parent)
     if isinstance(node, ops.ShuffleOp):
@@ -202,9 +265,14 @@ class TaggedMap(ops.MapOp):
     map (``label``: its ``describe()``) wherever a label is shown: errors, progress."""
 
     label: str = ""
+    positions: Any = None  # Positions
+    not_fingerprinted: ClassVar = ops.MapOp.not_fingerprinted + ("label", "positions")
 
     def describe(self) -> str:
         return self.label
+
+    def locate(self) -> Any:
+        return self.positions
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -213,9 +281,14 @@ class TaggedFilter(ops.FilterOp):
     the user's filter."""
 
     label: str = ""
+    positions: Any = None  # Positions
+    not_fingerprinted: ClassVar = ops.FilterOp.not_fingerprinted + ("label", "positions")
 
     def describe(self) -> str:
         return self.label
+
+    def locate(self) -> Any:
+        return self.positions
 
 
 ops.runs(TaggedMap)(ops.RUNNERS[ops.MapOp])

@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable, Iterable, Iterator
 
 from snapcache import lifecycle
-from snapcache.runtime.errors import annotate
+from snapcache.runtime.errors import Locate, annotate
 
 _END = object()
 
@@ -40,14 +40,17 @@ def _open(fn: Callable[[Any], Iterable[Any]], element: Any) -> Iterator[Any]:
 
 def interleave(fn: Callable[[Any], Iterable[Any]], items: Iterable[Any], *, cycle_length: int,
                block_length: int = 1, parallelism: int = 1, deterministic: bool = True,
-               label: str = "interleave") -> Iterator[Any]:
-    """Yield the examples of ``fn(item)`` for every item, interleaved (see the module doc)."""
+               label: str = "interleave", locate: Locate | None = None) -> Iterator[Any]:
+    """Yield the examples of ``fn(item)`` for every item, interleaved (see the module doc).
+    An exception names ``label`` and the item (``locate``, see
+    :func:`~snapcache.runtime.errors.annotate`)."""
     if parallelism <= 1:
-        return _serial(fn, items, cycle_length, block_length, label)
-    return _parallel(fn, items, cycle_length, block_length, parallelism, deterministic, label)
+        return _serial(fn, items, cycle_length, block_length, label, locate)
+    return _parallel(fn, items, cycle_length, block_length, parallelism, deterministic, label,
+                     locate)
 
 
-def _serial(fn, items, cycle_length, block_length, label) -> Iterator[Any]:
+def _serial(fn, items, cycle_length, block_length, label, locate) -> Iterator[Any]:
     source = iter(items)
     slots: list[Iterator[Any] | None] = [None] * cycle_length
     positions = [0] * cycle_length
@@ -70,7 +73,7 @@ def _serial(fn, items, cycle_length, block_length, label) -> Iterator[Any]:
                 try:
                     slots[index] = _open(fn, element)
                 except Exception as e:
-                    raise annotate(e, label, consumed)
+                    raise annotate(e, label, consumed, locate)
                 positions[index] = consumed
                 consumed += 1
                 open_count += 1
@@ -83,7 +86,7 @@ def _serial(fn, items, cycle_length, block_length, label) -> Iterator[Any]:
                     open_count -= 1
                     break
                 except Exception as e:
-                    raise annotate(e, label, positions[index])
+                    raise annotate(e, label, positions[index], locate)
                 yield value
             index = (index + 1) % cycle_length
     finally:
@@ -141,8 +144,8 @@ class _Producer:
                 close()
 
 
-def _parallel(fn, items, cycle_length, block_length, parallelism, deterministic, label
-              ) -> Iterator[Any]:
+def _parallel(fn, items, cycle_length, block_length, parallelism, deterministic, label,
+              locate) -> Iterator[Any]:
     source = iter(items)
     stop = threading.Event()
     gate = threading.Semaphore(parallelism)
@@ -177,7 +180,7 @@ def _parallel(fn, items, cycle_length, block_length, parallelism, deterministic,
     def take(producer: _Producer) -> Any:
         item = producer.queue.get()
         if isinstance(item, _Failure):
-            raise annotate(item.error, label, producer.position)
+            raise annotate(item.error, label, producer.position, locate)
         return item
 
     try:

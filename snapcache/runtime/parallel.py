@@ -11,20 +11,23 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, Iterable, Iterator
 
 from snapcache.runtime.autotune import ThreadTuner
-from snapcache.runtime.errors import annotate
+from snapcache.runtime.errors import Locate, annotate
 
 
 def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
                  deterministic: bool = True, label: str = "map",
-                 window: int | None = None, tuner: ThreadTuner | None = None) -> Iterator[Any]:
+                 window: int | None = None, tuner: ThreadTuner | None = None,
+                 locate: Locate | None = None) -> Iterator[Any]:
     """Yield ``fn(item)`` for each item, computed by ``workers`` threads.
 
     With ``deterministic=True`` results come in input order; otherwise as soon as each is ready.
     At most ``window`` (default ``2 * workers``) calls are in flight. With a ``tuner``
-    (AUTOTUNE), the number in flight follows ``tuner.parallelism`` as it adapts.
+    (AUTOTUNE), the number in flight follows ``tuner.parallelism`` as it adapts. An exception
+    of ``fn`` is raised with a note naming ``label`` and the example (``locate``, see
+    :func:`~snapcache.runtime.errors.annotate`).
     """
     if workers <= 1 and tuner is None:
-        yield from serial_map(fn, items, label=label)
+        yield from serial_map(fn, items, label=label, locate=locate)
         return
     if tuner is not None:
         fn = tuner.wrap(fn)
@@ -51,7 +54,7 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int
             index, future = next_done(in_flight, deterministic)
             error = future.exception()
             if error is not None:
-                raise annotate(error, label, index)
+                raise annotate(error, label, index, locate)
             yield future.result()
     finally:
         for _, future in in_flight:
@@ -71,11 +74,11 @@ def next_done(in_flight: collections.deque[tuple[int, Future]], deterministic: b
     return done
 
 
-def serial_map(fn: Callable[[Any], Any], items: Iterable[Any], *, label: str = "map"
-               ) -> Iterator[Any]:
+def serial_map(fn: Callable[[Any], Any], items: Iterable[Any], *, label: str = "map",
+               locate: Locate | None = None) -> Iterator[Any]:
     for index, item in enumerate(items):
         try:
             result = fn(item)
         except Exception as e:
-            raise annotate(e, label, index)
+            raise annotate(e, label, index, locate)
         yield result

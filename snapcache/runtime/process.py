@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from snapcache.runtime import process_safety
-from snapcache.runtime.errors import annotate
+from snapcache.runtime.errors import Locate, annotate
 from snapcache.runtime.parallel import next_done
 
 SHM_THRESHOLD = 64 << 10
@@ -222,12 +222,13 @@ class ChunkSizer:
 
 def process_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
                 deterministic: bool = True, label: str = "map",
-                chunk_size: int | None = None) -> Iterator[Any]:
+                chunk_size: int | None = None, locate: Locate | None = None) -> Iterator[Any]:
     """Yield ``fn(item)`` for each item, computed by ``workers`` processes.
 
     ``chunk_size=None`` adapts the number of examples per task to what the function costs.
     Closing the iterator (or an error) stops the workers and removes every shared-memory
-    segment they made.
+    segment they made. Errors name ``label`` and the example (``locate``, see
+    :func:`~snapcache.runtime.errors.annotate`).
     """
     process_safety.check_main_guard()
     source = iter(items)
@@ -264,7 +265,7 @@ def process_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
                     # the same error and report it, after yielding what was computed before.
                     if not in_flight:
                         raise process_safety.died(prefix, list(processes.values()), label,
-                                                  position) from None
+                                                  position, locate) from None
                     exhausted = True
                     break
                 in_flight.append((position, future))
@@ -275,10 +276,10 @@ def process_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
             start, future = next_done(in_flight, deterministic)
             error = future.exception()
             if isinstance(error, BrokenProcessPool):
-                raise process_safety.died(prefix, list(processes.values()), label, start) \
-                    from None
+                raise process_safety.died(prefix, list(processes.values()), label, start,
+                                          locate) from None
             if error is not None:
-                raise annotate(error, label, start)
+                raise annotate(error, label, start, locate)
             results, seconds, failed = future.result()
             if sizer is not None and failed is None:
                 sizer.observe(len(results), seconds)
@@ -286,7 +287,7 @@ def process_map(fn: Callable[[Any], Any], items: Iterable[Any], *, workers: int,
             while ready:
                 yield _unpark(ready.popleft())
             if failed is not None:
-                raise process_safety.rebuild(failed, label)
+                raise process_safety.rebuild(failed, label, locate)
     finally:
         for value in ready:
             _discard(value)

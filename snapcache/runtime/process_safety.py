@@ -31,6 +31,7 @@ import traceback
 
 from snapcache.errors import UserFunctionError
 from snapcache.machine import pid_alive
+from snapcache.runtime.errors import Locate, annotate, where
 
 SHM_DIR = "/dev/shm"
 
@@ -147,36 +148,36 @@ class WorkerTraceback(Exception):
         return f'\n"""\n{self.text}"""'
 
 
-def rebuild(report: dict, label: str) -> BaseException:
+def rebuild(report: dict, label: str, locate: Locate | None = None) -> BaseException:
     """The exception to raise in the parent for a worker's failure report."""
-    from snapcache.runtime.errors import annotate
-
     cause = WorkerTraceback(report["traceback"])
     if report["payload"] is not None:
         error = pickle.loads(report["payload"])
         error.__cause__ = cause
-        return annotate(error, label, report["position"])
+        return annotate(error, label, report["position"], locate)
     error = UserFunctionError(
-        f"{label} raised {report['type']}: {report['message']} on example "
-        f"#{report['position']} of this epoch, in a worker process; the exception itself could "
+        f"{label} raised {report['type']}: {report['message']} on "
+        f"{where(report['position'], locate)}, in a worker process; the exception itself could "
         f"not be sent back because {report['why']} (its traceback follows). Make the "
         "exception picklable, or use executor='thread' to get it unchanged")
     error.__cause__ = cause
     return error
 
 
-def died(prefix: str, processes: list, label: str, first: int) -> BaseException:
+def died(prefix: str, processes: list, label: str, first: int, locate: Locate | None = None
+         ) -> BaseException:
     """The error for a worker that died without a word (a signal, os._exit, OOM killer)."""
     dead = [p for p in processes if p.exitcode is not None and p.exitcode != 0]
     parts = []
     for p in dead:
         code = p.exitcode
         how = f"signal {-code} ({_signal_name(-code)})" if code < 0 else f"exit status {code}"
-        where = _position(prefix, p.pid)
-        parts.append(f"worker died: {how}" + (f" while computing example #{where}"
-                                               if where is not None else ""))
+        index = _position(prefix, p.pid)
+        parts.append(f"worker died: {how}" + (f" while computing {where(index, locate)}"
+                                               if index is not None else ""))
     if not parts:
-        parts = [f"a worker process died (examples from #{first} on were being computed)"]
+        parts = [f"a worker process died (from {where(first, locate)} on, examples were "
+                 "being computed)"]
     hint = " (SIGKILL is often the out-of-memory killer)" if any(
         p.exitcode == -signal.SIGKILL for p in dead) else ""
     return UserFunctionError(f"{label}: " + "; ".join(parts) + hint)

@@ -19,7 +19,9 @@ Decisions:
   copied alone and concatenated once). Arrays in non-native byte order come back in native order, with equal values.
 - Decoded tensors are **read-only views** of the batch's Arrow buffers (zero copy), from both
   ``rows()`` and ``columns()``; scalar columns are read-only too. Copy an array before writing
-  to it. Holding one row keeps the memory of its whole batch alive.
+  to it. Holding one row keeps the memory of its whole batch alive. The examples an epoch
+  writes are handed on as :func:`read_only` views too, so that what follows a snapshot gets
+  read-only arrays in every epoch, the writing one included.
 - Round trips are exact: dtypes, shapes (0-d arrays stay 0-d, numpy scalars stay numpy
   scalars, Python ``bool``/``int``/``float`` stay Python objects), NaN payloads and ``-0.0``.
 """
@@ -338,6 +340,26 @@ def _view(array: pa.Array, dtype: np.dtype, offset: int, count: int) -> np.ndarr
     else:
         view = np.frombuffer(buffer, dtype=dtype, count=count, offset=start * dtype.itemsize)
     view.setflags(write=False)  # Arrow buffers may be mutable (e.g. freshly decompressed)
+    return view
+
+
+def read_only(example: Any) -> Any:
+    """``example`` (a dict, a tuple or a single value) with each numpy array a read-only view
+    of it, as a read of the snapshot hands examples out: what an epoch that writes a snapshot
+    passes on. The arrays themselves are left as they are (the pipeline above may hold them)."""
+    kind = type(example)
+    if kind is dict:
+        return {key: _read_only(value) for key, value in example.items()}
+    if kind is tuple:
+        return tuple(_read_only(value) for value in example)
+    return _read_only(example)
+
+
+def _read_only(value: Any) -> Any:
+    if type(value) is not np.ndarray or not value.flags.writeable:
+        return value
+    view = value.view()
+    view.flags.writeable = False
     return view
 
 

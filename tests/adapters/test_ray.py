@@ -149,6 +149,22 @@ def test_build_writes_the_snapshot_a_single_process_writes(ray_cluster, tmp_path
     assert sum(calls(calls_dir).values()) == before
 
 
+def refuse_fifty(i):
+    if i == 50:
+        raise ValueError("bad example 50")
+    return {"i": i}
+
+
+def test_an_error_in_a_task_names_the_example_by_its_position_in_the_epoch(ray_cluster,
+                                                                          tmp_path):
+    """Found: the note counted within the task's stream: in a 2-task build example 50 was
+    "#25 of this epoch"."""
+    ds = sc.Dataset.range(N).map(refuse_fifty).snapshot(str(tmp_path), progress=False)
+    with pytest.raises(Exception, match="bad example 50") as raised:
+        scr.build(ds, num_tasks=2, max_retries=0)
+    assert "raised by map `refuse_fifty` on example #50 of this epoch" in str(raised.value)
+
+
 @pytest.mark.parametrize("select", ["take", "shard", "filter-take"])
 def test_take_and_shard_before_the_snapshot_write_what_one_process_writes(ray_cluster, tmp_path,
                                                                           select):

@@ -71,3 +71,37 @@ def test_a_batch_of_batches_after_a_committed_snapshot(root):
     shapes = [tuple(e["x"].shape) for e in tf_ds]
     assert shapes == [(3, 4, 2)] * 4 + [(1, 2, 2)]
     assert tf_ds.cardinality().numpy() == 5
+
+
+@pytest.mark.parametrize("upstream", ["map after the snapshot", "no snapshot"])
+def test_a_batch_of_batches_read_off_the_first_element_leaves_every_batch_dimension_open(
+        root, upstream):
+    """Found: with a map after the snapshot (the spec read off the first element) only the
+    outer batch dimension was None: (None, 4) for batch(4).batch(3), and the inner batch's
+    remainder (1, 1) failed every TF epoch at its last element. The schema path gave
+    (None, None); both give it now."""
+    if upstream == "no snapshot":
+        ds = sc.Dataset.range(13).map(lambda i: {"x": np.float32(i), "v": np.full(2, i)})
+    else:
+        ds = sc.Dataset.range(13).map(lambda i: {"x": np.float32(i), "v": np.full(2, i)}) \
+            .snapshot(root, progress=False).map(lambda e: {"x": e["x"] * 2, "v": e["v"]})
+    tf_ds = ds.batch(4).batch(3).to_tf()
+    assert tf_ds.element_spec == {"x": tf.TensorSpec((None, None), tf.float32),
+                                  "v": tf.TensorSpec((None, None, 2), tf.int64)}
+    for _ in range(2):
+        assert [tuple(e["x"].shape) for e in tf_ds] == [(3, 4), (1, 1)]
+
+
+def test_cardinality_counts_the_keyed_snapshot_each_epoch_reads(root):
+    """Found: with ``snapshot(key=...)`` over a source that had grown (100 examples written,
+    120 now), to_tf() asserted the source's 120 and every TF epoch failed at its end with
+    "expected to contain 120 elements but contained only 100"."""
+    list(sc.Dataset.range(100).map(lambda i: {"id": i}).snapshot(root, key="v1",
+                                                                   progress=False))
+    ds = sc.Dataset.range(120).map(lambda i: {"id": i}).snapshot(root, key="v1",
+                                                                  progress=False)
+    for pipeline, expected in ((ds, 100), (ds.map(lambda e: e["id"] * 2).batch(8), 13)):
+        tf_ds = pipeline.to_tf()
+        assert tf_ds.cardinality().numpy() == expected
+        for _ in range(2):
+            assert sum(1 for _ in tf_ds) == expected

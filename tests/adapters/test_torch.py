@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import traceback
 import warnings
 
 import numpy as np
@@ -74,6 +75,43 @@ def test_dataloader_with_two_workers_writes_one_snapshot_and_delivers_each_examp
     second = ids_of(loader)                               # epoch 2 reads the snapshot
     assert sorted(second) == list(range(N))
     assert len(calls(log)) == N
+
+
+def test_workers_forked_after_a_pass_that_filled_a_cache_each_yield_their_share_once(root):
+    """Found: a ``cache()`` filled by a pass in the main process (an evaluation loop) was
+    inherited by the forked DataLoader workers, and each replayed the whole epoch: 2 workers
+    yielded every example twice."""
+    ds = sc.Dataset.range(N).map(lambda i: {"id": i, "x": np.float32(i)}).snapshot(
+        root, progress=False).cache()
+    assert sorted(int(e["id"]) for e in ds) == list(range(N))  # fills the cache
+    for workers in (2, 1):
+        ids = ids_of(DataLoader(ds.to_torch(), batch_size=None, num_workers=workers))
+        assert sorted(ids) == list(range(N)), workers
+
+
+def refuse_31(e):
+    if int(e["id"]) == 31:
+        raise ValueError("bad label in example 31")
+    return e
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_an_error_in_a_worker_names_the_same_example_as_without_workers(root, shuffled):
+    """Found: the note on a map's exception counted within the worker's share: example 31
+    was "#31 of this epoch" with num_workers=0 and "#11" with 2 workers."""
+    base = sc.Dataset.range(N).map(lambda i: {"id": i}).snapshot(root, progress=False)
+    list(base)  # committed
+    ds = base.shuffle(8, seed=1).map(refuse_31) if shuffled else base.map(refuse_31)
+    notes = []
+    for workers in (0, 2):
+        with pytest.raises(Exception, match="bad label in example 31") as raised:
+            for _ in DataLoader(ds.to_torch(), batch_size=None, num_workers=workers):
+                pass
+        text = "".join(traceback.format_exception(raised.value))
+        notes.append([line.strip() for line in text.splitlines() if "snapcache: raised" in line])
+    assert notes[0] == notes[1] and len(notes[0]) == 1, notes
+    if not shuffled:
+        assert notes[0] == ["snapcache: raised by map `refuse_31` on example #31 of this epoch"]
 
 
 def test_take_with_two_workers_yields_the_first_k_once_and_splits_the_work(tmp_path, root):

@@ -187,3 +187,34 @@ def test_public_names_are_pinned():
         "Snapshot", "SnapshotNotFoundError", "SnapshotOptions", "SnapshotStateError",
         "UnsupportedValueError", "__version__", "info", "ls", "open_snapshot", "purge",
         "verify"])
+
+
+def refuse_31(i):
+    if i == 31:
+        raise ValueError("bad example 31")
+    return i
+
+
+def not_multiple_of_3(i):
+    return i % 3 != 0
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_an_error_note_in_a_stream_names_the_example_in_the_epoch_or_says_share(executor):
+    """Found: with streams (DataLoader workers, ranks, Ray tasks) the note counted within the
+    stream's share: example 31, stream 1 of 2, was "#15 of this epoch". Split by stride, the
+    stream knows the position in the epoch; after a filter it does not, and says so."""
+    def notes(ds, stream):
+        with pytest.raises(ValueError, match="bad example 31") as raised:
+            list(ds.iterate(0, stream=stream))
+        return [n for n in raised.value.__notes__ if n.startswith("snapcache: raised")]
+
+    strided = sc.Dataset.range(40).map(refuse_31, num_parallel_calls=2, executor=executor)
+    for stream in ((0, 1), (1, 2), (1, 3)):
+        assert notes(strided, stream) == [
+            "snapcache: raised by map `refuse_31` on example #31 of this epoch"], stream
+    filtered = sc.Dataset.range(40).filter(not_multiple_of_3).map(
+        refuse_31, num_parallel_calls=2, executor=executor)
+    assert notes(filtered, (1, 2)) == [  # 1, 5, 7, 11, ...: 31 is the 11th of stream 1's
+        "snapcache: raised by map `refuse_31` on example #10 of this stream's share "
+        "(stream 1 of 2)"]

@@ -383,6 +383,26 @@ def test_explain_wording_with_many_segments(src, tmp_path, monkeypatch):
     assert v1.shards[0].path != v2.shards[0].path     # the first segment's rows, copied
 
 
+def load_but_not_9(path):
+    if path.endswith("f0009.txt"):
+        raise ValueError("unreadable file")
+    return load(path)
+
+
+def test_an_error_note_in_a_segment_says_the_segment_it_counts_in(src, tmp_path, monkeypatch):
+    """Found by the audit of error notes: each segment runs the upstream on its files only,
+    and the note said "example #1 of this epoch" for the 10th file (the 2nd of the 3rd
+    segment of 4). It says which segment the number counts in now."""
+    from snapcache.pipeline import delta_plan
+
+    monkeypatch.setattr(delta_plan, "SEGMENT_UNITS", 4)
+    with pytest.raises(ValueError, match="unreadable file") as raised:
+        list(pipeline(src, tmp_path / "root", load_but_not_9))
+    assert [n for n in raised.value.__notes__ if n.startswith("snapcache: raised")] == [
+        "snapcache: raised by map `load_but_not_9` on example #1 of a delta segment (computed "
+        f"from its 4 files from {src / 'f0008.txt'} on)"]
+
+
 def test_when_rows_per_file_are_unknown_a_segment_with_a_removed_file_is_recomputed(
         src, tmp_path, monkeypatch):
     from snapcache.pipeline import delta_plan

@@ -78,3 +78,51 @@ def test_streams_yield_every_example_once(tmp_path, monkeypatch, upstream, count
     assert ds.open_snapshot().state == "committed"
     again = run_streams(ds, count, parallel=False)  # and once committed
     assert collections.Counter(x for out in again for x in out) == collections.Counter(expected)
+
+
+CACHED = {
+    "snapshot -> map -> cache": lambda ds: ds.map(square).cache(),
+    "snapshot -> shuffle -> cache": lambda ds: ds.shuffle(16, seed=3).cache(),
+}
+
+
+@pytest.mark.parametrize("filled_by", ["the whole epoch", "a share"])
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("tail", list(CACHED))
+def test_a_cache_replays_only_to_whole_epochs_and_streams_compute_their_share(
+        tmp_path, tail, count, filled_by):
+    """Found: ``cache()`` replayed whatever one complete run had stored to every later run,
+    whatever its stream: after a pass in the main process each DataLoader worker yielded the
+    whole epoch (every example ``count`` times), and after a run of one stream's share a
+    whole epoch yielded that share only. A cache serves whole single-stream epochs; the
+    streams of an epoch each compute their share, in every epoch and whatever filled it."""
+    base = sc.Dataset.range(N).snapshot(str(tmp_path), shard_size=400, progress=False)
+    expected = collections.Counter(x for x in (square(i) if "map" in tail else i
+                                               for i in range(N)))
+    list(base)  # committed
+    ds = CACHED[tail](base)
+    if filled_by == "a share":
+        list(ds.iterate(epoch=0, stream=(0, count)))
+    else:
+        list(ds.iterate(epoch=0))
+    for epoch in (1, 2):
+        whole = [int(x) for x in ds.iterate(epoch=epoch)]
+        assert collections.Counter(whole) == expected, (epoch, "whole epoch")
+        shares = [[int(x) for x in ds.iterate(epoch=epoch, stream=(k, count))]
+                  for k in range(count)]
+        assert collections.Counter(x for share in shares for x in share) == expected, \
+            (epoch, "streams")
+
+
+def test_a_filled_cache_replays_whole_epochs_without_computing(tmp_path, counter):
+    """What the cache is for, kept: once a whole epoch filled it, whole epochs replay it."""
+    def costly(i):
+        counter.hit()
+        return i + 1
+
+    ds = sc.Dataset.range(N).snapshot(str(tmp_path), progress=False).map(costly).cache()
+    list(ds.iterate(epoch=0, stream=(1, 2)))  # a share: computed, not stored
+    assert counter.count == N // 2
+    assert list(ds) == [i + 1 for i in range(N)]  # the first whole epoch fills it
+    calls = counter.count
+    assert list(ds) == [i + 1 for i in range(N)] and counter.count == calls

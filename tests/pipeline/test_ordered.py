@@ -451,6 +451,66 @@ def test_an_error_after_a_committed_snapshot_names_the_users_function(root, shap
         assert "partial" not in note
 
 
+def refuse_batch_with_seven(batch):
+    if 7 in batch["id"].tolist():
+        raise ValueError("boom")
+    return batch
+
+
+def not_multiple_of_3(e):
+    return int(e["id"]) % 3 != 0
+
+
+NOTE_SHAPES = {
+    "map": lambda ds: ds.map(refuse_seven),
+    "threads": lambda ds: ds.map(refuse_seven, num_parallel_calls=2),
+    "process": lambda ds: ds.map(refuse_seven, num_parallel_calls=2, executor="process"),
+    "filter": lambda ds: ds.filter(reject_seven),
+    "filter-map": lambda ds: ds.filter(not_multiple_of_3).map(refuse_seven),
+    "batch-map": lambda ds: ds.batch(4).map(refuse_batch_with_seven),
+    "shuffle-map": lambda ds: ds.shuffle(6, seed=2).map(refuse_seven),
+    "shuffle-map-batch": lambda ds: ds.shuffle(6, seed=2).map(refuse_seven).batch(3),
+}
+
+
+def note_of(iterator):
+    try:
+        for _ in iterator:
+            pass
+    except (ValueError, KeyError) as e:
+        return [n for n in e.__notes__ if n.startswith("snapcache: raised")]
+    return None
+
+
+@pytest.mark.parametrize("shape", sorted(NOTE_SHAPES))
+def test_an_error_note_names_the_example_by_its_position_in_the_epoch_whatever_the_streams(
+        root, shape):
+    """Found: the note counted the failing input within the stream's share, so with
+    DataLoader workers or ranks it named another example than without (example 7 of 20,
+    stream 1 of 2: "#2 of this epoch"). It names the position in the epoch's order now (and
+    the snapshot row, where a shuffle made them differ), the same for any number of streams
+    and after a resume."""
+    base = pipeline(root, n=20)
+    list(base)  # committed
+    ds = NOTE_SHAPES[shape](base)
+    order = ids(base.shuffle(6, seed=2).iterate(0)) if "shuffle" in shape else list(range(20))
+    at = order.index(7)
+    what = "the batch whose last example is" if "batch-map" in shape else "example"
+    name = "filter `reject_seven`" if shape == "filter" else \
+        "map `refuse_batch_with_seven`" if "batch-map" in shape else "map `refuse_seven`"
+    expected = f"snapcache: raised by {name} on {what} #{at} of this epoch" + (
+        " (row 7 of the snapshot)" if at != 7 else "")
+    for count in (1, 2, 3):
+        notes = [note_of(ds.iterate(0, stream=(k, count))) for k in range(count)]
+        assert [n for n in notes if n is not None] == [[expected]], (count, notes)
+    if shape == "map":  # resumed from a state, on another number of streams
+        it = ds.iterate(0)
+        next(it), next(it)
+        state = it.state_dict()
+        notes = [note_of(ds.iterate(state=state, stream=(k, 2))) for k in range(2)]
+        assert [n for n in notes if n is not None] == [[expected]], notes
+
+
 BATCH_SHAPES = {
     "batch-batch": lambda ds: ds.batch(4).batch(3),
     "batch-batch-prefetch": lambda ds: ds.batch(4).prefetch(2).batch(3).prefetch(1),

@@ -1,5 +1,6 @@
-"""Snapshot options a user meets on the second run: compression=None, and options that
-differ from the existing snapshot's (warned once, naming what it has)."""
+"""Snapshot options a user meets on the second run: compression=None, options that differ
+from the existing snapshot's (warned once, naming what it has), and a key= whose source changed
+since (the snapshot is read, and len() counts it)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,21 @@ def test_a_local_copy_of_a_remote_snapshot_points_to_local_cache(tmp_path):
     with pytest.warns(RedundantSnapshotWarning, match="local_cache="):
         sc.Dataset.range(10).snapshot("s3://bucket/snaps", progress=False).snapshot(
             str(tmp_path), progress=False)
+
+
+def test_len_counts_the_committed_snapshot_that_epochs_read(root):
+    """Found: with ``snapshot(key=...)`` ``len()`` came from the source (120) while every
+    epoch read the keyed snapshot written from an earlier source (100 examples). A committed
+    snapshot's count now comes first, below it and after it."""
+    list(sc.Dataset.range(100).map(lambda i: {"id": i}).snapshot(root, key="v1",
+                                                                   progress=False))
+    grown = sc.Dataset.range(120).map(lambda i: {"id": i}).snapshot(root, key="v1",
+                                                                     progress=False)
+    for ds in (grown, grown.batch(8), grown.shuffle(10, seed=0).take(50), grown.cache(),
+               grown.map(lambda e: e).batch(8, drop_remainder=True).repeat(2)):
+        assert len(ds) == sum(1 for _ in ds) == len(list(ds.iterate(epoch=1)))
+    assert len(grown) == 100 and len(grown.batch(8)) == 13
+    # not committed yet: the source's length, which the writing epoch yields
+    fresh = sc.Dataset.range(30).map(lambda i: {"id": i}).snapshot(root, key="v2",
+                                                                    progress=False)
+    assert len(fresh) == 30 == sum(1 for _ in fresh) == len(fresh)

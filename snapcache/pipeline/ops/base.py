@@ -197,6 +197,38 @@ def strided(op: Op | None) -> bool:
                        lambda t: t.prefix or (t.element_wise and keeps_positions(t)))
 
 
+def input_positions(op: Op) -> Callable[[int, int | None], str] | None:
+    """How an error note names the example at input ``index`` of ``op``'s run in the current
+    stream (a ``Locate`` of :mod:`snapcache.runtime.errors`; its runner passes it on, and it
+    costs nothing until an exception): None, the default "example #index of this epoch", when
+    the stream is the whole epoch; its position in the epoch when the stream takes the epoch's
+    positions by stride (a :func:`strided` upstream: ``index + count * (skip + k)``); else its
+    position in the stream's share, saying so (after a snapshot's read, a shuffle, a filter),
+    or in the part of the epoch being run (:func:`streams.part`: a delta segment's files)."""
+    part = streams.part()
+    if part is not None:
+        return functools.partial(_part_position, part)
+    spec = streams.current()
+    if spec.trivial:
+        return None
+    if strided(op.parent):
+        return functools.partial(_strided_position, spec.index + spec.count * spec.skip,
+                                 spec.count)
+    return functools.partial(_share_position, spec.index, spec.count)
+
+
+def _strided_position(first: int, step: int, index: int, position: int | None) -> str:
+    return f"example #{first + step * index} of this epoch"
+
+
+def _share_position(stream: int, count: int, index: int, position: int | None) -> str:
+    return f"example #{index} of this stream's share (stream {stream} of {count})"
+
+
+def _part_position(part: str, index: int, position: int | None) -> str:
+    return f"example #{index} of {part}"
+
+
 # -- runners -----------------------------------------------------------------------------------
 Runner = Callable[[Any, int], Iterator[Any]]
 RUNNERS: dict[type, Runner] = {}

@@ -10,9 +10,10 @@ from snapcache.errors import warn
 from snapcache.fingerprint import detect_randomness
 from snapcache.machine import available_cpus
 from snapcache.options import AUTOTUNE, resolve_parallelism
-from snapcache.pipeline.ops.base import Op, Traits, callable_name, closing, runs, upstream
+from snapcache.pipeline.ops.base import (Op, Traits, callable_name, closing, input_positions,
+                                         runs, upstream)
 from snapcache.runtime.autotune import ThreadTuner
-from snapcache.runtime.errors import annotate
+from snapcache.runtime.errors import Locate, annotate
 from snapcache.runtime.parallel import parallel_map
 from snapcache.runtime.process import process_map
 
@@ -46,19 +47,27 @@ class MapOp(Op):
     def randomness_problems(self) -> list[str]:
         return list(detect_randomness(self.fn))
 
+    def locate(self) -> Locate | None:
+        """How an error note names the example at one of this run's inputs (built by the
+        runner, in the stream it runs in: :func:`~snapcache.pipeline.ops.base.input_positions`)."""
+        return input_positions(self)
+
 
 @runs(MapOp)
 def run_map(op: MapOp, epoch: int) -> Iterator[Any]:
     source = upstream(op, epoch)
+    locate = op.locate()
     if op.executor == "process" and _processes_allowed(op):
         workers = available_cpus() if op.num_parallel_calls == AUTOTUNE else \
             resolve_parallelism(op.num_parallel_calls, what="num_parallel_calls")
         return closing(source, process_map(op.fn, source, workers=workers,
-                                           deterministic=op.deterministic, label=op.describe()))
+                                           deterministic=op.deterministic, label=op.describe(),
+                                           locate=locate))
     tuner = ThreadTuner() if op.num_parallel_calls == AUTOTUNE else None
     workers = resolve_parallelism(op.num_parallel_calls, what="num_parallel_calls")
     return closing(source, parallel_map(op.fn, source, workers=workers, tuner=tuner,
-                                        deterministic=op.deterministic, label=op.describe()))
+                                        deterministic=op.deterministic, label=op.describe(),
+                                        locate=locate))
 
 
 _warned_daemon = False
@@ -96,17 +105,22 @@ class FilterOp(Op):
     def randomness_problems(self) -> list[str]:
         return list(detect_randomness(self.predicate))
 
+    def locate(self) -> Locate | None:
+        """As :meth:`MapOp.locate`."""
+        return input_positions(self)
+
 
 @runs(FilterOp)
 def run_filter(op: FilterOp, epoch: int) -> Iterator[Any]:
     source = upstream(op, epoch)
+    locate = op.locate()
 
     def body() -> Iterator[Any]:
         for index, item in enumerate(source):
             try:
                 keep = op.predicate(item)
             except Exception as e:
-                raise annotate(e, op.describe(), index)
+                raise annotate(e, op.describe(), index, locate)
             if keep:
                 yield item
 

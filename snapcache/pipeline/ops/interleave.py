@@ -7,7 +7,8 @@ from typing import Any, Callable, ClassVar, Iterator
 
 from snapcache.machine import available_cpus
 from snapcache.options import AUTOTUNE
-from snapcache.pipeline.ops.base import Op, Traits, callable_name, closing, runs, upstream
+from snapcache.pipeline.ops.base import (Op, Traits, callable_name, closing, input_positions,
+                                         runs, upstream)
 from snapcache.runtime.interleave import interleave
 
 
@@ -45,7 +46,8 @@ def run_interleave(op: InterleaveOp, epoch: int) -> Iterator[Any]:
         parallelism = op.num_parallel_calls or 1
     return closing(source, interleave(
         _as_iterable(op.fn, epoch), source, cycle_length=cycle, block_length=op.block_length,
-        parallelism=parallelism, deterministic=op.deterministic, label=op.describe()))
+        parallelism=parallelism, deterministic=op.deterministic, label=op.describe(),
+        locate=input_positions(op)))
 
 
 def _as_iterable(fn: Callable[[Any], Any], epoch: int) -> Callable[[Any], Any]:
