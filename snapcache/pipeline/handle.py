@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
-from snapcache.errors import CorruptSnapshotError, SnapshotNotFoundError, SnapshotStateError
+from snapcache.errors import (
+    CorruptSnapshotError, SnapshotNotFoundError, SnapshotStateError, UnknownFormatVersionError)
 from snapcache.store import layout
 from snapcache.store.catalog import read_entry
 from snapcache.store.fs import Storage
@@ -140,7 +141,7 @@ class Snapshot:
         if self._source_digest is not None:  # a delta snapshot: the version of its files
             try:
                 self._manifest = versions.find_version(self._folder, self._source_digest)
-            except CorruptSnapshotError:
+            except (CorruptSnapshotError, UnknownFormatVersionError):  # `problem` says which
                 return "corrupt"
             if self._manifest is not None:
                 return "committed"
@@ -167,6 +168,10 @@ class Snapshot:
         return self._manifest
 
     def _not_committed(self, state: str) -> str:
+        if state == "corrupt":
+            entry = read_entry(self._folder, self.id)
+            if entry.newer:  # not damaged: this release cannot read it
+                return f"snapshot {self.id[:12]} at {self.url} is unreadable here: {entry.problem}"
         why = {
             "writing": "it is being written; iterate the pipeline (it waits for the commit) "
                        "or try again later",
@@ -361,7 +366,8 @@ def _ready(snap: Snapshot) -> Snapshot:
     a dataset is opened), so that a first ``snap[i]`` reads only its record batch."""
     try:
         manifest = load_manifest(snap.storage)
-    except CorruptSnapshotError:  # a delta lineage's marker, or damage (its state says which)
+    except (CorruptSnapshotError, UnknownFormatVersionError):
+        # a delta lineage's marker, damage, or a newer format: its state says which
         manifest = None
     if manifest is not None and manifest.version is None:
         snap._manifest = manifest

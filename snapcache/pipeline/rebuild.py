@@ -8,6 +8,10 @@ the epoch again on a rebuilt snapshot: the upstream is recomputed and written, a
 this epoch had already yielded are written but not yielded again, so the epoch goes on where it
 was. The shards no new manifest lists are removed by the rebuilt snapshot's commit.
 
+A snapshot written in a newer format (:class:`~snapcache.errors.UnknownFormatVersionError`)
+is not corrupt: it is never withdrawn nor rebuilt, whatever ``on_corrupt`` says; the epoch
+fails with the error's "upgrade snapcache".
+
 The examples skipped are counted, so the epoch goes on exactly where it was when its order does
 not depend on the snapshot's layout: no shuffle, or a seeded shuffle over a snapshot rebuilt
 with the same layout (the same streams). At most one rebuild per epoch: a rebuilt snapshot
@@ -19,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterator
 
-from snapcache.errors import CorruptSnapshotError, warn
+from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError, warn
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol import versions, withdraw_manifest
@@ -52,8 +56,8 @@ class Rebuilding:
                 self._name = None if delta else layout.MANIFEST
             if self._name is not None:
                 self._read = folder().read_bytes(self._name)
-        except (CorruptSnapshotError, OSError):
-            pass
+        except (CorruptSnapshotError, UnknownFormatVersionError, OSError):
+            pass  # a newer format: the epoch meets it and fails, nothing here withdraws it
         try:
             self._it: Iterator[Any] = make()
         except CorruptSnapshotError as error:  # met when the epoch starts: rebuilt at next()

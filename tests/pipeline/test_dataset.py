@@ -185,5 +185,5 @@ def test_public_names_are_pinned():
     assert sorted(sc.__all__) == sorted([
         "AUTOTUNE", "CorruptSnapshotError", "Dataset", "FingerprintError", "SnapcacheError",
         "Snapshot", "SnapshotNotFoundError", "SnapshotOptions", "SnapshotStateError",
-        "UnsupportedValueError", "__version__", "info", "ls", "open_snapshot", "purge",
-        "verify"])
+        "UnknownFormatVersionError", "UnsupportedValueError", "__version__", "info", "ls",
+        "open_snapshot", "purge", "verify"])

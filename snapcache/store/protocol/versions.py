@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import xxhash
 
-from snapcache.errors import CorruptSnapshotError
+from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import WriteLease, live_leases
@@ -328,28 +328,59 @@ def _with_record(manifest: Manifest, name: str, record: bytes) -> Manifest:
                                      "record_checksum": checksum(record)})
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A committed version whose manifest this release cannot read: damaged, or (``newer``)
+    written by a newer snapcache (not damaged: upgrade to read it)."""
+
+    version: int
+    problem: str
+    newer: bool = False
+
+
 def referenced(storage: Storage, names: Sequence[str] | None = None,
                skip: Iterable[int] = ()) -> set[str]:
     """Every file some committed version (but those in ``skip``) needs: its manifest, its
     source record and its shards. A shard's reference count is the number of versions listing
-    it; it may be deleted only when that is zero."""
+    it; it may be deleted only when that is zero. What a version that cannot be read lists is
+    unknown, so while there is one every shard stays (see :func:`survey`)."""
+    return survey(storage, names, skip)[0]
+
+
+def survey(storage: Storage, names: Sequence[str] | None = None, skip: Iterable[int] = ()
+           ) -> tuple[set[str], tuple[Unreadable, ...]]:
+    """:func:`referenced`, and the versions (but those in ``skip``) that cannot be read. Those
+    are never skipped as if they listed nothing: every shard of the folder and their source
+    records are counted as needed, so no clean-up or purge deletes what a damaged manifest
+    (perhaps to be restored) or a newer release's version may list."""
     names = storage.listdir() if names is None else names
     skip = set(skip)
     needed: set[str] = set()
+    unreadable: list[Unreadable] = []
     for version in versions(storage, names):
         if version in skip:
             continue
         try:
             manifest = load_version(storage, version)
         except CorruptSnapshotError as e:
-            log.warning("%s", e)
+            unreadable.append(Unreadable(version, str(e)))
+            continue
+        except UnknownFormatVersionError as e:
+            unreadable.append(Unreadable(version, str(e), newer=True))
             continue
         if manifest is None:
             continue
         needed.add(manifest_name(version))
         needed.add(str(manifest.source.get("record")))
         needed.update(layout.with_pages(s.path for s in manifest.shards))
-    return needed
+    if unreadable:
+        numbers = {u.version for u in unreadable}
+        for name in names:
+            units = _UNITS_RE.match(name)
+            if (layout.run_of(name) is not None and not layout.is_tmp(name)) or \
+                    (units is not None and int(units.group(1)) in numbers):
+                needed.add(name)
+    return needed, tuple(unreadable)
 
 
 def record_owner(name: str) -> str | None:
@@ -419,8 +450,8 @@ def withdraw_listing(storage: Storage, shard: str) -> list[int]:
     for version in reversed(versions(storage)):
         try:
             manifest = load_version(storage, version)
-        except CorruptSnapshotError:
-            manifest = None
+        except (CorruptSnapshotError, UnknownFormatVersionError):
+            manifest = None  # unreadable: not known to list it, never withdrawn here
         if manifest is not None and any(s.path == shard for s in manifest.shards):
             storage.remove(manifest_name(version))
             withdrawn.append(version)
