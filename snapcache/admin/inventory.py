@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.options import default_root, default_root_from_environment
 from snapcache.store import layout
 from snapcache.store.protocol import versions
@@ -66,6 +67,9 @@ class SnapshotInfo:
     versions: tuple[int, ...] = ()   # a delta snapshot's versions (``manifest``: the newest)
     referenced: frozenset[str] | None = field(default=None, repr=False, compare=False)
     """A delta snapshot: the files some version needs (shards shared by versions once)."""
+    unreadable_versions: tuple[versions.Unreadable, ...] = ()
+    """A delta snapshot: versions whose manifest cannot be read (the newest can: ``problem``
+    says why and what to do; ``newer``: written by a newer snapcache, not damaged)."""
 
     @property
     def short_id(self) -> str:
@@ -101,6 +105,8 @@ class SnapshotInfo:
             "created_at": iso(self.created_at), "last_used": iso(self.last_used),
             "pipeline": self.pipeline, "problem": self.problem or None,
             "versions": list(self.versions) or None,
+            "unreadable_versions": [{"version": u.version, "problem": u.problem,
+                                     "newer": u.newer} for u in self.unreadable_versions],
             "corrupt_leases": list(self.corrupt_leases),
             "link_target": self.link_target, "tmp_files": self.tmp_files,
             "foreign_files": list(self.foreign_files),
@@ -210,7 +216,8 @@ def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
             num_shards=len(manifest.shards), raw_bytes=manifest.raw_bytes or None,
             created_at=parse_time(manifest.created_at) or committed,
             last_used=_last_used(folder, files) or committed, pipeline=manifest.pipeline,
-            manifest=manifest, versions=entry.versions, referenced=entry.referenced, **common)
+            manifest=manifest, versions=entry.versions, referenced=entry.referenced,
+            unreadable_versions=entry.unreadable, **common)
     writing = any(lease.kind == "write" for lease in leases)
     state = "corrupt" if problem else "writing" if writing else "abandoned"
     shards = [f for f in files if f.path.endswith(layout.SHARD_SUFFIX)]
@@ -310,13 +317,22 @@ def info(root: str | os.PathLike | None, id: str | None = None, *,
 
 
 def delta_versions(snap: SnapshotInfo, storage_options: dict | None = None) -> list[Manifest]:
-    """The committed versions of a delta snapshot (oldest first; empty for other snapshots)."""
+    """The committed versions of a delta snapshot that can be read (oldest first; empty for
+    other snapshots): the others are in :attr:`SnapshotInfo.unreadable_versions`."""
     folder = Storage(snap.url, storage_options)
-    found = (versions.load_version(folder, v) for v in snap.versions)
-    return [m for m in found if m is not None]
+    found = []
+    for version in snap.versions:
+        try:
+            manifest = versions.load_version(folder, version)
+        except (CorruptSnapshotError, UnknownFormatVersionError):
+            continue  # damaged since the snapshot was described: said by the next look
+        if manifest is not None:
+            found.append(manifest)
+    return found
 
 
-def source_files(snap: SnapshotInfo, storage_options: dict | None = None) -> list[dict]:
+def source_files(snap: SnapshotInfo, storage_options: dict | None = None
+                 ) -> list[dict] | None:
     """The files a delta snapshot's newest version was built from, in its order: each a dict
     of ``path``, ``size``, ``mtime_ns`` or ``etag``, and ``segment``."""
     if not snap.versions or snap.manifest is None:

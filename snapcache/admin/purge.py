@@ -310,6 +310,12 @@ def _old_versions(storage: Storage, snapshots: Iterable[SnapshotInfo], force: bo
         if len(snap.versions) < 2:
             continue
         folder = storage.child(snap.id)
+        newer = [str(u.version) for u in snap.unreadable_versions if u.newer]
+        if newer:  # not damaged: another release's versions
+            kept.append(PurgeItem(snap, f"old versions kept: version {', '.join(newer)} was "
+                                        "written by a newer snapcache (upgrade snapcache to "
+                                        "purge its old versions)"))
+            continue
         if not force and (leases := live_leases(folder)):
             kept.append(PurgeItem(snap, f"old versions kept: in use: {describe_leases(leases)}"))
             continue

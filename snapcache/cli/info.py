@@ -68,8 +68,14 @@ def delta_rows(facts: Table, snap: SnapshotInfo) -> None:
     """A delta snapshot: its versions, the bytes they share, and its source in brief."""
     on_disk, shared = shard_bytes(delta_versions(snap))
     numbers = ", ".join(str(v) for v in snap.versions)
-    facts.add_row("versions", f"{numbers} (newest {snap.versions[-1]}); shards "
-                              f"{format_size(on_disk)} on disk, "
+    unreadable = [str(u.version) for u in snap.unreadable_versions]
+    if unreadable:
+        numbers += (f" (newest {snap.versions[-1]}; "
+                    f"{'version' if len(unreadable) == 1 else 'versions'} "
+                    f"{', '.join(unreadable)} unreadable: see problem)")
+    else:
+        numbers += f" (newest {snap.versions[-1]})"
+    facts.add_row("versions", f"{numbers}; shards {format_size(on_disk)} on disk, "
                               f"{format_size(shared)} of them shared by several versions")
     m = snap.manifest
     source = (m.source or {}) if m is not None else {}
@@ -95,6 +101,8 @@ def render(snap: SnapshotInfo) -> Group:
     facts.add_row("location", Text(snap.url))
     if snap.problem:
         facts.add_row("problem", Text(snap.problem, style="red"))
+    for old in snap.unreadable_versions:
+        facts.add_row("problem", Text(f"version {old.version}: {old.problem}", style="red"))
     if snap.live_leases:
         facts.add_row("in use", describe_leases(snap.live_leases))
     m = snap.manifest

@@ -86,15 +86,17 @@ class Rebuilding:
         # Only the commit this epoch read is withdrawn: another process meeting the same damage
         # may have rebuilt it meanwhile, and that snapshot is good (and may be being read).
         name, expected = self._name, self._read
+        withdrawn = replaced = False
         if self._delta:
             # A version of a delta snapshot: every version listing the corrupt shard goes (the
-            # next build must not keep its segment), or the version whose manifest cannot be
-            # read; the lineage itself stays.
+            # next build must not keep its segment), or the version whose manifest or source
+            # record cannot be read; the lineage itself stays.
             if error.manifest:
                 expected = versions.still_unreadable(folder, error.manifest)
                 name = error.manifest if expected is not None else None
+                replaced = name is None  # it reads now: another process rebuilt it
             elif error.shard and versions.withdraw_listing(folder, error.shard):
-                name = None
+                name, withdrawn = None, True
             elif name is None:  # the epoch that built it: the version it committed
                 try:
                     name = self._commit()
@@ -102,8 +104,11 @@ class Rebuilding:
                     name = None
         elif name is None:
             name = layout.MANIFEST
-        replaced = name is not None and withdraw_manifest(
-            folder, lambda: "", expected=expected, name=name) == "replaced"
+        if name is not None:
+            outcome = withdraw_manifest(folder, lambda: "", expected=expected, name=name)
+            replaced, withdrawn = outcome == "replaced", outcome != "replaced"
+        if not (withdrawn or replaced):  # nothing to take back: a rebuild would meet it again
+            raise error
         what = "was rebuilt by another process meanwhile: this epoch reads that one" \
             if replaced else "was withdrawn and is rebuilt now"
         warn(f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} {what}; this epoch "

@@ -39,6 +39,8 @@ class Entry:
     """A delta snapshot's committed versions (``manifest`` is the newest)."""
     referenced: frozenset[str] | None = None
     """A delta snapshot: every file some version needs (what purge must keep)."""
+    unreadable: tuple[versions.Unreadable, ...] = ()
+    """A delta snapshot: its versions that cannot be read (the newest one can)."""
 
     @property
     def state(self) -> str:
@@ -58,9 +60,10 @@ def read_entry(folder: Storage, fingerprint: str) -> Entry:
         names = folder.listdir()
         if versions.is_lineage(names):
             numbers = tuple(versions.versions(folder, names))
-            return Entry(fingerprint, folder.url, versions.newest(folder, names),
-                         versions=numbers,
-                         referenced=frozenset(versions.referenced(folder, names)))
+            newest = versions.newest(folder, names)
+            needed, unreadable = versions.survey(folder, names)
+            return Entry(fingerprint, folder.url, newest, versions=numbers,
+                         referenced=frozenset(needed), unreadable=unreadable)
         manifest = load_manifest(folder)
     except CorruptSnapshotError as e:
         return Entry(fingerprint, folder.url, None, problem=str(e))

@@ -244,3 +244,39 @@ def test_a_delta_version_of_a_newer_format_is_refused_and_never_rebuilt(tmp_path
     assert (folder / "manifest-000002.json").read_bytes() == newer
     assert sorted(n for n in os.listdir(folder) if not n.startswith("reader-")) == before
 
+
+def test_rebuild_of_a_delta_snapshot_whose_newest_source_record_is_damaged(tmp_path):
+    """The next build of a changed source compares it with the newest version's source record:
+    a damaged one fails it by default, naming what works; "rebuild" withdraws that version
+    (and says so only because it did) and builds again, reusing the older version's
+    segments."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+
+    def files(on_corrupt="raise"):
+        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
+                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
+                          on_corrupt=on_corrupt))
+    assert len(list(files())) == 20
+    for i in range(20, 25):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+    assert len(list(files())) == 25  # version 2
+    (lineage,) = os.listdir(tmp_path / "root")
+    folder = tmp_path / "root" / lineage
+    (record,) = folder.glob("units-000002-*.arrow")
+    data = bytearray(record.read_bytes())
+    data[len(data) // 2] ^= 1
+    record.write_bytes(bytes(data))
+    (src / "f100.txt").write_text("100")  # the source grows: the build needs the record
+    with pytest.raises(CorruptSnapshotError, match="source record of version 2") as e:
+        list(files())
+    assert e.value.manifest == "manifest-000002.json"
+    assert 'on_corrupt="rebuild"' in str(e.value) and "purge version" not in str(e.value)
+    with pytest.warns(CorruptSnapshotWarning, match="withdrawn and is rebuilt now"):
+        got = sorted(int(e["i"]) for e in files("rebuild"))
+    assert got == list(range(25)) + [100]
+    assert (folder / "manifest-000001.json").exists() and not record.exists()
+    assert sorted(int(e["i"]) for e in files()) == got
+    assert sc.verify(str(tmp_path / "root")).ok
