@@ -113,3 +113,32 @@ def two_versions(tmp_path, root: str) -> tuple[str, str]:
     assert snap.versions == (1, 2)
     return snap.id, os.path.join(root, snap.id)
 
+
+STOPPED_WRITER = '''
+import os, signal, sys
+import numpy as np
+import snapcache as sc
+root, n, ttl = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+ds = sc.Dataset.range(n).map(lambda i: {"i": i, "x": np.full(2048, i % 251, np.uint8)}
+                             ).snapshot(root, progress=False, shard_size=1 << 14,
+                                        lease_ttl=ttl)
+for k, _ in enumerate(ds):
+    if k == 200:  # the write is under way: its lease is live, shards are written
+        print("PAUSED", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+'''
+
+
+def stopped_writer(root: str, n: int, ttl: float = 600.0) -> subprocess.Popen:
+    """A process writing a snapshot of ``n`` examples, stopped (SIGSTOP) half-way with its
+    write lease live: SIGKILL it to leave an abandoned write, SIGCONT and kill to end it."""
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_WRITER, root, str(n), str(ttl)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "PAUSED"
+    return proc
+
+
+def end(proc: subprocess.Popen) -> None:
+    """Kill a (possibly stopped) process and reap it."""
+    proc.kill()
+    proc.wait()

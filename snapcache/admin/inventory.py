@@ -57,6 +57,8 @@ class SnapshotInfo:
     pipeline: str                    # one-line summary of the upstream pipeline
     live_leases: tuple[LeaseInfo, ...] = ()
     problem: str = ""                # why the manifest cannot be read (state "corrupt")
+    newer_format: bool = False       # ... because a newer snapcache wrote it: not damaged,
+                                     # this release can neither read, verify nor rebuild it
     corrupt_leases: tuple[str, ...] = ()  # lease files that cannot be parsed, and why
     link_target: str | None = None   # the folder is a symbolic link to this path: its bytes
                                      # live outside the root (size_bytes counts none of them)
@@ -104,6 +106,7 @@ class SnapshotInfo:
             if self.compression_ratio else None,
             "created_at": iso(self.created_at), "last_used": iso(self.last_used),
             "pipeline": self.pipeline, "problem": self.problem or None,
+            "newer_format": self.newer_format,
             "versions": list(self.versions) or None,
             "unreadable_versions": [{"version": u.version, "problem": u.problem,
                                      "newer": u.newer} for u in self.unreadable_versions],
@@ -225,7 +228,7 @@ def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
         state=state, name=None, num_examples=None, num_shards=len(shards), raw_bytes=None,
         created_at=_from_timestamp(oldest),
         last_used=_last_used(folder, files) or _from_timestamp(newest), pipeline="",
-        problem=problem, **common)
+        problem=problem, newer_format=entry.newer, **common)
 
 
 def _last_used(folder: Storage, files: Iterable[FileStat]) -> datetime | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib
 import json
 import logging
@@ -291,4 +292,35 @@ def test_purge_never_tidies_what_an_unreadable_version_may_list(tmp_path, root, 
         assert not report.old_versions and "newer snapcache" in report.kept[0].reason
         assert os.path.exists(path) and all(
             os.path.exists(os.path.join(folder, name)) for name in only_v1)
+
+
+@pytest.mark.parametrize("version", [2, 1])
+@pytest.mark.parametrize("damage", ["a flipped bit", "deleted"])
+def test_verify_checks_each_versions_source_record(tmp_path, root, version, damage):
+    """The source record of a delta snapshot's version (units-<v>-<run>.arrow) is checked
+    against the manifest's record_checksum: the next build of a changed source needs the
+    newest one. The advice names what works: on_corrupt="rebuild" (the newest), or
+    `purge --old-versions` (an old one)."""
+    fid, folder = two_versions(tmp_path, root)
+    assert sc.verify(root).ok
+    [record] = glob.glob(os.path.join(folder, f"units-{version:06d}-*.arrow"))
+    if damage == "deleted":
+        os.remove(record)
+    else:
+        with open(record, "r+b") as f:
+            f.seek(os.path.getsize(record) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 1]))
+    report = sc.verify(root)
+    assert not report.ok
+    [check] = report.failed
+    [problem] = check.problems
+    assert os.path.basename(record) in problem and f"version {version}" in problem
+    assert "purge version" not in problem  # no command does that
+    if version == 2:
+        assert 'on_corrupt="rebuild"' in check.advice and "--old-versions" not in check.advice
+    else:
+        assert f"`snapcache purge {root} --old-versions`" in check.advice
+        assert "on_corrupt" not in check.advice
 
