@@ -307,12 +307,11 @@ def info(root: str | os.PathLike | None, id: str | None = None, *,
         return describe(storage.child(own), own)
     if id is not None:
         return find(storage, id)
-    names = sorted(n for n in storage.listdir() if layout.is_fingerprint(n))
-    if len(names) == 1:
-        return describe(storage.child(names[0]), names[0])
-    if not names:
+    found = scan(storage)  # snapshot folders only, by their contents (as `ls` lists them)
+    if len(found) == 1:
+        return found[0]
+    if not found:
         raise ValueError(f"no snapshots in {storage.url}")
-    found = scan(storage)
     shown = ", ".join(i.short_id + (f" ({i.name})" if i.name else "") for i in found[:5])
     more = f" and {len(found) - 5} more" if len(found) > 5 else ""
     raise ValueError(f"{storage.url} holds {len(found)} snapshots ({shown}{more}): give one "

@@ -29,7 +29,7 @@ from typing import Any, Iterator, Protocol, Sequence
 from snapcache.errors import (
     CorruptSnapshotError, SnapshotNotFoundError, SnapshotStateError, UnknownFormatVersionError)
 from snapcache.store import layout
-from snapcache.store.catalog import read_entry
+from snapcache.store.catalog import holds_snapshot, read_entry
 from snapcache.store.fs import Storage
 from snapcache.store import protocol
 from snapcache.store.manifest import Manifest, ShardInfo
@@ -348,6 +348,7 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
             return _ready(Snapshot(storage, read=read))
     folders = _folders(storage)
     if id is None:
+        folders = _snapshots(storage, folders)
         if len(folders) == 1:
             return _ready(Snapshot(storage.child(folders[0]), read=read))
         if not folders:
@@ -388,12 +389,18 @@ def _folders(storage: Storage) -> list[str]:
     return sorted(n for n in names if layout.is_fingerprint(n))
 
 
+def _snapshots(storage: Storage, names: list[str]) -> list[str]:
+    """Those of the folders ``names`` that are snapcache's by their contents (one LIST each on
+    S3), as `snapcache ls` counts them: a user's folder named in hex is not a snapshot."""
+    return [n for n in names if holds_snapshot(storage.child(n))]
+
+
 def _find(storage: Storage, folders: list[str], wanted: str) -> str:
     text = wanted.strip().lower()
     if not text:
         raise SnapshotNotFoundError("an empty snapshot id")
     if layout.is_hex(text):
-        ids = [n for n in folders if n.startswith(text)]
+        ids = _snapshots(storage, [n for n in folders if n.startswith(text)])
         if len(ids) == 1:
             return ids[0]
         if len(ids) > 1:

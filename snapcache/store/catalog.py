@@ -74,6 +74,12 @@ def read_entry(folder: Storage, fingerprint: str) -> Entry:
         own_files=any(map(layout.is_own_file, names)))
 
 
+def holds_snapshot(folder: Storage) -> bool:
+    """Whether a folder named like a snapshot (``layout.is_fingerprint``) is one by its
+    contents: it holds a file snapcache writes. A user's folder named in hex is not."""
+    return any(map(layout.is_own_file, folder.listdir()))
+
+
 def scan(root: Storage) -> list[Entry]:
     """Every snapshot folder directly inside ``root``, sorted by fingerprint."""
     return [read_entry(root.child(name), name) for name in root.listdir()

@@ -324,3 +324,23 @@ def test_verify_checks_each_versions_source_record(tmp_path, root, version, dama
         assert f"`snapcache purge {root} --old-versions`" in check.advice
         assert "on_corrupt" not in check.advice
 
+
+def test_info_and_open_snapshot_of_a_root_count_only_snapshot_folders(tmp_path, root):
+    """A user's folder named by 32 hex digits is no snapshot (`ls` does not list it): a root
+    holding one snapshot beside it has exactly one, a root holding only it has none."""
+    user = "0123456789abcdef" * 2
+    fid = make_snapshot(root, "only")
+    for where in (root, str(tmp_path / "alone")):
+        os.makedirs(os.path.join(where, user))
+        with open(os.path.join(where, user, "notes.txt"), "w") as f:
+            f.write("my notes\n")
+    assert admin.info(root).id == fid
+    assert sc.open_snapshot(root).id == fid
+    with pytest.raises(sc.SnapshotNotFoundError, match="no snapshot '0123'"):
+        sc.open_snapshot(root, "0123")
+    alone = str(tmp_path / "alone")
+    assert sc.ls(alone) == []
+    with pytest.raises(ValueError, match="no snapshots in"):
+        admin.info(alone)
+    with pytest.raises(sc.SnapshotNotFoundError, match="no snapshot in"):
+        sc.open_snapshot(alone)
