@@ -504,19 +504,20 @@ def withdraw_listing(storage: Storage, shard: str) -> list[int]:
     return withdrawn
 
 
-def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = False
-                    ) -> list[str]:
+def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = False,
+                    only: set[str] | None = None) -> list[str]:
     """Delete versions ``drop`` and every file only they referenced: a shard another version
     lists stays. Manifests go first, so an interrupted delete never leaves a version listing a
-    missing shard. Returns the names removed (with ``dry_run``: that would be)."""
+    missing shard. ``only``: remove none but these names (what a confirmed plan listed).
+    Returns the names removed (with ``dry_run``: that would be)."""
     names = storage.listdir()
     drop = set(drop) & set(versions(storage, names))
-    needed = referenced(storage, names, skip=drop)
+    needed = referenced(storage, names, skip=drop)  # by every version that stays
     live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
     manifests = [manifest_name(v) for v in sorted(drop)]
     others = []
     for name in names:
-        if name in needed or name in manifests:
+        if name in needed or name in manifests or (only is not None and name not in only):
             continue
         owner = owner_of(name)
         if owner is not None and owner not in live_runs:
