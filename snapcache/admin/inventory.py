@@ -336,9 +336,11 @@ def delta_versions(snap: SnapshotInfo, storage_options: dict | None = None) -> l
 def source_files(snap: SnapshotInfo, storage_options: dict | None = None
                  ) -> list[dict] | None:
     """The files a delta snapshot's newest version was built from, in its order: each a dict
-    of ``path``, ``size``, ``mtime_ns`` or ``etag``, and ``segment``."""
+    of ``path``, ``size``, ``mtime_ns`` or ``etag``, and ``segment``. None for a snapshot
+    that records none: not a delta snapshot (only ``from_files`` / ``from_parquet`` sources
+    make one), or not committed."""
     if not snap.versions or snap.manifest is None:
-        return []
+        return None
     folder = Storage(snap.url, storage_options)
     return [{**unit.identity, "segment": unit.segment}
             for unit in versions.read_units(folder, snap.manifest)]

@@ -322,3 +322,16 @@ def test_verify_skips_a_snapshot_being_written(root):
     finally:
         end(writer)
 
+
+def test_info_files_of_a_snapshot_that_is_not_a_delta_snapshot(root):
+    fid = make_snapshot(root, "plain")
+    proc = run_cli("info", root, fid[:8], "--files")
+    assert proc.returncode == 0, proc.stderr
+    assert "source files (" not in proc.stdout
+    assert proc.stdout.rstrip().endswith(
+        f"--files: snapshot {fid[:12]} has no source file list: it is not a delta snapshot "
+        "(only snapshots of from_files / from_parquet sources, built by file, record their "
+        "source files)")
+    proc = run_cli("info", root, fid[:8], "--files", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["files"] is None
+    assert "not a delta snapshot" in proc.stderr
