@@ -17,6 +17,7 @@ from snapcache.errors import (
     SnapcacheError,
     SnapshotNotFoundError,
     SnapshotStateError,
+    UnknownFormatVersionError,
     UnsupportedValueError,
 )
 from snapcache.options import AUTOTUNE, SnapshotOptions
@@ -33,6 +34,7 @@ __all__ = [
     "SnapshotNotFoundError",
     "SnapshotStateError",
     "SnapshotOptions",
+    "UnknownFormatVersionError",
     "UnsupportedValueError",
     "__version__",
     "info",

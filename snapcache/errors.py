@@ -15,8 +15,9 @@ The tree::
     │                                   examples before it in the same snapshot
     ├── StoreError                      anything about the snapshot store
     │   ├── CorruptSnapshotError        a checksum mismatch, a malformed or lying manifest
-    │   │   └── UnknownFormatVersionError
-    │   │                               written by a newer snapcache; upgrade to read it
+    │   ├── UnknownFormatVersionError   written by a newer snapcache; upgrade to read it. Not
+    │   │                               a CorruptSnapshotError: the snapshot is not damaged,
+    │   │                               so nothing withdraws, rebuilds or advises purging it
     │   ├── LeaseTimeoutError (TimeoutError)
     │                                   waited too long for another writer's commit
     │   ├── LeaseLostError              another process took over this writer's lease
@@ -102,8 +103,11 @@ class CorruptSnapshotError(StoreError):
     manifest: str | None = None
 
 
-class UnknownFormatVersionError(CorruptSnapshotError):
-    """The snapshot was written in a format this version cannot read."""
+class UnknownFormatVersionError(StoreError):
+    """The snapshot was written in a format this version cannot read: by a newer snapcache.
+    It is not damaged, so it is no :class:`CorruptSnapshotError`: ``on_corrupt="rebuild"``
+    never withdraws nor rewrites it (that would destroy the newer release's snapshot), and
+    every message says to upgrade, never to purge."""
 
 
 class LeaseTimeoutError(StoreError, TimeoutError):

@@ -3,6 +3,7 @@ old last-use times, and the console script in a subprocess. Work on local and S3
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -89,3 +90,55 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
     assert lines[0].startswith("snapcache ") and ": error: " in lines[0], lines[0]
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def two_versions(tmp_path, root: str) -> tuple[str, str]:
+    """A delta snapshot (a file source, the default) with versions 1 and 2: version 2 changed
+    a file and added one, so a shard of version 1 is listed by version 1 only. Returns its id
+    and its folder."""
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(4):
+        np.save(files / f"f{i:02d}.npy", np.full(4, i))
+    for version in (1, 2):
+        if version == 2:
+            np.save(files / "f00.npy", np.full(5, 100))  # changed: its segment is copied
+            np.save(files / "f10.npy", np.full(4, 10))
+        ds = sc.Dataset.from_files(str(files / "*.npy")).map(np.load).snapshot(
+            root, name="logs", progress=False)
+        assert len(list(ds)) == 4 + version - 1
+        del ds  # a pipeline that can read again holds a read lease: let it go
+        gc.collect()
+    [snap] = [s for s in sc.ls(root) if s.name == "logs"]
+    assert snap.versions == (1, 2)
+    return snap.id, os.path.join(root, snap.id)
+
+
+STOPPED_WRITER = '''
+import os, signal, sys
+import numpy as np
+import snapcache as sc
+root, n, ttl = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+ds = sc.Dataset.range(n).map(lambda i: {"i": i, "x": np.full(2048, i % 251, np.uint8)}
+                             ).snapshot(root, progress=False, shard_size=1 << 14,
+                                        lease_ttl=ttl)
+for k, _ in enumerate(ds):
+    if k == 200:  # the write is under way: its lease is live, shards are written
+        print("PAUSED", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+'''
+
+
+def stopped_writer(root: str, n: int, ttl: float = 600.0) -> subprocess.Popen:
+    """A process writing a snapshot of ``n`` examples, stopped (SIGSTOP) half-way with its
+    write lease live: SIGKILL it to leave an abandoned write, SIGCONT and kill to end it."""
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_WRITER, root, str(n), str(ttl)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "PAUSED"
+    return proc
+
+
+def end(proc: subprocess.Popen) -> None:
+    """Kill a (possibly stopped) process and reap it."""
+    proc.kill()
+    proc.wait()

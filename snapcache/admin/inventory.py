@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
+from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.options import default_root, default_root_from_environment
 from snapcache.store import layout
 from snapcache.store.protocol import versions
@@ -56,6 +57,8 @@ class SnapshotInfo:
     pipeline: str                    # one-line summary of the upstream pipeline
     live_leases: tuple[LeaseInfo, ...] = ()
     problem: str = ""                # why the manifest cannot be read (state "corrupt")
+    newer_format: bool = False       # ... because a newer snapcache wrote it: not damaged,
+                                     # this release can neither read, verify nor rebuild it
     corrupt_leases: tuple[str, ...] = ()  # lease files that cannot be parsed, and why
     link_target: str | None = None   # the folder is a symbolic link to this path: its bytes
                                      # live outside the root (size_bytes counts none of them)
@@ -66,6 +69,9 @@ class SnapshotInfo:
     versions: tuple[int, ...] = ()   # a delta snapshot's versions (``manifest``: the newest)
     referenced: frozenset[str] | None = field(default=None, repr=False, compare=False)
     """A delta snapshot: the files some version needs (shards shared by versions once)."""
+    unreadable_versions: tuple[versions.Unreadable, ...] = ()
+    """A delta snapshot: versions whose manifest cannot be read (the newest can: ``problem``
+    says why and what to do; ``newer``: written by a newer snapcache, not damaged)."""
 
     @property
     def short_id(self) -> str:
@@ -100,7 +106,10 @@ class SnapshotInfo:
             if self.compression_ratio else None,
             "created_at": iso(self.created_at), "last_used": iso(self.last_used),
             "pipeline": self.pipeline, "problem": self.problem or None,
+            "newer_format": self.newer_format,
             "versions": list(self.versions) or None,
+            "unreadable_versions": [{"version": u.version, "problem": u.problem,
+                                     "newer": u.newer} for u in self.unreadable_versions],
             "corrupt_leases": list(self.corrupt_leases),
             "link_target": self.link_target, "tmp_files": self.tmp_files,
             "foreign_files": list(self.foreign_files),
@@ -210,7 +219,8 @@ def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
             num_shards=len(manifest.shards), raw_bytes=manifest.raw_bytes or None,
             created_at=parse_time(manifest.created_at) or committed,
             last_used=_last_used(folder, files) or committed, pipeline=manifest.pipeline,
-            manifest=manifest, versions=entry.versions, referenced=entry.referenced, **common)
+            manifest=manifest, versions=entry.versions, referenced=entry.referenced,
+            unreadable_versions=entry.unreadable, **common)
     writing = any(lease.kind == "write" for lease in leases)
     state = "corrupt" if problem else "writing" if writing else "abandoned"
     shards = [f for f in files if f.path.endswith(layout.SHARD_SUFFIX)]
@@ -218,7 +228,7 @@ def describe(folder: Storage, fingerprint: str) -> SnapshotInfo:
         state=state, name=None, num_examples=None, num_shards=len(shards), raw_bytes=None,
         created_at=_from_timestamp(oldest),
         last_used=_last_used(folder, files) or _from_timestamp(newest), pipeline="",
-        problem=problem, **common)
+        problem=problem, newer_format=entry.newer, **common)
 
 
 def _last_used(folder: Storage, files: Iterable[FileStat]) -> datetime | None:
@@ -297,12 +307,11 @@ def info(root: str | os.PathLike | None, id: str | None = None, *,
         return describe(storage.child(own), own)
     if id is not None:
         return find(storage, id)
-    names = sorted(n for n in storage.listdir() if layout.is_fingerprint(n))
-    if len(names) == 1:
-        return describe(storage.child(names[0]), names[0])
-    if not names:
+    found = scan(storage)  # snapshot folders only, by their contents (as `ls` lists them)
+    if len(found) == 1:
+        return found[0]
+    if not found:
         raise ValueError(f"no snapshots in {storage.url}")
-    found = scan(storage)
     shown = ", ".join(i.short_id + (f" ({i.name})" if i.name else "") for i in found[:5])
     more = f" and {len(found) - 5} more" if len(found) > 5 else ""
     raise ValueError(f"{storage.url} holds {len(found)} snapshots ({shown}{more}): give one "
@@ -310,17 +319,28 @@ def info(root: str | os.PathLike | None, id: str | None = None, *,
 
 
 def delta_versions(snap: SnapshotInfo, storage_options: dict | None = None) -> list[Manifest]:
-    """The committed versions of a delta snapshot (oldest first; empty for other snapshots)."""
+    """The committed versions of a delta snapshot that can be read (oldest first; empty for
+    other snapshots): the others are in :attr:`SnapshotInfo.unreadable_versions`."""
     folder = Storage(snap.url, storage_options)
-    found = (versions.load_version(folder, v) for v in snap.versions)
-    return [m for m in found if m is not None]
+    found = []
+    for version in snap.versions:
+        try:
+            manifest = versions.load_version(folder, version)
+        except (CorruptSnapshotError, UnknownFormatVersionError):
+            continue  # damaged since the snapshot was described: said by the next look
+        if manifest is not None:
+            found.append(manifest)
+    return found
 
 
-def source_files(snap: SnapshotInfo, storage_options: dict | None = None) -> list[dict]:
+def source_files(snap: SnapshotInfo, storage_options: dict | None = None
+                 ) -> list[dict] | None:
     """The files a delta snapshot's newest version was built from, in its order: each a dict
-    of ``path``, ``size``, ``mtime_ns`` or ``etag``, and ``segment``."""
+    of ``path``, ``size``, ``mtime_ns`` or ``etag``, and ``segment``. None for a snapshot
+    that records none: not a delta snapshot (only ``from_files`` / ``from_parquet`` sources
+    make one), or not committed."""
     if not snap.versions or snap.manifest is None:
-        return []
+        return None
     folder = Storage(snap.url, storage_options)
     return [{**unit.identity, "segment": unit.segment}
             for unit in versions.read_units(folder, snap.manifest)]

@@ -94,7 +94,7 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
           older_than: str | float | timedelta | None = None, max_size: str | int | None = None,
           incomplete: bool = False, old_versions: bool = False, dry_run: bool = False,
           force: bool = False, storage_options: dict | None = None,
-          lease_ttl: float | None = None) -> PurgeReport:
+          lease_ttl: float | None = None, plan: PurgeReport | None = None) -> PurgeReport:
     """Delete the snapshots selected by any of:
 
     - ``ids``: unique id prefixes or names;
@@ -112,6 +112,12 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     Snapshots with a live lease are kept unless ``force=True``. ``dry_run=True`` deletes nothing
     and reports what would go. One snapshot's own folder given as ``root`` is refused
     (ValueError): purge it by id from its root.
+
+    ``plan``: the report of a dry run of the same selection, to carry out exactly (what a user
+    was shown and confirmed): the same selection is made again and only what ``plan`` lists
+    goes -- its snapshots that are still selected (their leases checked again), its files,
+    uploads and old versions. A planned snapshot no longer selected, and one selected only
+    since the plan was made, are kept and reported with why: never more than the plan.
 
     Example::
 
@@ -131,6 +137,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
     wanted = {info.id for info in find_all(storage, ids)}
     snapshots = scan(storage)
     chosen, kept = _select(snapshots, wanted, age, budget, incomplete, force)
+    if plan is not None:
+        chosen, kept = _within_plan(plan, chosen, kept, snapshots)
     others = [s for s in snapshots if s.state == "committed" and s.link_target is None and
               s.id not in {item.snapshot.id for item in chosen}]
     leftovers = [(s, name, size) for s in others
@@ -143,7 +151,17 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
         leftovers += [(s, name, size) for s, name, size in _stale_tmp(snapshots, gone, ttl)
                       if (s.id, name) not in seen]
         uploads = _stale_uploads(storage, snapshots, ttl)
-    dropped = _old_versions(storage, others, force, dry_run, kept) if old_versions else []
+    within: dict[str, OldVersions] | None = None
+    if plan is not None:  # what the plan named, and nothing that turned up since
+        planned = set(plan.tidied)
+        leftovers = [(s, name, size) for s, name, size in leftovers
+                     if f"{s.id}/{name}" in planned]
+        uploads = [(upload, text) for upload, text in uploads
+                   if any(p.startswith(_upload_url(storage, upload)) for p in
+                          plan.aborted_uploads)]
+        within = {old.snapshot.id: old for old in plan.old_versions}
+    dropped = _old_versions(storage, others, force, dry_run, kept, within) \
+        if old_versions else []
     versions_gone = []
     for old in dropped:
         sizes = _file_sizes(old.snapshot)
@@ -202,9 +220,14 @@ def _stale_uploads(storage: Storage, snapshots: list[SnapshotInfo], ttl: float
     for upload in storage.incomplete_uploads():
         if upload.path.split("/", 1)[0] in writing or now - upload.initiated <= ttl:
             continue
-        found.append((upload, f"{storage.url_of(upload.path)} (multipart upload started "
+        found.append((upload, f"{_upload_url(storage, upload)}multipart upload started "
                               f"{format_age(now - upload.initiated)})"))
     return found
+
+
+def _upload_url(storage: Storage, upload: Any) -> str:
+    """How a report names an upload, up to its age: ``"<url> ("``."""
+    return f"{storage.url_of(upload.path)} ("
 
 
 def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
@@ -255,6 +278,21 @@ def _select(snapshots: list[SnapshotInfo], wanted: set[str], age: float | None,
     return chosen, kept
 
 
+def _within_plan(plan: PurgeReport, chosen: list[PurgeItem], kept: list[PurgeItem],
+                 snapshots: list[SnapshotInfo]) -> tuple[list[PurgeItem], list[PurgeItem]]:
+    """Of the snapshots selected now, those ``plan`` deletes; the others selected now are kept
+    (selected only since the plan was made), and so are the planned ones no longer selected."""
+    planned = {item.snapshot.id for item in plan.deleted}
+    now = {item.snapshot.id for item in chosen + kept}
+    kept = kept + [PurgeItem(item.snapshot, f"not in the plan: {item.reason}, only since it "
+                                            "was made; run purge again to delete it")
+                   for item in chosen if item.snapshot.id not in planned]
+    by_id = {snap.id: snap for snap in snapshots}
+    kept += [PurgeItem(by_id[fid], f"no longer selected ({by_id[fid].state} now): not deleted")
+             for fid in sorted(planned - now) if fid in by_id]  # (one gone already is gone)
+    return [item for item in chosen if item.snapshot.id in planned], kept
+
+
 def _foreign(names: Sequence[str], state: str) -> str:
     """Why a folder (in ``state``) holding files snapcache does not write is kept."""
     what = "not a snapshot" if state not in ("committed", "corrupt") else "not only a snapshot"
@@ -302,20 +340,34 @@ def _delete(folder: Storage, force: bool, linked: bool = False, state: str = "")
 
 
 def _old_versions(storage: Storage, snapshots: Iterable[SnapshotInfo], force: bool,
-                  dry_run: bool, kept: list[PurgeItem]) -> list[OldVersions]:
+                  dry_run: bool, kept: list[PurgeItem],
+                  within: dict[str, OldVersions] | None = None) -> list[OldVersions]:
     """Delta snapshots' old versions (deleted unless ``dry_run``): their manifests first, then
-    the files no remaining version refers to."""
+    the files no remaining version refers to. ``within``: only the versions and files a plan
+    named, per snapshot id."""
     removed = []
     for snap in snapshots:
-        if len(snap.versions) < 2:
+        if len(snap.versions) < 2 or (within is not None and snap.id not in within):
             continue
         folder = storage.child(snap.id)
+        newer = [str(u.version) for u in snap.unreadable_versions if u.newer]
+        if newer:  # not damaged: another release's versions
+            kept.append(PurgeItem(snap, f"old versions kept: version {', '.join(newer)} was "
+                                        "written by a newer snapcache (upgrade snapcache to "
+                                        "purge its old versions)"))
+            continue
         if not force and (leases := live_leases(folder)):
             kept.append(PurgeItem(snap, f"old versions kept: in use: {describe_leases(leases)}"))
             continue
-        names = versions.delete_versions(folder, snap.versions[:-1], dry_run=dry_run)
+        drop, only = snap.versions[:-1], None
+        if within is not None:
+            drop = tuple(v for v in drop if v in within[snap.id].versions)
+            only = set(within[snap.id].files)
+            if not drop:
+                continue
+        names = versions.delete_versions(folder, drop, dry_run=dry_run, only=only)
         sizes = _file_sizes(snap)
-        removed.append(OldVersions(snap, tuple(snap.versions[:-1]), snap.versions[-1],
+        removed.append(OldVersions(snap, tuple(drop), snap.versions[-1],
                                    tuple(names), sum(sizes.get(name, 0) for name in names)))
     return removed
 

@@ -37,7 +37,10 @@ class SnapshotCheck:
     ``index_problems``: page checksum files (``<shard>.pages``, docs/format.md "Page
     checksums") missing or damaged beside sound shards. They are an index, not data: the
     snapshot reads back right, but rows read alone go through their whole record batch.
-    ``repaired``: those rewritten from their verified shard (``verify(repair_index=True)``)."""
+    ``repaired``: those rewritten from their verified shard (``verify(repair_index=True)``).
+    ``skipped``: why nothing of it was checked, when nothing could be (it is being written,
+    abandoned, or written by a newer snapcache): not a failure, nothing is wrong with it.
+    ``advice``: what to do about the problems (the way out for this snapshot), when any."""
 
     snapshot: SnapshotInfo
     shards_checked: int
@@ -45,10 +48,17 @@ class SnapshotCheck:
     problems: tuple[str, ...]
     index_problems: tuple[str, ...] = ()
     repaired: tuple[str, ...] = ()
+    skipped: str = ""
+    advice: str = ""
 
     @property
     def ok(self) -> bool:
+        """No problem found (also when it was ``skipped``: see :attr:`checked`)."""
         return not self.problems
+
+    @property
+    def checked(self) -> bool:
+        return not self.skipped
 
 
 @dataclass(frozen=True)
@@ -58,11 +68,16 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """Nothing failed (snapshots that could not be checked are in :attr:`skipped`)."""
         return all(check.ok for check in self.checks)
 
     @property
     def failed(self) -> tuple[SnapshotCheck, ...]:
         return tuple(check for check in self.checks if not check.ok)
+
+    @property
+    def skipped(self) -> tuple[SnapshotCheck, ...]:
+        return tuple(check for check in self.checks if check.skipped)
 
 
 def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
@@ -72,14 +87,18 @@ def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
     ``ids`` (unique id prefixes or names; default: every committed or corrupt snapshot), and
     each sound shard's page checksum file against the shard and the manifest (an index:
     ``SnapshotCheck.index_problems``; ``repair_index=True`` rewrites a missing or damaged one
-    from the verified shard, its content pinned by the manifest's ``pages_checksum``). A
-    snapshot's own folder given as ``root`` checks that snapshot.
+    from the verified shard, its content pinned by the manifest's ``pages_checksum``). Of a
+    delta snapshot, every version: its manifest, its source record (against the manifest's
+    ``record_checksum``: the next build of a changed source needs the newest one) and its
+    shards. A snapshot that cannot be checked (being written, abandoned, written by a newer
+    snapcache) is reported as ``skipped``, not failed. A snapshot's own folder given as
+    ``root`` checks that snapshot.
 
     Example::
 
         report = snapcache.verify(root="/tmp/snaps")
         for check in report.failed:
-            print(check.snapshot.short_id, *check.problems, sep="\\n  ")
+            print(check.snapshot.short_id, *check.problems, check.advice, sep="\\n  ")
     """
     if isinstance(ids, str):
         ids = [ids]
@@ -94,25 +113,30 @@ def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
         chosen = find_all(storage, ids)
     else:
         chosen = [s for s in scan(storage) if s.state in ("committed", "corrupt")]
-    total = sum(versions.shard_bytes(delta_versions(s, storage.storage_options))[0]
-                if s.versions else s.manifest.total_bytes
-                for s in chosen if s.manifest is not None)
+    # A delta snapshot: the versions that can be read (the others are its problems).
+    readable = {s.id: delta_versions(s, storage.storage_options)[::-1] or [s.manifest]
+                for s in chosen if s.manifest is not None}
+    total = sum(versions.shard_bytes(manifests)[0] for manifests in readable.values())
     done, checks = 0, []
     for snap in chosen:
         if snap.manifest is None:
-            why = snap.problem or f"snapshot {snap.short_id} is {snap.state}, not committed: " \
-                                  "there is nothing to verify yet"
-            checks.append(SnapshotCheck(snap, 0, 0, (why,)))
+            skipped = _not_checked(snap, storage.url)
+            if skipped:
+                checks.append(SnapshotCheck(snap, 0, 0, (), skipped=skipped))
+            else:  # an unreadable manifest
+                checks.append(SnapshotCheck(snap, 0, 0, (snap.problem,),
+                                            advice=_advice(snap, storage.url, {"damage"})))
             continue
         # A delta snapshot: the shards of every version, each checked once against the
         # manifest of the newest version listing it.
-        manifests = delta_versions(snap, storage.storage_options)[::-1] or [snap.manifest]
+        manifests = readable[snap.id]
         seen: set[str] = set()
         pairs = [(m, shard) for m in manifests for shard in m.shards
                  if not (shard.path in seen or seen.add(shard.path))]
         readers = {id(m): SnapshotReader(storage.child(snap.id), m, verify=True)
                    for m in manifests}
         problems, index_problems, repaired, checked = [], [], [], 0
+        kinds: set[str] = set()
         for manifest, shard in pairs:
             reader = readers[id(manifest)]
             try:
@@ -120,9 +144,11 @@ def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
                 problem = _check_pages(reader.storage, shard, repair_index)
             except CorruptSnapshotError as e:
                 problems.append(str(e))
+                kinds.add("damage")
             except OSError as e:  # unreadable (permissions, network): not proven sound
                 problems.append(f"snapshot {snap.short_id} shard {shard.path!r} cannot be "
                                 f"read: {e}")
+                kinds.add("damage")
             else:
                 if problem is not None:
                     (repaired if repair_index else index_problems).append(
@@ -131,9 +157,72 @@ def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
             done += shard.bytes
             if progress is not None:
                 progress(VerifyProgress(snap, shard.path, done, total))
+        if snap.versions:
+            newest = snap.versions[-1]
+            for old in snap.unreadable_versions:  # the newest reads: these are old ones
+                problems.append(old.problem)
+                kinds.add("newer" if old.newer else "old")
+            folder = storage.child(snap.id)
+            for manifest in manifests:  # each version's source record
+                try:
+                    versions.read_units(folder, manifest)
+                except CorruptSnapshotError as e:
+                    problems.append(str(e))
+                    kinds.add("record" if manifest.version == newest else "old")
+                except OSError as e:
+                    problems.append(f"snapshot {snap.short_id}: the source record of version "
+                                    f"{manifest.version} cannot be read: {e}")
+                    kinds.add("damage")
         checks.append(SnapshotCheck(snap, len(pairs), checked, tuple(problems),
-                                    tuple(index_problems), tuple(repaired)))
+                                    tuple(index_problems), tuple(repaired),
+                                    advice=_advice(snap, storage.url, kinds) if problems
+                                    else ""))
     return VerifyReport(storage.url, tuple(checks))
+
+
+def _not_checked(snap: SnapshotInfo, root: str) -> str:
+    """Why a snapshot without a readable manifest cannot be checked, when it is not damaged
+    ("" when it is: its manifest is unreadable)."""
+    if snap.state == "writing":
+        writers = [lease for lease in snap.live_leases if lease.kind == "write"]
+        who = ", ".join(f"pid {lease.pid} on {lease.host}" for lease in writers) or \
+            "a live writer"
+        return (f"being written by {who} (no manifest yet: nothing to verify): wait for its "
+                "commit, then verify it")
+    if snap.state == "abandoned":
+        return ("abandoned by its writer (no manifest and no live lease: nothing to verify): "
+                "the next run of its pipeline resumes it; `snapcache purge "
+                f"{root} --incomplete` deletes it")
+    if snap.newer_format:
+        return (f"written by a newer snapcache, so not checked: {snap.problem}. It is not "
+                "damaged: purging or rebuilding it would destroy the newer release's snapshot")
+    return ""
+
+
+def _advice(snap: SnapshotInfo, root: str, kinds: set[str]) -> str:
+    """The way out of the problems of ``kinds`` found in ``snap``: ``damage`` (a shard or the
+    manifest), ``record`` (the newest version's source record), ``old`` (an old version of a
+    delta snapshot), ``newer`` (an old version written by a newer snapcache)."""
+    whole = f"`snapcache purge {root} {snap.short_id}`"
+    ways = []
+    if "damage" in kinds:
+        ways.append(f"purge it ({whole}) and the next run rebuilds it, or iterate with "
+                    "snapshot(..., on_corrupt=\"rebuild\")")
+    elif "record" in kinds:
+        newest = snap.versions[-1]
+        ways.append(f"version {newest} reads back sound, but the next build of a changed "
+                    "source needs its source record: run that build with snapshot(..., "
+                    f"on_corrupt=\"rebuild\"), which withdraws version {newest} and "
+                    f"computes again what only it held, or purge the whole snapshot ({whole})")
+    if "old" in kinds:
+        ways.append(f"`snapcache purge {root} --old-versions` removes the damaged old versions "
+                    f"(the newest, version {snap.versions[-1]}, stays; it also removes the "
+                    "old versions of the root's other delta snapshots: add --dry-run to see "
+                    "them)")
+    if "newer" in kinds:
+        ways.append("a version written by a newer snapcache is not damaged: upgrade snapcache "
+                    "to read it")
+    return "; ".join(ways)
 
 
 def _check_pages(storage: Storage, shard: ShardInfo, repair: bool) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rich.console import Group
 from rich.markup import escape
@@ -37,19 +38,33 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     snap = info(args.root, args.ids[0] if args.ids else None,
                 storage_options=args.storage_options)
-    files = source_files(snap, args.storage_options) if getattr(args, "files", False) \
-        else None
+    asked = getattr(args, "files", False)
+    files = source_files(snap, args.storage_options) if asked else None
     if args.json:
         doc = snap.to_json()
         doc["manifest"] = snap.manifest.to_json() if snap.manifest is not None else None
-        if files is not None:
+        if asked:  # null: the snapshot records no source files (see the line on stderr)
             doc["files"] = files
         common.print_json(doc)
+        if asked and files is None:
+            print(no_files(snap), file=sys.stderr)
         return 0
     common.console().print(render(snap))
     if files is not None:
         common.console().print(files_table(files))
+    elif asked:
+        common.console().print(no_files(snap), markup=False)
     return 0
+
+
+def no_files(snap: SnapshotInfo) -> str:
+    """Why ``--files`` lists nothing for ``snap``."""
+    if snap.versions:  # a delta snapshot whose newest version cannot be read
+        return (f"--files: snapshot {snap.short_id} has no readable version to list the source "
+                f"files of (it is {snap.state})")
+    return (f"--files: snapshot {snap.short_id} has no source file list: it is not a delta "
+            "snapshot (only snapshots of from_files / from_parquet sources, built by file, "
+            "record their source files)")
 
 
 def files_table(files: list[dict]) -> Table:
@@ -68,8 +83,14 @@ def delta_rows(facts: Table, snap: SnapshotInfo) -> None:
     """A delta snapshot: its versions, the bytes they share, and its source in brief."""
     on_disk, shared = shard_bytes(delta_versions(snap))
     numbers = ", ".join(str(v) for v in snap.versions)
-    facts.add_row("versions", f"{numbers} (newest {snap.versions[-1]}); shards "
-                              f"{format_size(on_disk)} on disk, "
+    unreadable = [str(u.version) for u in snap.unreadable_versions]
+    if unreadable:
+        numbers += (f" (newest {snap.versions[-1]}; "
+                    f"{'version' if len(unreadable) == 1 else 'versions'} "
+                    f"{', '.join(unreadable)} unreadable: see problem)")
+    else:
+        numbers += f" (newest {snap.versions[-1]})"
+    facts.add_row("versions", f"{numbers}; shards {format_size(on_disk)} on disk, "
                               f"{format_size(shared)} of them shared by several versions")
     m = snap.manifest
     source = (m.source or {}) if m is not None else {}
@@ -95,6 +116,8 @@ def render(snap: SnapshotInfo) -> Group:
     facts.add_row("location", Text(snap.url))
     if snap.problem:
         facts.add_row("problem", Text(snap.problem, style="red"))
+    for old in snap.unreadable_versions:
+        facts.add_row("problem", Text(f"version {old.version}: {old.problem}", style="red"))
     if snap.live_leases:
         facts.add_row("in use", describe_leases(snap.live_leases))
     m = snap.manifest

@@ -68,7 +68,17 @@ def run(args: argparse.Namespace) -> int:
                       markup=False)
     corrupt = [s for s in snaps if s.state == "corrupt"]
     for snap in corrupt:
-        out.print(Text.assemble(("corrupt", "bold red"), f" {snap.short_id}: {snap.problem}"))
+        if snap.newer_format:  # unreadable here, not damaged
+            out.print(Text.assemble(("newer format", "bold yellow"),
+                                    f" {snap.short_id}: {snap.problem}. It is not damaged: "
+                                    "purging it would delete the newer release's snapshot"))
+        else:
+            out.print(Text.assemble(("corrupt", "bold red"),
+                                    f" {snap.short_id}: {snap.problem}"))
+    for snap in snaps:  # a delta snapshot whose newest version reads, but an old one does not
+        for old in snap.unreadable_versions:
+            out.print(Text.assemble(("unreadable version", "bold red"),
+                                    f" {old.version} of {snap.short_id}: {old.problem}"))
     return 0
 
 

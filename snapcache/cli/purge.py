@@ -68,27 +68,11 @@ def run(args: argparse.Namespace) -> int:
         if not common.confirm(f"Delete these {count} snapshots?"):
             print("nothing deleted", file=sys.stderr)
             return 1
-    if plan.deleted:  # exactly what was planned (and confirmed), leases checked again
-        report = purge(args.root, storage_options=args.storage_options,
-                       ids=[item.snapshot.id for item in plan.deleted],
-                       old_versions=args.old_versions, force=args.force,
-                       incomplete=args.incomplete)
-        report = _merge(plan, report)
-    else:
-        report = purge(args.root, storage_options=args.storage_options, **criteria)
+    # Exactly what was planned (and confirmed), each still selected, leases checked again:
+    # never what was selected only since (a writer that died while the question was asked).
+    report = purge(args.root, storage_options=args.storage_options, plan=plan, **criteria)
     show(report, json_output=args.json)
     return 0 if not report.kept and report.budget_met is not False else 1
-
-
-def _merge(plan: PurgeReport, done: PurgeReport) -> PurgeReport:
-    """The executed report, with the plan's reasons, its kept snapshots and its budget (the
-    sizes are the executed purge's: a folder may have grown since the plan was made)."""
-    reasons = {item.snapshot.id: item.reason for item in plan.deleted}
-    deleted = tuple(type(item)(item.snapshot, reasons.get(item.snapshot.id, item.reason))
-                    for item in done.deleted)
-    return PurgeReport(done.root, False, deleted, plan.kept + done.kept, done.tidied,
-                       done.tidied_bytes, done.size_before, plan.max_size,
-                       done.aborted_uploads, done.old_versions)
 
 
 def show(report: PurgeReport, *, json_output: bool) -> None:

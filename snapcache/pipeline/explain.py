@@ -26,6 +26,8 @@ class Explanation:
     num_examples: int | None = None
     delta: str | None = None     # delta snapshots: what the next build computes and reuses
     version: int | None = None   # delta snapshots: the version hit, or the one built on
+    problem: str = ""            # state "corrupt": why its manifest cannot be read
+    newer: bool = False          # ... because a newer snapcache wrote it (not damaged)
 
     def __str__(self) -> str:
         short = self.fingerprint[:12]
@@ -45,8 +47,13 @@ class Explanation:
         elif self.state == "abandoned":
             lines.append(f"  snapshot {short} was abandoned by its writer (no manifest); the "
                          "next run resumes it")
+        elif self.state == "corrupt" and self.newer:
+            lines.append(f"  snapshot {short} was written by a newer snapcache: {self.problem}. "
+                         "It is not damaged: this release neither reads nor rebuilds it, and "
+                         "the newer release reads it as it is")
         elif self.state == "corrupt":
-            lines.append(f"  snapshot {short} exists but its manifest is unreadable; purge it")
+            lines.append(f"  snapshot {short} exists but its manifest cannot be read: "
+                         f"{self.problem or 'unreadable'}")
         if self.closest is None:
             lines.append("  the root holds no committed snapshot to compare with")
             return "\n".join(lines)
@@ -83,13 +90,14 @@ def explain(tree: FingerprintNode, root: Storage) -> Explanation:
         if best is None or score > best[0]:
             best = (score, entry, other)
     state = mine.state if mine is not None else "absent"
+    why = dict(problem=mine.problem, newer=mine.newer) if mine is not None else {}
     if best is None:
-        return Explanation(root.url, tree.digest, hit=False, state=state)
+        return Explanation(root.url, tree.digest, hit=False, state=state, **why)
     score, entry, other = best
     return Explanation(root.url, tree.digest, hit=False, state=state,
                        closest=entry.fingerprint,
                        closest_name=entry.manifest.name if entry.manifest else None,
-                       similarity=score, differences=diff_trees(other, tree))
+                       similarity=score, differences=diff_trees(other, tree), **why)
 
 
 def explain_delta(lineage: FingerprintNode, root: Storage, units) -> Explanation:

@@ -26,9 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
-from snapcache.errors import CorruptSnapshotError, SnapshotNotFoundError, SnapshotStateError
+from snapcache.errors import (
+    CorruptSnapshotError, SnapshotNotFoundError, SnapshotStateError, UnknownFormatVersionError)
 from snapcache.store import layout
-from snapcache.store.catalog import read_entry
+from snapcache.store.catalog import holds_snapshot, read_entry
 from snapcache.store.fs import Storage
 from snapcache.store import protocol
 from snapcache.store.manifest import Manifest, ShardInfo
@@ -140,7 +141,7 @@ class Snapshot:
         if self._source_digest is not None:  # a delta snapshot: the version of its files
             try:
                 self._manifest = versions.find_version(self._folder, self._source_digest)
-            except CorruptSnapshotError:
+            except (CorruptSnapshotError, UnknownFormatVersionError):  # `problem` says which
                 return "corrupt"
             if self._manifest is not None:
                 return "committed"
@@ -167,6 +168,10 @@ class Snapshot:
         return self._manifest
 
     def _not_committed(self, state: str) -> str:
+        if state == "corrupt":
+            entry = read_entry(self._folder, self.id)
+            if entry.newer:  # not damaged: this release cannot read it
+                return f"snapshot {self.id[:12]} at {self.url} is unreadable here: {entry.problem}"
         why = {
             "writing": "it is being written; iterate the pipeline (it waits for the commit) "
                        "or try again later",
@@ -343,6 +348,7 @@ def open_snapshot(path: str | os.PathLike, id: str | None = None, *,
             return _ready(Snapshot(storage, read=read))
     folders = _folders(storage)
     if id is None:
+        folders = _snapshots(storage, folders)
         if len(folders) == 1:
             return _ready(Snapshot(storage.child(folders[0]), read=read))
         if not folders:
@@ -361,7 +367,8 @@ def _ready(snap: Snapshot) -> Snapshot:
     a dataset is opened), so that a first ``snap[i]`` reads only its record batch."""
     try:
         manifest = load_manifest(snap.storage)
-    except CorruptSnapshotError:  # a delta lineage's marker, or damage (its state says which)
+    except (CorruptSnapshotError, UnknownFormatVersionError):
+        # a delta lineage's marker, damage, or a newer format: its state says which
         manifest = None
     if manifest is not None and manifest.version is None:
         snap._manifest = manifest
@@ -382,12 +389,18 @@ def _folders(storage: Storage) -> list[str]:
     return sorted(n for n in names if layout.is_fingerprint(n))
 
 
+def _snapshots(storage: Storage, names: list[str]) -> list[str]:
+    """Those of the folders ``names`` that are snapcache's by their contents (one LIST each on
+    S3), as `snapcache ls` counts them: a user's folder named in hex is not a snapshot."""
+    return [n for n in names if holds_snapshot(storage.child(n))]
+
+
 def _find(storage: Storage, folders: list[str], wanted: str) -> str:
     text = wanted.strip().lower()
     if not text:
         raise SnapshotNotFoundError("an empty snapshot id")
     if layout.is_hex(text):
-        ids = [n for n in folders if n.startswith(text)]
+        ids = _snapshots(storage, [n for n in folders if n.startswith(text)])
         if len(ids) == 1:
             return ids[0]
         if len(ids) > 1:

@@ -8,6 +8,10 @@ the epoch again on a rebuilt snapshot: the upstream is recomputed and written, a
 this epoch had already yielded are written but not yielded again, so the epoch goes on where it
 was. The shards no new manifest lists are removed by the rebuilt snapshot's commit.
 
+A snapshot written in a newer format (:class:`~snapcache.errors.UnknownFormatVersionError`)
+is not corrupt: it is never withdrawn nor rebuilt, whatever ``on_corrupt`` says; the epoch
+fails with the error's "upgrade snapcache".
+
 The examples skipped are counted, so the epoch goes on exactly where it was when its order does
 not depend on the snapshot's layout: no shuffle, or a seeded shuffle over a snapshot rebuilt
 with the same layout (the same streams). At most one rebuild per epoch: a rebuilt snapshot
@@ -19,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Iterator
 
-from snapcache.errors import CorruptSnapshotError, warn
+from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError, warn
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol import versions, withdraw_manifest
@@ -52,8 +56,8 @@ class Rebuilding:
                 self._name = None if delta else layout.MANIFEST
             if self._name is not None:
                 self._read = folder().read_bytes(self._name)
-        except (CorruptSnapshotError, OSError):
-            pass
+        except (CorruptSnapshotError, UnknownFormatVersionError, OSError):
+            pass  # a newer format: the epoch meets it and fails, nothing here withdraws it
         try:
             self._it: Iterator[Any] = make()
         except CorruptSnapshotError as error:  # met when the epoch starts: rebuilt at next()
@@ -82,15 +86,17 @@ class Rebuilding:
         # Only the commit this epoch read is withdrawn: another process meeting the same damage
         # may have rebuilt it meanwhile, and that snapshot is good (and may be being read).
         name, expected = self._name, self._read
+        withdrawn = replaced = False
         if self._delta:
             # A version of a delta snapshot: every version listing the corrupt shard goes (the
-            # next build must not keep its segment), or the version whose manifest cannot be
-            # read; the lineage itself stays.
+            # next build must not keep its segment), or the version whose manifest or source
+            # record cannot be read; the lineage itself stays.
             if error.manifest:
                 expected = versions.still_unreadable(folder, error.manifest)
                 name = error.manifest if expected is not None else None
+                replaced = name is None  # it reads now: another process rebuilt it
             elif error.shard and versions.withdraw_listing(folder, error.shard):
-                name = None
+                name, withdrawn = None, True
             elif name is None:  # the epoch that built it: the version it committed
                 try:
                     name = self._commit()
@@ -98,8 +104,11 @@ class Rebuilding:
                     name = None
         elif name is None:
             name = layout.MANIFEST
-        replaced = name is not None and withdraw_manifest(
-            folder, lambda: "", expected=expected, name=name) == "replaced"
+        if name is not None:
+            outcome = withdraw_manifest(folder, lambda: "", expected=expected, name=name)
+            replaced, withdrawn = outcome == "replaced", outcome != "replaced"
+        if not (withdrawn or replaced):  # nothing to take back: a rebuild would meet it again
+            raise error
         what = "was rebuilt by another process meanwhile: this epoch reads that one" \
             if replaced else "was withdrawn and is rebuilt now"
         warn(f"{error} -- on_corrupt='rebuild': the snapshot {folder.url} {what}; this epoch "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob
 import importlib
 import json
+import logging
 import os
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 
 import snapcache as sc
 from admin_fixtures import (abandoned_write, exists, live_lease, make_snapshot,
-                            set_last_used)
+                            set_last_used, two_versions)
 from snapcache import admin
 from snapcache.store.fs import Storage
 
@@ -247,3 +249,98 @@ def test_purge_tidies_leftovers_of_committed_snapshots(root, three):
                                      f"{three['new']}/progress-0001-0000-0badc0de.json"]
     assert report.tidied_bytes == 102 and folder.exists(mine)
     assert admin.verify(root, ["new"]).ok
+
+
+def shards_of(folder: str, version: int) -> set[str]:
+    with open(os.path.join(folder, f"manifest-{version:06d}.json")) as f:
+        return {shard["path"] for shard in json.load(f)["shards"]}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "newer format"])
+def test_purge_never_tidies_what_an_unreadable_version_may_list(tmp_path, root, damage,
+                                                                caplog):
+    """An old version whose manifest this release cannot read (damaged, or written by a newer
+    snapcache) may list any shard: tidying the lineage keeps every shard, and `ls` names the
+    version (no raw log line); `--old-versions` removes a damaged one, never a newer one's."""
+    fid, folder = two_versions(tmp_path, root)
+    only_v1 = shards_of(folder, 1) - shards_of(folder, 2)
+    assert only_v1
+    path = os.path.join(folder, "manifest-000001.json")
+    if damage == "truncated":
+        os.truncate(path, 60)
+    else:
+        with open(path) as f:
+            doc = json.load(f)
+        doc["format_version"] = 4
+        with open(path, "w") as f:
+            json.dump(doc, f)
+    caplog.set_level(logging.WARNING)
+    for criteria in (dict(incomplete=True), dict(older_than="30d")):
+        report = sc.purge(root, **criteria)
+        assert not report.deleted and not report.tidied, report
+    assert all(os.path.exists(os.path.join(folder, name)) for name in only_v1)
+    [snap] = sc.ls(root)
+    assert snap.state == "committed" and [u.version for u in snap.unreadable_versions] == [1]
+    assert snap.unreadable_versions[0].newer == (damage == "newer format")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    report = sc.purge(root, old_versions=True)
+    if damage == "truncated":  # the way out its message names
+        assert [old.versions for old in report.old_versions] == [(1,)]
+        assert not any(os.path.exists(os.path.join(folder, name)) for name in only_v1)
+        assert sc.verify(root).ok
+    else:
+        assert not report.old_versions and "newer snapcache" in report.kept[0].reason
+        assert os.path.exists(path) and all(
+            os.path.exists(os.path.join(folder, name)) for name in only_v1)
+
+
+@pytest.mark.parametrize("version", [2, 1])
+@pytest.mark.parametrize("damage", ["a flipped bit", "deleted"])
+def test_verify_checks_each_versions_source_record(tmp_path, root, version, damage):
+    """The source record of a delta snapshot's version (units-<v>-<run>.arrow) is checked
+    against the manifest's record_checksum: the next build of a changed source needs the
+    newest one. The advice names what works: on_corrupt="rebuild" (the newest), or
+    `purge --old-versions` (an old one)."""
+    fid, folder = two_versions(tmp_path, root)
+    assert sc.verify(root).ok
+    [record] = glob.glob(os.path.join(folder, f"units-{version:06d}-*.arrow"))
+    if damage == "deleted":
+        os.remove(record)
+    else:
+        with open(record, "r+b") as f:
+            f.seek(os.path.getsize(record) // 2)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 1]))
+    report = sc.verify(root)
+    assert not report.ok
+    [check] = report.failed
+    [problem] = check.problems
+    assert os.path.basename(record) in problem and f"version {version}" in problem
+    assert "purge version" not in problem  # no command does that
+    if version == 2:
+        assert 'on_corrupt="rebuild"' in check.advice and "--old-versions" not in check.advice
+    else:
+        assert f"`snapcache purge {root} --old-versions`" in check.advice
+        assert "on_corrupt" not in check.advice
+
+
+def test_info_and_open_snapshot_of_a_root_count_only_snapshot_folders(tmp_path, root):
+    """A user's folder named by 32 hex digits is no snapshot (`ls` does not list it): a root
+    holding one snapshot beside it has exactly one, a root holding only it has none."""
+    user = "0123456789abcdef" * 2
+    fid = make_snapshot(root, "only")
+    for where in (root, str(tmp_path / "alone")):
+        os.makedirs(os.path.join(where, user))
+        with open(os.path.join(where, user, "notes.txt"), "w") as f:
+            f.write("my notes\n")
+    assert admin.info(root).id == fid
+    assert sc.open_snapshot(root).id == fid
+    with pytest.raises(sc.SnapshotNotFoundError, match="no snapshot '0123'"):
+        sc.open_snapshot(root, "0123")
+    alone = str(tmp_path / "alone")
+    assert sc.ls(alone) == []
+    with pytest.raises(ValueError, match="no snapshots in"):
+        admin.info(alone)
+    with pytest.raises(sc.SnapshotNotFoundError, match="no snapshot in"):
+        sc.open_snapshot(alone)

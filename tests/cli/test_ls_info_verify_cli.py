@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from admin_fixtures import (abandoned_write, assert_one_line_error, live_lease, make_snapshot,
-                            run_cli, set_last_used)
+from admin_fixtures import (abandoned_write, assert_one_line_error, end, live_lease,
+                            make_snapshot, run_cli, set_last_used, stopped_writer, two_versions)
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 
@@ -233,3 +233,105 @@ def test_a_mistyped_root_taken_for_an_id_says_so(root):
     proc = run_cli("verify", "snpas", "--root", root)  # the root was given: an id, surely
     assert_one_line_error(proc, f"no snapshot 'snpas' in {root}")
     assert "root folder" not in proc.stderr
+
+
+def test_a_damaged_old_version_is_that_versions_damage(tmp_path, root):
+    """A truncated old version manifest of a delta snapshot (its newest version reads fine):
+    verify reports it as that snapshot's problem and checks the root's other snapshots, info
+    shows the snapshot, ls says it under the table (no raw log line), and the way out each
+    names, `purge --old-versions`, works."""
+    sound = make_snapshot(root, "sound")
+    fid, folder = two_versions(tmp_path, root)
+    os.truncate(os.path.join(folder, "manifest-000001.json"), 60)
+
+    proc = run_cli("verify", root, "--json")
+    assert proc.returncode == 1, proc.stderr
+    checks = {c["id"]: c for c in json.loads(proc.stdout)["snapshots"]}
+    assert checks[sound]["ok"] is True and checks[sound]["shards_checked"] > 0
+    assert checks[fid]["ok"] is False and checks[fid]["shards_checked"] > 0
+    [problem] = checks[fid]["problems"]
+    assert "manifest-000001.json" in problem and "Version 1 is an old version" in problem
+    assert f"`snapcache purge {root} --old-versions`" in problem
+    assert f"`snapcache purge {root} --old-versions`" in checks[fid]["advice"]
+    proc = run_cli("verify", root)
+    assert proc.returncode == 1 and f"ok     {sound[:12]} (sound)" in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith(
+        f"1 of 2 snapshots failed verification: `snapcache purge {root} --old-versions`")
+
+    proc = run_cli("info", root, fid[:8])
+    assert proc.returncode == 0, proc.stderr
+    assert "versions   1, 2 (newest 2; version 1 unreadable: see problem)" in proc.stdout
+    assert "problem    version 1: " in proc.stdout
+    for args in ([], ["--json"]):
+        proc = run_cli("ls", root, *args)
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert f"unreadable version 1 of {fid[:12]}: " in run_cli("ls", root).stdout
+    [listed] = [s for s in json.loads(proc.stdout)["snapshots"] if s["id"] == fid]
+    assert listed["state"] == "committed" and listed["unreadable_versions"][0]["version"] == 1
+
+    proc = run_cli("purge", root, "--old-versions")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert f"removed version 1 of {fid[:12]} (logs)" in proc.stdout
+    proc = run_cli("verify", root)
+    assert proc.returncode == 0 and "all 2 snapshots match their checksums" in proc.stdout
+
+
+def test_verify_and_explain_never_advise_purging_a_newer_release_snapshot(root):
+    """A snapshot in a format this release does not know is a newer release's, not damaged:
+    verify skips it (exit 0) saying so, explain says to upgrade; neither says to purge or
+    rebuild it."""
+    import snapcache as sc
+
+    fid = make_snapshot(root, "newer")
+    path = os.path.join(root, fid, "manifest.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["format_version"] = 4
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    for args in ([], [fid[:8]]):
+        proc = run_cli("verify", root, *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.startswith(f"skipped {fid[:12]}: written by a newer snapcache")
+        assert "upgrade snapcache" in proc.stdout and "not damaged" in proc.stdout
+        assert "snapcache purge" not in proc.stdout and "on_corrupt" not in proc.stdout
+        assert "FAILED" not in proc.stdout
+    [check] = json.loads(run_cli("verify", root, "--json").stdout)["snapshots"]
+    assert check["ok"] is None and "newer snapcache" in check["skipped"]
+    listed = run_cli("ls", root).stdout
+    assert f"newer format {fid[:12]}: " in listed and "It is not damaged" in listed
+    text = str(sc.Dataset.range(1).snapshot(root, key="newer").explain())
+    assert "written by a newer snapcache" in text and "upgrade snapcache" in text
+    assert "purge it" not in text
+
+
+def test_verify_skips_a_snapshot_being_written(root):
+    """A snapshot a live process is writing (stopped half-way, its lease live) has nothing to
+    verify yet: skipped with who writes it, not FAILED, no purge advice."""
+    make_snapshot(root, "done")
+    writer = stopped_writer(root, 5000)
+    try:
+        [writing] = [s for s in json.loads(run_cli("ls", root, "--json").stdout)["snapshots"]
+                     if s["state"] == "writing"]
+        proc = run_cli("verify", root, writing["id"][:8])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert proc.stdout.startswith(f"skipped {writing['id'][:12]}: being written by pid "
+                                      f"{writer.pid} on ")
+        assert "wait for its commit" in proc.stdout
+        assert "FAILED" not in proc.stdout and "purge" not in proc.stdout
+    finally:
+        end(writer)
+
+
+def test_info_files_of_a_snapshot_that_is_not_a_delta_snapshot(root):
+    fid = make_snapshot(root, "plain")
+    proc = run_cli("info", root, fid[:8], "--files")
+    assert proc.returncode == 0, proc.stderr
+    assert "source files (" not in proc.stdout
+    assert proc.stdout.rstrip().endswith(
+        f"--files: snapshot {fid[:12]} has no source file list: it is not a delta snapshot "
+        "(only snapshots of from_files / from_parquet sources, built by file, record their "
+        "source files)")
+    proc = run_cli("info", root, fid[:8], "--files", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["files"] is None
+    assert "not a delta snapshot" in proc.stderr

@@ -10,8 +10,8 @@ import textwrap
 
 import pytest
 
-from admin_fixtures import (abandoned_write, assert_one_line_error, exists, live_lease,
-                            make_snapshot, run_cli, set_last_used)
+from admin_fixtures import (abandoned_write, assert_one_line_error, end, exists, live_lease,
+                            make_snapshot, run_cli, set_last_used, stopped_writer)
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -239,3 +239,46 @@ def test_a_write_that_grows_between_plan_and_purge_is_reported_consistently(
     assert code == 0 and not exists(root, "ab" * 16)
     assert doc["freed_bytes"] > 200_000
     assert doc["size_after"] == doc["size_before"] - doc["freed_bytes"] >= 0
+
+
+@pytest.mark.parametrize("confirm", ["on a terminal", "--yes"])
+def test_purge_deletes_only_what_was_confirmed(root, monkeypatch, capsys, confirm):
+    """Two writers killed half-way left abandoned writes; a third is stopped, its lease live.
+    `purge --incomplete` plans the two; the third writer dies after the plan (while the
+    question is on screen): the two planned go, the third stays, reported with why."""
+    import snapcache as sc
+    from snapcache.cli import main as cli_main
+    from snapcache.cli import purge as cli_purge
+
+    for n in (3000, 3001):
+        end(stopped_writer(root, n))  # SIGKILL: its lease is a dead process's
+    live = stopped_writer(root, 3002)
+    try:
+        assert sorted(s.state for s in sc.ls(root)) == ["abandoned", "abandoned", "writing"]
+        asked = []
+        if confirm == "--yes":
+            real = cli_purge.purge
+
+            def planned_then_dies(*args, **kwargs):
+                report = real(*args, **kwargs)
+                if kwargs.get("dry_run"):
+                    end(live)
+                return report
+            monkeypatch.setattr(cli_purge, "purge", planned_then_dies)
+        else:
+            def answer(question):
+                asked.append(question)
+                end(live)  # dies while the question is on screen
+                return "y"
+            monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+            monkeypatch.setattr("builtins.input", answer)
+        code = cli_main.main(["purge", root, "--incomplete"] +
+                             (["--yes"] if confirm == "--yes" else []))
+        out = " ".join(capsys.readouterr().out.split())  # the table's cells may wrap
+    finally:
+        end(live)
+    assert asked == ([] if confirm == "--yes" else ["Delete these 2 snapshots? [y/N] "])
+    assert [s.state for s in sc.ls(root)] == ["abandoned"]  # the one not confirmed
+    assert "deleted 2 snapshots" in out and "kept 1 selected snapshot" in out
+    assert "not in the plan: abandoned write" in out and "run purge again" in out
+    assert code == 1

@@ -185,8 +185,8 @@ def test_public_names_are_pinned():
     assert sorted(sc.__all__) == sorted([
         "AUTOTUNE", "CorruptSnapshotError", "Dataset", "FingerprintError", "SnapcacheError",
         "Snapshot", "SnapshotNotFoundError", "SnapshotOptions", "SnapshotStateError",
-        "UnsupportedValueError", "__version__", "info", "ls", "open_snapshot", "purge",
-        "verify"])
+        "UnknownFormatVersionError", "UnsupportedValueError", "__version__", "info", "ls",
+        "open_snapshot", "purge", "verify"])
 
 
 def refuse_31(i):

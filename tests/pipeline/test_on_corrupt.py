@@ -3,13 +3,16 @@ the epoch (the default) or is rebuilt while the epoch carries on, each example o
 
 from __future__ import annotations
 
+import json
 import os
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import snapcache as sc
-from snapcache.errors import CorruptSnapshotError
+from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.pipeline.rebuild import CorruptSnapshotWarning
 
 N = 300
@@ -185,3 +188,95 @@ def test_rebuild_of_a_delta_snapshot_whose_newest_version_manifest_is_unreadable
     from snapcache.store.fs import Storage
     from snapcache.store.protocol import versions
     assert versions.still_unreadable(Storage(str(folder)), "manifest-000002.json") is None
+
+
+def as_a_newer_release_writes_it(path: Path) -> bytes:
+    """Rewrite the manifest at ``path`` as a newer snapcache would: a format version this one
+    does not know, with a field of that format. Returns its bytes."""
+    doc = json.loads(path.read_text())
+    doc["format_version"] = 4
+    doc["a_field_of_format_4"] = {"whatever": 1}
+    path.write_text(json.dumps(doc))
+    return path.read_bytes()
+
+
+def test_a_newer_format_is_refused_and_never_rebuilt(root):
+    """A manifest of a newer format is a newer release's good snapshot, not a corrupt one:
+    on_corrupt="rebuild" refuses it as "raise" does, and leaves it as it is."""
+    assert [e["i"] for e in pipeline(root)] == list(range(N))
+    folder = Path(root, pipeline(root).open_snapshot().id)
+    newer = as_a_newer_release_writes_it(folder / "manifest.json")
+    files = sorted(n for n in os.listdir(folder) if not n.startswith("reader-"))
+    for on_corrupt in ("raise", "rebuild"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CorruptSnapshotWarning)  # nothing is withdrawn
+            with pytest.raises(UnknownFormatVersionError, match="upgrade snapcache"):
+                list(pipeline(root, on_corrupt))
+    assert (folder / "manifest.json").read_bytes() == newer
+    assert sorted(n for n in os.listdir(folder) if not n.startswith("reader-")) == files
+    # not damaged, so not a CorruptSnapshotError: no `except` of one takes it for damage
+    assert not issubclass(UnknownFormatVersionError, CorruptSnapshotError)
+
+
+def test_a_delta_version_of_a_newer_format_is_refused_and_never_rebuilt(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(12):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+
+    def files(on_corrupt="raise"):
+        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
+                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
+                          on_corrupt=on_corrupt))
+    assert sorted(int(e["i"]) for e in files()) == list(range(12))
+    (src / "f100.txt").write_text("100")
+    assert len(list(files())) == 13  # version 2
+    (lineage,) = os.listdir(tmp_path / "root")
+    folder = tmp_path / "root" / lineage
+    newer = as_a_newer_release_writes_it(folder / "manifest-000002.json")
+    before = sorted(n for n in os.listdir(folder) if not n.startswith("reader-"))
+    (src / "f101.txt").write_text("101")  # and the source grows: a build would start
+    for on_corrupt in ("raise", "rebuild"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CorruptSnapshotWarning)
+            with pytest.raises(UnknownFormatVersionError, match="upgrade snapcache"):
+                list(files(on_corrupt))
+    assert (folder / "manifest-000002.json").read_bytes() == newer
+    assert sorted(n for n in os.listdir(folder) if not n.startswith("reader-")) == before
+
+
+def test_rebuild_of_a_delta_snapshot_whose_newest_source_record_is_damaged(tmp_path):
+    """The next build of a changed source compares it with the newest version's source record:
+    a damaged one fails it by default, naming what works; "rebuild" withdraws that version
+    (and says so only because it did) and builds again, reusing the older version's
+    segments."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+
+    def files(on_corrupt="raise"):
+        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
+                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
+                          on_corrupt=on_corrupt))
+    assert len(list(files())) == 20
+    for i in range(20, 25):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+    assert len(list(files())) == 25  # version 2
+    (lineage,) = os.listdir(tmp_path / "root")
+    folder = tmp_path / "root" / lineage
+    (record,) = folder.glob("units-000002-*.arrow")
+    data = bytearray(record.read_bytes())
+    data[len(data) // 2] ^= 1
+    record.write_bytes(bytes(data))
+    (src / "f100.txt").write_text("100")  # the source grows: the build needs the record
+    with pytest.raises(CorruptSnapshotError, match="source record of version 2") as e:
+        list(files())
+    assert e.value.manifest == "manifest-000002.json"
+    assert 'on_corrupt="rebuild"' in str(e.value) and "purge version" not in str(e.value)
+    with pytest.warns(CorruptSnapshotWarning, match="withdrawn and is rebuilt now"):
+        got = sorted(int(e["i"]) for e in files("rebuild"))
+    assert got == list(range(25)) + [100]
+    assert (folder / "manifest-000001.json").exists() and not record.exists()
+    assert sorted(int(e["i"]) for e in files()) == got
+    assert sc.verify(str(tmp_path / "root")).ok

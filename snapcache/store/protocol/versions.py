@@ -37,12 +37,13 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import xxhash
 
-from snapcache.errors import CorruptSnapshotError
+from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import WriteLease, live_leases
 from snapcache.store.protocol.records import StreamRecord, fence
-from snapcache.store.manifest import FORMAT, LINEAGE_MARKER_VERSION, Manifest, ShardInfo
+from snapcache.store.manifest import (
+    FORMAT, LINEAGE_MARKER_VERSION, WAY_OUT, Manifest, ShardInfo)
 
 log = logging.getLogger(__name__)
 
@@ -106,18 +107,50 @@ def load_version(storage: Storage, version: int) -> Manifest | None:
             raise CorruptSnapshotError(f"{storage.url_of(name)}: not version {version} of a "
                                        "delta snapshot (version or source record missing)")
     except CorruptSnapshotError as e:
-        e.manifest = name  # (on_corrupt="rebuild" withdraws it)
-        raise
+        # The way out of a damaged version is not the whole snapshot's (WAY_OUT): say it.
+        text = str(e).replace(WAY_OUT, "").rstrip(" .")
+        error = CorruptSnapshotError(f"{text}. {way_out(storage, version)}")
+        error.manifest = name  # (on_corrupt="rebuild" withdraws it)
+        raise error from None
     return manifest
 
 
+def way_out(storage: Storage, version: int, record: bool = False) -> str:
+    """What to do about version ``version`` of the lineage folder ``storage`` whose manifest
+    (``record``: whose source record) is damaged: an old version goes with ``purge
+    --old-versions``; the newest is withdrawn and built again by ``on_corrupt="rebuild"`` (a
+    damaged record is met only by the next build of a changed source, which needs it)."""
+    root, _, lineage = storage.url.rpartition("/")
+    try:
+        numbers = versions(storage)
+    except OSError:
+        numbers = []
+    whole = f"or delete the whole snapshot with `snapcache purge {root} {lineage[:12]}`"
+    if numbers and version < numbers[-1]:
+        return (f"Version {version} is an old version of snapshot {lineage[:12]} (the newest, "
+                f"version {numbers[-1]}, does not need it): `snapcache purge {root} "
+                "--old-versions` removes it, with the old versions of the root's other delta "
+                "snapshots (add --dry-run to list them first)")
+    if record:
+        return (f"Version {version} still reads back, but the next build of a changed source "
+                "compares the source with this record: run that build with snapshot(..., "
+                f"on_corrupt=\"rebuild\"), which withdraws version {version} and computes "
+                f"again what only it held; {whole}")
+    return (f"Iterate the pipeline with snapshot(..., on_corrupt=\"rebuild\"): it withdraws "
+            f"version {version} and builds it again, reusing what older versions hold; {whole}")
+
+
 def still_unreadable(storage: Storage, name: str) -> bytes | None:
-    """The bytes of version manifest ``name`` if it still cannot be read (None: it reads now,
-    another process having committed that version again, or it is gone)."""
+    """The bytes of version manifest ``name`` if that version still cannot be used: its
+    manifest or its source record cannot be read (None: it reads now, another process having
+    committed that version again, or it is gone). A manifest in a newer format is not
+    unreadable this way: it raises UnknownFormatVersionError, and is never withdrawn."""
     data = None
     try:
         data = storage.read_bytes(name)
-        load_version(storage, int(_MANIFEST_RE.match(name).group(1)))
+        manifest = load_version(storage, int(_MANIFEST_RE.match(name).group(1)))
+        if manifest is not None:
+            read_units(storage, manifest)
     except CorruptSnapshotError:
         return data
     except OSError:
@@ -178,7 +211,19 @@ def encode_units(units: Sequence[Unit]) -> bytes:
 
 
 def read_units(storage: Storage, manifest: Manifest) -> list[Unit]:
-    """The source record of a version, checked against its checksum."""
+    """The source record of a version, checked against its checksum. CorruptSnapshotError
+    naming the version's manifest (``error.manifest``: ``on_corrupt="rebuild"`` withdraws
+    that version) and the way out."""
+    try:
+        return _read_units(storage, manifest)
+    except CorruptSnapshotError as e:
+        version = int(manifest.version or 0)
+        error = CorruptSnapshotError(f"{e}. {way_out(storage, version, record=True)}")
+        error.manifest = manifest_name(version)
+        raise error from None
+
+
+def _read_units(storage: Storage, manifest: Manifest) -> list[Unit]:
     source = manifest.source or {}
     name = source.get("record")
     where = storage.url_of(str(name))
@@ -189,10 +234,11 @@ def read_units(storage: Storage, manifest: Manifest) -> list[Unit]:
         data = storage.read_bytes(name)
     except FileNotFoundError:
         raise CorruptSnapshotError(f"{where}: the source record of version "
-                                   f"{manifest.version} is missing; purge the version") from None
+                                   f"{manifest.version} is missing") from None
     if checksum(data) != source.get("record_checksum"):
-        raise CorruptSnapshotError(f"{where}: checksum mismatch; purge version "
-                                   f"{manifest.version}")
+        raise CorruptSnapshotError(f"{where}: the source record of version "
+                                   f"{manifest.version} is damaged (checksum {checksum(data)} "
+                                   f"!= {source.get('record_checksum')} in its manifest)")
     try:
         table = ipc.open_file(pa.py_buffer(data)).read_all()
     except pa.ArrowInvalid as e:
@@ -328,28 +374,59 @@ def _with_record(manifest: Manifest, name: str, record: bytes) -> Manifest:
                                      "record_checksum": checksum(record)})
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A committed version whose manifest this release cannot read: damaged, or (``newer``)
+    written by a newer snapcache (not damaged: upgrade to read it)."""
+
+    version: int
+    problem: str
+    newer: bool = False
+
+
 def referenced(storage: Storage, names: Sequence[str] | None = None,
                skip: Iterable[int] = ()) -> set[str]:
     """Every file some committed version (but those in ``skip``) needs: its manifest, its
     source record and its shards. A shard's reference count is the number of versions listing
-    it; it may be deleted only when that is zero."""
+    it; it may be deleted only when that is zero. What a version that cannot be read lists is
+    unknown, so while there is one every shard stays (see :func:`survey`)."""
+    return survey(storage, names, skip)[0]
+
+
+def survey(storage: Storage, names: Sequence[str] | None = None, skip: Iterable[int] = ()
+           ) -> tuple[set[str], tuple[Unreadable, ...]]:
+    """:func:`referenced`, and the versions (but those in ``skip``) that cannot be read. Those
+    are never skipped as if they listed nothing: every shard of the folder and their source
+    records are counted as needed, so no clean-up or purge deletes what a damaged manifest
+    (perhaps to be restored) or a newer release's version may list."""
     names = storage.listdir() if names is None else names
     skip = set(skip)
     needed: set[str] = set()
+    unreadable: list[Unreadable] = []
     for version in versions(storage, names):
         if version in skip:
             continue
         try:
             manifest = load_version(storage, version)
         except CorruptSnapshotError as e:
-            log.warning("%s", e)
+            unreadable.append(Unreadable(version, str(e)))
+            continue
+        except UnknownFormatVersionError as e:
+            unreadable.append(Unreadable(version, str(e), newer=True))
             continue
         if manifest is None:
             continue
         needed.add(manifest_name(version))
         needed.add(str(manifest.source.get("record")))
         needed.update(layout.with_pages(s.path for s in manifest.shards))
-    return needed
+    if unreadable:
+        numbers = {u.version for u in unreadable}
+        for name in names:
+            units = _UNITS_RE.match(name)
+            if (layout.run_of(name) is not None and not layout.is_tmp(name)) or \
+                    (units is not None and int(units.group(1)) in numbers):
+                needed.add(name)
+    return needed, tuple(unreadable)
 
 
 def record_owner(name: str) -> str | None:
@@ -419,27 +496,28 @@ def withdraw_listing(storage: Storage, shard: str) -> list[int]:
     for version in reversed(versions(storage)):
         try:
             manifest = load_version(storage, version)
-        except CorruptSnapshotError:
-            manifest = None
+        except (CorruptSnapshotError, UnknownFormatVersionError):
+            manifest = None  # unreadable: not known to list it, never withdrawn here
         if manifest is not None and any(s.path == shard for s in manifest.shards):
             storage.remove(manifest_name(version))
             withdrawn.append(version)
     return withdrawn
 
 
-def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = False
-                    ) -> list[str]:
+def delete_versions(storage: Storage, drop: Iterable[int], *, dry_run: bool = False,
+                    only: set[str] | None = None) -> list[str]:
     """Delete versions ``drop`` and every file only they referenced: a shard another version
     lists stays. Manifests go first, so an interrupted delete never leaves a version listing a
-    missing shard. Returns the names removed (with ``dry_run``: that would be)."""
+    missing shard. ``only``: remove none but these names (what a confirmed plan listed).
+    Returns the names removed (with ``dry_run``: that would be)."""
     names = storage.listdir()
     drop = set(drop) & set(versions(storage, names))
-    needed = referenced(storage, names, skip=drop)
+    needed = referenced(storage, names, skip=drop)  # by every version that stays
     live_runs = {lease.owner for lease in live_leases(storage) if lease.kind == "write"}
     manifests = [manifest_name(v) for v in sorted(drop)]
     others = []
     for name in names:
-        if name in needed or name in manifests:
+        if name in needed or name in manifests or (only is not None and name not in only):
             continue
         owner = owner_of(name)
         if owner is not None and owner not in live_runs:
