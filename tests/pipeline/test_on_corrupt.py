@@ -104,6 +104,21 @@ def load_file(path):
     return {"i": value, "x": np.full((64,), value % 256, np.uint8)}
 
 
+def text_files(tmp_path, count):
+    """A folder of ``count`` text files ``f000.txt``... holding their number, and the delta
+    snapshot pipeline over them (``files(on_corrupt)``) rooted at ``tmp_path / "root"``."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(count):
+        (src / f"f{i:03d}.txt").write_text(str(i))
+
+    def files(on_corrupt="raise"):
+        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
+                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
+                          on_corrupt=on_corrupt))
+    return src, files
+
+
 def test_rebuild_of_a_delta_snapshot_withdraws_every_version_listing_the_corrupt_shard(
         tmp_path):
     """A file source's snapshot is a lineage of versions that share shards: the versions that
@@ -159,15 +174,7 @@ def test_rebuild_of_an_unreadable_manifest(root):
 def test_rebuild_of_a_delta_snapshot_whose_newest_version_manifest_is_unreadable(tmp_path):
     """A version's manifest damaged (truncated): the default raises naming it; "rebuild"
     withdraws that version only and builds it again from the older one's segments."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(20):
-        (src / f"f{i:03d}.txt").write_text(str(i))
-
-    def files(on_corrupt="raise"):
-        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
-                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
-                          on_corrupt=on_corrupt))
+    src, files = text_files(tmp_path, 20)
     assert sorted(int(e["i"]) for e in files()) == list(range(20))
     for i in range(20, 25):
         (src / f"f{i:03d}.txt").write_text(str(i))
@@ -219,15 +226,7 @@ def test_a_newer_format_is_refused_and_never_rebuilt(root):
 
 
 def test_a_delta_version_of_a_newer_format_is_refused_and_never_rebuilt(tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(12):
-        (src / f"f{i:03d}.txt").write_text(str(i))
-
-    def files(on_corrupt="raise"):
-        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
-                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
-                          on_corrupt=on_corrupt))
+    src, files = text_files(tmp_path, 12)
     assert sorted(int(e["i"]) for e in files()) == list(range(12))
     (src / "f100.txt").write_text("100")
     assert len(list(files())) == 13  # version 2
@@ -250,15 +249,7 @@ def test_rebuild_of_a_delta_snapshot_whose_newest_source_record_is_damaged(tmp_p
     a damaged one fails it by default, naming what works; "rebuild" withdraws that version
     (and says so only because it did) and builds again, reusing the older version's
     segments."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(20):
-        (src / f"f{i:03d}.txt").write_text(str(i))
-
-    def files(on_corrupt="raise"):
-        return (sc.Dataset.from_files(str(src / "*.txt")).map(load_file)
-                .snapshot(str(tmp_path / "root"), shard_size=2048, progress=False,
-                          on_corrupt=on_corrupt))
+    src, files = text_files(tmp_path, 20)
     assert len(list(files())) == 20
     for i in range(20, 25):
         (src / f"f{i:03d}.txt").write_text(str(i))
