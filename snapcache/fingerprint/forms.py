@@ -62,10 +62,16 @@ def _register_stdlib_and_numpy() -> None:
     register_default(np.random.BitGenerator, lambda g: g.state)
     register_default(np.random.SeedSequence, lambda s: s.state)
     # ndarray subclasses whose state is not in __dict__ (the rest: the array, the class and
-    # the instance attributes, in canonical._feed_other)
+    # the instance attributes, in canonical._feed_other); MaskedArray's in _register_masked
+    register_default(np.memmap, np.asarray, subclass_state=False)  # by content, not its file
+
+
+def _register_masked() -> None:
+    """``numpy.ma``'s form, registered once it is imported (importing it costs ~30 ms)."""
+    import numpy as np
+
     register_default(np.ma.MaskedArray, lambda a: (np.ma.getdata(a), np.ma.getmaskarray(a),
                                                    a.fill_value, a.hardmask))
-    register_default(np.memmap, np.asarray, subclass_state=False)  # by content, not its file
 
 
 def _array_form(a: array.array) -> tuple:
@@ -174,9 +180,10 @@ def load_forms(module: str) -> None:
 
 
 def register_forms() -> None:
-    """Register the standard library and numpy forms, and those of zoneinfo, torch and pandas
-    lazily (called once, by :mod:`snapcache.fingerprint.canonical`)."""
+    """Register the standard library and numpy forms, and those of numpy.ma, zoneinfo, torch
+    and pandas lazily (called once, by :mod:`snapcache.fingerprint.canonical`)."""
     _register_stdlib_and_numpy()
+    register_lazily("numpy.ma", _register_masked)
     register_lazily("zoneinfo", _register_zoneinfo)
     register_lazily("torch", _register_torch)
     register_lazily("pandas", _register_pandas)
