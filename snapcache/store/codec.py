@@ -343,23 +343,36 @@ def _view(array: pa.Array, dtype: np.dtype, offset: int, count: int) -> np.ndarr
     return view
 
 
+ndarray = np.ndarray  # one global lookup per example in read_only
+
+
 def read_only(example: Any) -> Any:
     """``example`` (a dict, a tuple or a single value) with each numpy array a read-only view
     of it, as a read of the snapshot hands examples out: what an epoch that writes a snapshot
-    passes on. The arrays themselves are left as they are (the pipeline above may hold them)."""
+    passes on. The arrays themselves are left as they are (the pipeline above may hold them).
+    Called once per example of a writing epoch: a dict without a writable array is returned
+    as it is, and one with some is copied once."""
     kind = type(example)
     if kind is dict:
-        return {key: _read_only(value) for key, value in example.items()}
+        out = None
+        for key, value in example.items():
+            if type(value) is ndarray and value.flags.writeable:
+                if out is None:
+                    out = example.copy()
+                view = value.view()
+                view.setflags(write=False)
+                out[key] = view
+        return example if out is None else out
     if kind is tuple:
         return tuple(_read_only(value) for value in example)
     return _read_only(example)
 
 
 def _read_only(value: Any) -> Any:
-    if type(value) is not np.ndarray or not value.flags.writeable:
+    if type(value) is not ndarray or not value.flags.writeable:
         return value
     view = value.view()
-    view.flags.writeable = False
+    view.setflags(write=False)
     return view
 
 
