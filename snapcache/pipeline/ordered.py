@@ -83,6 +83,18 @@ class Shape:
         return size
 
     @property
+    def earlier_unit(self) -> int:
+        """The unit of the states earlier releases saved: the first batch's size alone (no
+        filter before it). A reading state of a batch of batches saved so resumes: its share
+        and positions are its own (a writing state's positions were miscounted: refused)."""
+        for node in self.below + self.above:
+            if isinstance(node, ops.BatchOp):
+                return node.batch_size
+            if not node.traits.one_to_one:
+                return 1
+        return 1
+
+    @property
     def least_yielding(self) -> int:
         """The fewest positions left at the end of a share that still yield an item: fewer
         are all dropped (``batch(..., drop_remainder=True)``). 1 when items do not map to
@@ -375,7 +387,7 @@ def _start(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict | Non
             raise ValueError(_other_snapshot(state["snapshot"], fingerprint))
         _check_layout(state, reader.manifest)
         if state["num_examples"] != total or state["window"] != shape.window or \
-                state["unit"] != shape.unit:
+                state["unit"] not in (shape.unit, shape.earlier_unit):
             raise ValueError(
                 "the iterator state was saved by a pipeline with another shuffle buffer or "
                 "batch size (or for another snapshot size); resume with the same pipeline")

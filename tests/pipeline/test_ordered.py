@@ -704,3 +704,16 @@ def test_every_reading_state_names_its_layout(root):
     elastic = shuffled.iterate(state=it.state_dict(), stream=(1, 3))  # another stream count
     next(elastic)
     assert elastic.state_dict()["layout"] == layout
+
+
+def test_a_state_an_earlier_release_saved_for_a_batch_of_batches_resumes(root):
+    """Earlier releases recorded the first batch's size as the unit of batch(4).batch(3)
+    (now 12, the positions of a whole item): their reading states still resume exactly."""
+    ds = pipeline(root, n=144).batch(4).batch(3)
+    list(ds.iterate(0))
+    it = ds.iterate(2)
+    head = [next(it) for _ in range(3)]
+    state = {**it.state_dict(), "unit": 4}  # as saved before: its share was cut in 4s
+    it.close()
+    rest = list(ds.iterate(state=state))
+    assert sorted(ids(head + rest)) == list(range(144))
