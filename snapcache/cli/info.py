@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         if asked and files is None:
             print(no_files(snap), file=sys.stderr)
         return 0
-    common.console().print(render(snap))
+    common.console().print(render(snap, args.storage_options))
     if files is not None:
         common.console().print(files_table(files))
     elif asked:
@@ -79,9 +79,9 @@ def files_table(files: list[dict]) -> Table:
     return t
 
 
-def delta_rows(facts: Table, snap: SnapshotInfo) -> None:
+def delta_rows(facts: Table, snap: SnapshotInfo, storage_options: dict | None) -> None:
     """A delta snapshot: its versions, the bytes they share, and its source in brief."""
-    on_disk, shared = shard_bytes(delta_versions(snap))
+    on_disk, shared = shard_bytes(delta_versions(snap, storage_options))
     numbers = ", ".join(str(v) for v in snap.versions)
     unreadable = [str(u.version) for u in snap.unreadable_versions]
     if unreadable:
@@ -105,7 +105,7 @@ def delta_rows(facts: Table, snap: SnapshotInfo) -> None:
                             f"{common.plural(segments, 'segment')} (--files lists them)")
 
 
-def render(snap: SnapshotInfo) -> Group:
+def render(snap: SnapshotInfo, storage_options: dict | None = None) -> Group:
     title = Text.assemble("snapshot ", (snap.short_id, "bold"),
                           f" ({snap.name})" if snap.name else "")
     facts = Table.grid(padding=(0, 2))
@@ -129,7 +129,7 @@ def render(snap: SnapshotInfo) -> Group:
         return Group(title, facts)
     facts.add_row("pipeline", Text(m.pipeline or "-"))
     if snap.versions:
-        delta_rows(facts, snap)
+        delta_rows(facts, snap, storage_options)
     facts.add_row("examples", f"{m.num_examples:,} in {common.plural(len(m.shards), 'shard')}")
     facts.add_row("on disk", f"{size} (shards {format_size(m.total_bytes)}, "
                              f"{m.compression}, ratio {common.ratio(snap)})")

@@ -113,6 +113,25 @@ def test_storage_options_reach_a_non_aws_endpoint(s3_server, s3_root):
     assert [s.id for s in sc.ls(s3_root, storage_options=s3_server.storage_options)] == [fid]
 
 
+def read_text(path):
+    return {"n": int(open(path).read())}
+
+
+def test_storage_options_reach_the_versions_of_a_delta_snapshot(s3_server, s3_root, tmp_path):
+    """info of a delta snapshot reads its versions' manifests with the -o options too."""
+    for i in range(3):
+        (tmp_path / f"f{i}.txt").write_text(str(i))
+    ds = sc.Dataset.from_files(str(tmp_path / "*.txt")).map(read_text).snapshot(
+        s3_root, name="grown", progress=False)
+    assert len(list(ds)) == 3
+    options = ["-o", "key=testing", "-o", "secret=testing",
+               "-o", f"client_kwargs.endpoint_url={s3_server.endpoint}"]
+    proc = subprocess.run([SCRIPT, "info", s3_root, "grown", *options], capture_output=True,
+                          text=True, timeout=120, env=_no_endpoint_env())
+    assert proc.returncode == 0, proc.stderr
+    assert "versions" in proc.stdout and "1 (newest 1)" in proc.stdout, proc.stdout
+
+
 def test_an_emptied_s3_root_lists_as_empty(s3_root):
     fid = make_snapshot(s3_root, "gone")
     assert snapcache("purge", s3_root, fid, "--yes").returncode == 0
