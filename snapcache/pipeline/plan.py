@@ -14,6 +14,7 @@ data is a new op object, fingerprinted afresh.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Iterator
 
 from snapcache.fingerprint import FingerprintNode
@@ -82,13 +83,23 @@ def _pipeline_fingerprint(op: ops.Op) -> FingerprintNode:
                   if isinstance(node, ops.SnapshotOp) and node.options.key), None)
     nodes = []
     below: set[int] = set()
-    if keyed is not None:
-        nodes.append(keyed_fingerprint(keyed.options.key))
+    if keyed is not None:  # the keyed snapshot: its key, in its root (one key, two roots:
+        # two datasets versioned alike, e.g. /snaps/train and /snaps/val, both key="v1")
+        nodes.append(combine("snapshot key", [
+            keyed_fingerprint(keyed.options.key),
+            leaf("root", "root", _root_identity(os.fspath(keyed.path)).encode(),
+                 summary=os.fspath(keyed.path))],
+            kind="keyed-below"))
         below = {id(node) for node in ops.lineage(keyed)}
     nodes += [combine(label, node.fingerprint_children(label), kind=f"op:{node.kind}",
                       summary=node.describe())
               for label, node in labelled_ops(op) if id(node) not in below]
     return pipeline_root(nodes)
+
+
+def _root_identity(path: str) -> str:
+    """A snapshot root as a fingerprint counts it: a URL as written, a local path absolute."""
+    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
 def keyed_fingerprint(key: str) -> FingerprintNode:

@@ -114,9 +114,9 @@ def test_a_snapshot_after_a_keyed_snapshot_keys_on_its_key_and_what_follows(tmp_
 
     lock = threading.Lock()
 
-    def pipeline(key, scale=10):
+    def pipeline(key, scale=10, inner="inner"):
         inner = sc.Dataset.range(3).map(lambda i, lock=lock: i).snapshot(
-            str(tmp_path / "inner"), key=key, progress=False)
+            str(tmp_path / inner), key=key, progress=False)
         return inner.map(lambda i: i * scale).snapshot(str(tmp_path / "outer"), progress=False)
 
     first = pipeline("v1")
@@ -124,6 +124,8 @@ def test_a_snapshot_after_a_keyed_snapshot_keys_on_its_key_and_what_follows(tmp_
     assert pipeline("v1").fingerprint() == first.fingerprint()
     assert pipeline("v2").fingerprint() != first.fingerprint()
     assert pipeline("v1", scale=3).fingerprint() != first.fingerprint()  # after the key counts
+    # the same key in another root is another dataset (train and val, both "v1")
+    assert pipeline("v1", inner="inner2").fingerprint() != first.fingerprint()
     keyed = sc.Dataset.range(5).snapshot(str(tmp_path / "k"), key="v1")
     assert keyed.fingerprint() == sc.Dataset.range(9).snapshot(str(tmp_path / "k"),
                                                                key="v1").fingerprint()
