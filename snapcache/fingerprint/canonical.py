@@ -364,18 +364,32 @@ def _feed_registered(h: Any, v: Any, w: Walk, canonical: Callable[[Any], Any], e
 def _feed_subclass(h: Any, v: Any, w: Walk, state: bool) -> None:
     """What a subclass adds to the form of its base: its class (a user class by its code) and,
     with ``state``, its instance attributes."""
-    h.update(b"+" + bytes.fromhex(_functions.class_node(type(v), "class", w).digest))
+    try:  # what it reads that cannot be hashed (a thread-local a method reads) is left out,
+        # as the whole subclass was before it counted
+        h.update(b"+" + bytes.fromhex(_functions.class_node(type(v), "class", w).digest))
+    except Unhashable:
+        h.update(b"+?")
     if state:
-        _feed_attributes(h, v, w)
+        _feed_attributes(h, v, w, optional=True)
 
 
-def _feed_attributes(h: Any, v: Any, w: Walk) -> None:
+def _feed_attributes(h: Any, v: Any, w: Walk, *, optional: bool = False) -> None:
     """``_attributes(v)`` as a flat tuple ``(name, value, name, value, ...)``; an error below
-    names the attribute."""
+    names the attribute. ``optional``: an attribute that cannot be hashed (a lock a subclass
+    keeps) is left out, its name counted, as before such attributes counted at all."""
     state = _attributes(v)
     h.update(b"(" + _u64(2 * len(state)))
     for name, x in state:
         feed_value(h, name, w)
+        if optional:
+            sub = xxhash.xxh3_128()
+            try:
+                feed_value(sub, x, w)
+            except Unhashable:
+                h.update(b"?")  # left out: it cannot be hashed
+                continue
+            h.update(b"=" + sub.digest())
+            continue
         try:
             feed_value(h, x, w)
         except Unhashable as e:
@@ -508,10 +522,20 @@ def object_node(v: Any, label: str, w: Walk) -> FingerprintNode:
     """A plain object (dataclass, callable object, ...): its class's code and its attributes."""
     def build() -> FingerprintNode:
         cls = type(v)
-        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else ()
+        dataclass = dataclasses.is_dataclass(cls)
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclass else ()
         children = [_functions.class_node(cls, f"class `{cls.__qualname__}`", w)]
-        children += [child_node(x, f"{'field' if k in fields else 'attribute'} `{k}`", w)
-                     for k, x in _attributes(v)]
+        for k, x in _attributes(v):
+            if k in fields or not dataclass:
+                children.append(child_node(x, f"{'field' if k in fields else 'attribute'} "
+                                              f"`{k}`", w))
+                continue
+            try:  # a dataclass's other state counts where it can be hashed: a handle that
+                # __post_init__ keeps (a lock, a connection) is left out, as its fields name it
+                children.append(value_node(x, f"attribute `{k}`", w))
+            except Unhashable:
+                children.append(leaf(f"attribute `{k}`", "left-out", b"",
+                                     "cannot be hashed: left out"))
         return node(label, "object", b"", children, describe(v))
     try:
         return w.guarded(v, label, build)
