@@ -70,8 +70,17 @@ def _register_masked() -> None:
     """``numpy.ma``'s form, registered once it is imported (importing it costs ~30 ms)."""
     import numpy as np
 
-    register_default(np.ma.MaskedArray, lambda a: (np.ma.getdata(a), np.ma.getmaskarray(a),
-                                                   a.fill_value, a.hardmask))
+    register_default(np.ma.MaskedArray, _masked_form)
+
+
+def _masked_form(a: Any) -> tuple:
+    import numpy as np
+
+    try:
+        fill = a.fill_value
+    except AttributeError:  # np.ma.masked: its getter would set the default, and it is frozen
+        fill = np.ma.default_fill_value(a)
+    return np.ma.getdata(a), np.ma.getmaskarray(a), fill, a.hardmask
 
 
 def _array_form(a: array.array) -> tuple:
@@ -164,7 +173,10 @@ def _values(values: Any) -> Any:
     form: list[Any] = [str(dtype)]
     if isinstance(dtype, pd.CategoricalDtype):
         form += [dtype.categories, dtype.ordered]
-    form.append(hash_array(extension))
+    try:
+        form.append(hash_array(extension))
+    except TypeError:  # values pandas cannot hash (an Arrow list column): item by item
+        form.append(("items", extension.tolist()))
     return tuple(form)
 
 

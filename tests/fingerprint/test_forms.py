@@ -233,3 +233,18 @@ df = pd.DataFrame({"name": ["apple", "kiwi", None], "obj": pd.Series(["x", 1, (2
 print(hash_value(df, "df").digest)
 """
     assert run(code, "1") == run(code, "2")
+
+
+def test_a_masked_constant_and_an_arrow_list_column_fingerprint(pd):
+    """np.ma.masked refuses the fill_value getter's write; pandas cannot hash an Arrow list
+    column: both fingerprint by content."""
+    import numpy as np
+    import pyarrow as pa
+
+    assert hash_value(np.ma.masked, "v").digest == hash_value(np.ma.masked, "v").digest
+
+    def frame(last):
+        return pd.DataFrame({"ids": pd.array([[1, 2], [3, last]],
+                                             dtype=pd.ArrowDtype(pa.list_(pa.int64())))})
+    assert hash_value(frame(4), "v").digest == hash_value(frame(4), "v").digest
+    assert hash_value(frame(4), "v").digest != hash_value(frame(5), "v").digest
