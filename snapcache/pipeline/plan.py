@@ -91,9 +91,13 @@ def _pipeline_fingerprint(op: ops.Op) -> FingerprintNode:
                  summary=os.fspath(keyed.path))],
             kind="keyed-below"))
         below = {id(node) for node in ops.lineage(keyed)}
+    labelled = [(label, node) for label, node in labelled_ops(op) if id(node) not in below]
+    if keyed is not None:  # numbered from the key on: ops added below it change nothing here
+        labelled = [(f"{node.kind} #{k}{_named(node)}", node)
+                    for k, (_, node) in enumerate(labelled, 1)]
     nodes += [combine(label, node.fingerprint_children(label), kind=f"op:{node.kind}",
                       summary=node.describe())
-              for label, node in labelled_ops(op) if id(node) not in below]
+              for label, node in labelled]
     return pipeline_root(nodes)
 
 

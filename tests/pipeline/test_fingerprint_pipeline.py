@@ -114,9 +114,11 @@ def test_a_snapshot_after_a_keyed_snapshot_keys_on_its_key_and_what_follows(tmp_
 
     lock = threading.Lock()
 
-    def pipeline(key, scale=10, inner="inner"):
-        inner = sc.Dataset.range(3).map(lambda i, lock=lock: i).snapshot(
-            str(tmp_path / inner), key=key, progress=False)
+    def pipeline(key, scale=10, inner="inner", more=False):
+        below = sc.Dataset.range(3).map(lambda i, lock=lock: i)
+        if more:
+            below = below.filter(bool)
+        inner = below.snapshot(str(tmp_path / inner), key=key, progress=False)
         return inner.map(lambda i: i * scale).snapshot(str(tmp_path / "outer"), progress=False)
 
     first = pipeline("v1")
@@ -126,6 +128,8 @@ def test_a_snapshot_after_a_keyed_snapshot_keys_on_its_key_and_what_follows(tmp_
     assert pipeline("v1", scale=3).fingerprint() != first.fingerprint()  # after the key counts
     # the same key in another root is another dataset (train and val, both "v1")
     assert pipeline("v1", inner="inner2").fingerprint() != first.fingerprint()
+    # ops added below the keyed snapshot, the key kept: nothing after it changes
+    assert pipeline("v1", more=True).fingerprint() == first.fingerprint()
     keyed = sc.Dataset.range(5).snapshot(str(tmp_path / "k"), key="v1")
     assert keyed.fingerprint() == sc.Dataset.range(9).snapshot(str(tmp_path / "k"),
                                                                key="v1").fingerprint()
