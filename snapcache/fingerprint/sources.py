@@ -86,6 +86,18 @@ def hash_files_source(identities: Sequence[Mapping[str, Any]], *, strict: bool =
                 f"{len(files)} {noun}")
 
 
+def named_files_node(files: Sequence[tuple[str, int, int]]) -> FingerprintNode:
+    """The files a dataset object names (``from_torch``), ``(path, size, mtime_ns)`` each, in
+    order, as one leaf: a dataset may name a million files, re-counted in every worker that
+    does not inherit its parent's fingerprint."""
+    h = xxhash.xxh3_128()
+    for path, size, mtime_ns in files:
+        h.update(path.encode("utf-8", "surrogatepass") + b"\0")
+        h.update(size.to_bytes(8, "little") + mtime_ns.to_bytes(8, "little", signed=True))
+    noun = "file" if len(files) == 1 else "files"
+    return leaf("files it names", "source:named-files", h.digest(), f"{len(files)} {noun}")
+
+
 def files_lineage_node(*, strict: bool) -> FingerprintNode:
     """A file source as a delta snapshot's lineage counts it: by kind, not by file list (each
     file is a unit, keyed by :func:`snapcache.fingerprint.units.unit_key`)."""

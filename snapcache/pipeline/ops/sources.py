@@ -285,7 +285,7 @@ class TorchSource(Op):
                 "with snapcache.fingerprint.register(type, fn)") from e
         files = named_files(self.dataset)
         if files:  # what __getitem__ reads: a file rewritten under its name is new data
-            children.append(source_fp.hash_files_source(bulk_identities(files)))
+            children.append(source_fp.named_files_node(files))
         return children
 
     def randomness_problems(self) -> list[str]:
@@ -294,12 +294,12 @@ class TorchSource(Op):
         return [f"from_torch {problem}" for problem in detect_dataset_randomness(self.dataset)]
 
 
-def named_files(dataset: Any) -> list[str]:
-    """The local files a map-style dataset's attributes name, in order: a ``str`` or
-    ``os.PathLike`` attribute, or one in a list or tuple attribute (also one tuple deep:
-    torchvision's ``samples``, ``(path, class)`` pairs), that is an existing regular file.
-    Such a dataset reads them in ``__getitem__``; they count as ``from_files`` counts its
-    files (path, size, mtime)."""
+def named_files(dataset: Any) -> list[tuple[str, int, int]]:
+    """The local files a map-style dataset's attributes name, in order, each as ``(path,
+    size, mtime_ns)`` (one ``stat``): a ``str`` or ``os.PathLike`` attribute, or one in a list
+    or tuple attribute (also one tuple deep: torchvision's ``samples``, ``(path, class)``
+    pairs), that is an existing regular file. Such a dataset reads them in ``__getitem__``;
+    they count as ``from_files`` counts its files (path, size, mtime)."""
     def names(value: Any, depth: int) -> Iterator[Any]:
         if isinstance(value, (str, os.PathLike)):
             yield value
@@ -314,10 +314,11 @@ def named_files(dataset: Any) -> list[str]:
             if not isinstance(path, str) or "://" in path or "\n" in path or len(path) > 4096:
                 continue
             try:
-                if stat.S_ISREG(os.stat(path).st_mode):
-                    found.append(path)
+                st = os.stat(path)
             except (OSError, ValueError):  # not a file's name
                 continue
+            if stat.S_ISREG(st.st_mode):
+                found.append((path, st.st_size, st.st_mtime_ns))
     return found
 
 
