@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Iterator
 
+from snapcache.errors import StoreError
 from snapcache.fingerprint import FingerprintNode
 from snapcache.fingerprint.tree import combine, leaf, pipeline_root
 from snapcache.pipeline import ops
@@ -244,7 +245,10 @@ def known_length(op: ops.Op) -> int | None:
     n: int | None = None
     for node in ops.lineage(op):
         if isinstance(node, ops.SnapshotOp):
-            _, manifest = committed_snapshot(node)
+            try:
+                _, manifest = committed_snapshot(node)
+            except StoreError:  # damaged, newer, unreachable: the epoch says (or rebuilds it)
+                manifest = None
             if manifest is not None:
                 n = manifest.num_examples
                 continue

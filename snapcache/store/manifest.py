@@ -214,7 +214,9 @@ class Manifest:
                 f"{where}: the marker of a delta snapshot's lineage, whose versions "
                 "(manifest-<v>.json) are missing: its first build stopped before committing; "
                 "run the pipeline again, or delete it with `snapcache purge <id>`")
-        if version > FORMAT_VERSION or version < 1:
+        if version < 1:  # no release wrote it: damage (a flipped bit), not a newer format
+            raise bad(f"format_version {version} was never written by any snapcache")
+        if version > FORMAT_VERSION:
             raise UnknownFormatVersionError(
                 f"{where}: format version {version} is not readable by snapcache {__version__} "
                 f"(reads up to {FORMAT_VERSION}); upgrade snapcache to read this snapshot")

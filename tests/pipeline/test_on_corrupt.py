@@ -271,3 +271,19 @@ def test_rebuild_of_a_delta_snapshot_whose_newest_source_record_is_damaged(tmp_p
     assert (folder / "manifest-000001.json").exists() and not record.exists()
     assert sorted(int(e["i"]) for e in files()) == got
     assert sc.verify(str(tmp_path / "root")).ok
+
+
+def test_format_version_0_is_damage_and_len_does_not_stop_a_rebuild(root):
+    """A flipped bit can make format_version 0, which no release wrote: damage, not a newer
+    format. len() (and list(), which asks it) falls back to the upstream's length, so
+    on_corrupt="rebuild" still gets to rebuild."""
+    assert len(list(pipeline(root))) == N
+    folder = Path(root, pipeline(root).open_snapshot().id)
+    doc = json.loads((folder / "manifest.json").read_text())
+    doc["format_version"] = 0
+    (folder / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(CorruptSnapshotError, match="never written"):
+        list(pipeline(root))
+    assert len(pipeline(root, "rebuild")) == N
+    with pytest.warns(CorruptSnapshotWarning, match="rebuilt now"):
+        assert len(list(pipeline(root, "rebuild"))) == N
