@@ -23,6 +23,7 @@ from snapcache.fingerprint.tree import combine, leaf, pipeline_root
 from snapcache.pipeline import ops
 from snapcache.pipeline.snapshot_exec import check_root, run_snapshot
 from snapcache.pipeline.streams import StreamSpec
+from snapcache.store.fs import normalized_url
 
 if TYPE_CHECKING:
     from snapcache.store.fs import Storage
@@ -30,12 +31,16 @@ if TYPE_CHECKING:
 
 
 # -- fingerprints ------------------------------------------------------------------------------
-def labelled_ops(op: ops.Op) -> list[tuple[str, ops.Op]]:
+def labelled_ops(op: ops.Op, after: ops.Op | None = None) -> list[tuple[str, ops.Op]]:
     """The content ops from the source to ``op`` with their human labels
-    ("source", "map #1 `decode`", ...)."""
+    ("source", "map #1 `decode`", ...); with ``after`` (an op of the lineage), only those
+    after it, numbered from there."""
     labelled = []
     position = 0
-    for node in ops.lineage(op):
+    lineage = ops.lineage(op)
+    if after is not None:
+        lineage = lineage[next(i for i, node in enumerate(lineage) if node is after) + 1:]
+    for node in lineage:
         if not node.content:
             continue
         if node.traits.source:
@@ -83,28 +88,18 @@ def _pipeline_fingerprint(op: ops.Op) -> FingerprintNode:
     keyed = next((node for node in reversed(ops.lineage(op))
                   if isinstance(node, ops.SnapshotOp) and node.options.key), None)
     nodes = []
-    below: set[int] = set()
     if keyed is not None:  # the keyed snapshot: its key, in its root (one key, two roots:
         # two datasets versioned alike, e.g. /snaps/train and /snaps/val, both key="v1")
         nodes.append(combine("snapshot key", [
             keyed_fingerprint(keyed.options.key),
-            leaf("root", "root", _root_identity(os.fspath(keyed.path)).encode(),
+            leaf("root", "root", normalized_url(keyed.path).encode(),
                  summary=os.fspath(keyed.path))],
             kind="keyed-below"))
-        below = {id(node) for node in ops.lineage(keyed)}
-    labelled = [(label, node) for label, node in labelled_ops(op) if id(node) not in below]
-    if keyed is not None:  # numbered from the key on: ops added below it change nothing here
-        labelled = [(f"{node.kind} #{k}{_named(node)}", node)
-                    for k, (_, node) in enumerate(labelled, 1)]
+    # the ops after it, numbered from it: ops added below it change nothing here
     nodes += [combine(label, node.fingerprint_children(label), kind=f"op:{node.kind}",
                       summary=node.describe())
-              for label, node in labelled]
+              for label, node in labelled_ops(op, after=keyed)]
     return pipeline_root(nodes)
-
-
-def _root_identity(path: str) -> str:
-    """A snapshot root as a fingerprint counts it: a URL as written, a local path absolute."""
-    return path if "://" in path else os.path.abspath(os.path.expanduser(path))
 
 
 def keyed_fingerprint(key: str) -> FingerprintNode:
@@ -240,11 +235,13 @@ def known_length(op: ops.Op) -> int | None:
     committed snapshot gives its example count in place of its upstream's. An epoch reads the
     committed snapshot, not the upstream: with ``key=`` the source may have grown or shrunk
     since it was written, and an upstream with a filter has no length rule at all. Reads the
-    committed manifest of each snapshot in the pipeline (fingerprinting its upstream first, as
-    its first epoch would)."""
+    committed manifest of such snapshots only (fingerprinting its upstream first, as its first
+    epoch would)."""
     n: int | None = None
     for node in ops.lineage(op):
-        if isinstance(node, ops.SnapshotOp):
+        # Without a key a committed snapshot holds what its upstream's rules count: its
+        # manifest is read only where they count nothing (a filter) or a key stands in.
+        if isinstance(node, ops.SnapshotOp) and (n is None or node.options.key):
             try:
                 _, manifest = committed_snapshot(node)
             except StoreError:  # damaged, newer, unreachable: the epoch says (or rebuilds it)

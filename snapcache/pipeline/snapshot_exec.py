@@ -20,7 +20,7 @@ from snapcache.pipeline import interrupt, ops, streams
 from snapcache.pipeline.shares import first_shard, piece_rows, read_share
 from snapcache.store import layout
 from snapcache.store.codec import read_only
-from snapcache.store.fs import Storage
+from snapcache.store.fs import Storage, normalized_url
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as _open
 from snapcache.store.order import EpochOrder, Share
@@ -214,7 +214,7 @@ _NOT_WRITABLE = {errno.EACCES: "permission denied", errno.EPERM: "permission den
 def unusable_root(root: str, error: OSError, file: str | None = None) -> StoreError:
     """One line naming the root, what is wrong with it and the way out (``file``: the file
     found where the root or one of its parents should be a folder)."""
-    path = os.path.abspath(os.path.expanduser(root)) if "://" not in root else root
+    path = normalized_url(root)
     elsewhere = "pass snapshot() a folder you can write to, or set $SNAPCACHE_ROOT"
     if isinstance(error, PermissionError) or error.errno in _NOT_WRITABLE:
         cause = _NOT_WRITABLE.get(error.errno, "permission denied")

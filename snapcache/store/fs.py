@@ -94,6 +94,15 @@ PARSED_ENTRIES = 256
 """Parsed files (manifests) kept per process by :meth:`Storage.read_parsed`."""
 
 
+def normalized_url(url: str | os.PathLike) -> str:
+    """``url`` as a :class:`Storage` names its folder: a URL as written, a local path made
+    absolute, without a trailing slash."""
+    url = os.fspath(url)
+    if "://" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
+    return url.rstrip("/")
+
+
 class FileStat(NamedTuple):
     """One file found by :meth:`Storage.walk`."""
 
@@ -106,11 +115,8 @@ class Storage:
     """A folder on some filesystem, addressed by relative ``/``-separated paths."""
 
     def __init__(self, url: str | os.PathLike, storage_options: dict | None = None):
-        url = os.fspath(url)
         check_url(url)
-        if "://" not in url:
-            url = os.path.abspath(os.path.expanduser(url))
-        self.url = url.rstrip("/")
+        self.url = normalized_url(url)
         self.storage_options = dict(storage_options or {})
         self._s3: S3Clients | None = None
         if fs_s3.is_s3_url(self.url):  # requests through obstore or s3fs (created lazily)
