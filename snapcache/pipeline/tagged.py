@@ -260,13 +260,13 @@ def _rebuilt(cls: type, node: ops.Op, parent: ops.Op, **changes: Any) -> ops.Op:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TaggedMap(ops.MapOp):
-    """``map`` over (position, value) pairs (``fn`` maps the value), labelled as the user's
-    map (``label``: its ``describe()``) wherever a label is shown: errors, progress."""
+class _Labelled:
+    """A user's map or filter rebuilt over (position, value) pairs, labelled as the user's op
+    (``label``: its ``describe()``) wherever a label is shown (errors, progress), and locating
+    a failing example by its position (``positions``)."""
 
     label: str = ""
     positions: Any = None  # Positions
-    not_fingerprinted: ClassVar = ops.MapOp.not_fingerprinted + ("label", "positions")
 
     def describe(self) -> str:
         return self.label
@@ -276,19 +276,17 @@ class TaggedMap(ops.MapOp):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TaggedFilter(ops.FilterOp):
-    """``filter`` over (position, value) pairs (``predicate`` tests the value), labelled as
-    the user's filter."""
+class TaggedMap(_Labelled, ops.MapOp):
+    """``map`` over (position, value) pairs: ``fn`` maps the value."""
 
-    label: str = ""
-    positions: Any = None  # Positions
+    not_fingerprinted: ClassVar = ops.MapOp.not_fingerprinted + ("label", "positions")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TaggedFilter(_Labelled, ops.FilterOp):
+    """``filter`` over (position, value) pairs: ``predicate`` tests the value."""
+
     not_fingerprinted: ClassVar = ops.FilterOp.not_fingerprinted + ("label", "positions")
-
-    def describe(self) -> str:
-        return self.label
-
-    def locate(self) -> Any:
-        return self.positions
 
 
 ops.runs(TaggedMap)(ops.RUNNERS[ops.MapOp])
