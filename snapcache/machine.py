@@ -1,8 +1,8 @@
 """What this machine offers the process: usable CPUs and memory, who the process is on it
 (host, pid namespace, boot, whether a pid is alive), and the node-local folders where this
-user's processes share small records (:func:`shared_folder`). A leaf module (it imports nothing from
-snapcache), so the store and the runtime both size themselves from it without the store
-importing the runtime.
+user's processes share small records (:func:`shared_folder`). A leaf module (it imports
+nothing from snapcache), so the store and the runtime both size themselves from it without
+the store importing the runtime.
 
 >>> available_cpus() >= 1 and memory_budget() >= 32 << 20
 True
