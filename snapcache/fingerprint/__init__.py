@@ -5,9 +5,10 @@
 True
 
 See ``DESIGN.md`` ("Fingerprint rules"). The submodules hold the pieces: ``tree`` (nodes and
-digests), ``canonical`` (values), ``forms`` (library types' forms), ``origin`` (user code or library), ``bytecode`` (what code
-reads, from its bytecode), ``functions`` (code), ``randomness`` (what code draws at random,
-from the same reading of its bytecode), ``sources`` and ``explain``.
+digests), ``canonical`` (values), ``forms`` (library types' forms), ``origin`` (user code or
+library), ``bytecode`` (what code reads, from its bytecode), ``functions`` (code),
+``randomness`` (what code draws at random, from the same reading of its bytecode), ``sources``
+and ``explain``.
 """
 
 from snapcache.fingerprint.canonical import hash_value, register

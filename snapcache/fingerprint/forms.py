@@ -7,7 +7,8 @@ DataFrame into its columns' names, dtypes and values and its index. A form the u
 for the same type wins.
 
 The standard library and numpy forms are registered when
-:mod:`snapcache.fingerprint.canonical` is imported (:func:`register_forms`). Those of ``torch``, ``pandas`` and ``zoneinfo`` are registered the first time a value
+:mod:`snapcache.fingerprint.canonical` is imported (:func:`register_forms`). Those of
+``numpy.ma``, ``torch``, ``pandas`` and ``zoneinfo`` are registered the first time a value
 whose class comes from one of them is fingerprinted
 (:func:`~snapcache.fingerprint.canonical.register_lazily`): such a value exists only once its
 module is imported, so fingerprinting never imports them.

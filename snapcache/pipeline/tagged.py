@@ -104,8 +104,8 @@ def _tag(pieces: Iterator[tuple[int, int, list]], skip: int) -> Iterator[tuple[i
 
 
 RUN = 1024
-"""Rows a run holds at most (see :class:`~snapcache.pipeline.ordered.OrderedIterator`): made together, handed out one by
-one."""
+"""Rows a run holds at most (see :class:`~snapcache.pipeline.ordered.OrderedIterator`): made
+together, handed out one by one."""
 
 
 def _columnar_counted(shape: "Shape", reader: SnapshotReader, pieces, skip: int, epoch: int,
