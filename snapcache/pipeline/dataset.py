@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pathlib
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from snapcache.errors import RedundantSnapshotWarning, warn
@@ -21,6 +20,7 @@ EXECUTORS = ("thread", "process")
 from snapcache.pipeline.build import SnapshotBuilder
 from snapcache.pipeline.explain import Explanation
 from snapcache.pipeline.iterator import DatasetIterator, Deferred
+from snapcache.pipeline.ops.sources import in_order
 from snapcache.pipeline.rebuild import Rebuilding
 from snapcache.pipeline.streams import StreamSpec, indexable
 from snapcache.runtime import stats
@@ -44,44 +44,6 @@ def _positive_int(value: Any, what: str, *, allow_zero: bool = False,
 def _callable(fn: Any, what: str) -> None:
     if not callable(fn):
         raise TypeError(f"{what} must be callable; got {type(fn).__name__}")
-
-
-def _in_order(items: Any, what: str, name: str, key: Callable[[Any], Any] | None = None
-              ) -> Any:
-    """A set given as a source, sorted (``key``: by the key); anything else as it is.
-
-    A set's iteration order changes from one process to the next (str and bytes hashes are
-    salted per process, ``PYTHONHASHSEED``), and a source's order is the order of the examples
-    and counts in the fingerprint: as it is, every run would compute another snapshot. Sorted,
-    the order is the same in every process, provided the elements (their keys) have one total
-    order: str, bytes, numbers without NaN, paths, tuples of these. Any other set is refused."""
-    if not isinstance(items, (set, frozenset)):
-        return items
-    try:
-        listed = sorted(items, key=key)
-        keys = listed if key is None else [key(x) for x in listed]
-        # equal keys (path "a" and Path("a")) name one file: either order expands alike
-        ordered = all(map(_totally_ordered, keys)) and all(
-            a < b or (key is not None and a == b) for a, b in zip(keys, keys[1:]))
-    except TypeError:
-        ordered = False
-    if not ordered:
-        raise TypeError(
-            f"{what} got a {type(items).__name__} whose elements have no single order (only "
-            "sets of str, bytes, numbers without NaN, paths, or tuples of these are sorted); "
-            "a set's order changes from one process to the next (PYTHONHASHSEED), and with "
-            f"it the order of the examples and the snapshot's fingerprint. Pass {name} as a "
-            f"list in the order you want, e.g. sorted({name}, key=...).")
-    return listed
-
-
-_TOTALLY_ORDERED = (str, bytes, int, float, pathlib.PurePath)  # bool is an int
-
-
-def _totally_ordered(x: Any) -> bool:
-    if isinstance(x, tuple):
-        return all(map(_totally_ordered, x))
-    return isinstance(x, _TOTALLY_ORDERED) and not (isinstance(x, float) and x != x)
 
 
 class Dataset:
@@ -123,7 +85,7 @@ class Dataset:
         """Examples from an in-memory collection (a list, tuple, numpy array, ...), in its
         order; a set is taken sorted (its own order changes between processes) and refused if
         its elements have no single order."""
-        items = _in_order(items, "from_iterable", "items")
+        items = in_order(items, "from_iterable", "items")
         if iter(items) is items:
             raise TypeError(
                 "from_iterable needs a collection that can be iterated again each epoch, not a "
@@ -151,7 +113,7 @@ class Dataset:
         Files are fingerprinted by path, size and mtime (ETag on S3); ``strict=True`` hashes
         their content instead. A list keeps its order; a set of paths is taken sorted.
         """
-        pattern_or_list = _in_order(pattern_or_list, "from_files", "paths", key=os.fspath)
+        pattern_or_list = in_order(pattern_or_list, "from_files", "paths", key=os.fspath)
         urls = tuple(expand_files(pattern_or_list, storage_options))
         return cls(ops.FilesSource(parent=None, urls=urls, strict=strict,
                                    storage_options=dict(storage_options or {})))
@@ -174,7 +136,7 @@ class Dataset:
         if isinstance(columns, str) or (columns is not None and not all(
                 isinstance(c, str) for c in columns)):
             raise TypeError(f"columns must be a list of column names or None; got {columns!r}")
-        path_or_glob = _in_order(path_or_glob, "from_parquet", "paths", key=os.fspath)
+        path_or_glob = in_order(path_or_glob, "from_parquet", "paths", key=os.fspath)
         urls = tuple(expand_parquet(path_or_glob, storage_options))
         return cls(ops.ParquetSource(parent=None, urls=urls,
                                      columns=tuple(columns) if columns is not None else None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator
@@ -59,6 +60,44 @@ class UnitSource:
 SEEKABLE = Traits(source=True, seekable=True, strided=True, length="rule")
 """A source that can start at any example, splits between streams by position
 (:func:`streams.split`) and whose length is known up front."""
+
+
+def in_order(items: Any, what: str, name: str, key: Callable[[Any], Any] | None = None
+             ) -> Any:
+    """A set given as a source, sorted (``key``: by the key); anything else as it is.
+
+    A set's iteration order changes from one process to the next (str and bytes hashes are
+    salted per process, ``PYTHONHASHSEED``), and a source's order is the order of the examples
+    and counts in the fingerprint: as it is, every run would compute another snapshot. Sorted,
+    the order is the same in every process, provided the elements (their keys) have one total
+    order: str, bytes, numbers without NaN, paths, tuples of these. Any other set is refused."""
+    if not isinstance(items, (set, frozenset)):
+        return items
+    try:
+        listed = sorted(items, key=key)
+        keys = listed if key is None else [key(x) for x in listed]
+        # equal keys (path "a" and Path("a")) name one file: either order expands alike
+        ordered = all(map(_totally_ordered, keys)) and all(
+            a < b or (key is not None and a == b) for a, b in zip(keys, keys[1:]))
+    except TypeError:
+        ordered = False
+    if not ordered:
+        raise TypeError(
+            f"{what} got a {type(items).__name__} whose elements have no single order (only "
+            "sets of str, bytes, numbers without NaN, paths, or tuples of these are sorted); "
+            "a set's order changes from one process to the next (PYTHONHASHSEED), and with "
+            f"it the order of the examples and the snapshot's fingerprint. Pass {name} as a "
+            f"list in the order you want, e.g. sorted({name}, key=...).")
+    return listed
+
+
+_TOTALLY_ORDERED = (str, bytes, int, float, pathlib.PurePath)  # bool is an int
+
+
+def _totally_ordered(x: Any) -> bool:
+    if isinstance(x, tuple):
+        return all(map(_totally_ordered, x))
+    return isinstance(x, _TOTALLY_ORDERED) and not (isinstance(x, float) and x != x)
 
 
 @dataclass(frozen=True, eq=False)
