@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import itertools
 import secrets
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -314,9 +315,11 @@ def iterate(shape: Shape, epoch: int, spec: streams.StreamSpec | None, *,
         check_state(state)
         epoch, seed = state["epoch"], state["seed"]
     committed = committed_reader(snapshot)
-    if committed is None and state is None and balance is None and \
-            (shuffle is None or shuffle.seed is None):
-        return None  # the writing epoch streams the examples as they are computed
+    if committed is None and balance is None and (shuffle is None or shuffle.seed is None):
+        if state is None:
+            return None  # the writing epoch streams the examples as they are computed
+        if state.get("writing"):  # and so does its rest, still being written
+            return _Deferred(lambda: _writing_again(shape, epoch, spec, state))
     # Nothing is built, leased or read before the first example is asked for.
     return _Deferred(lambda: _start(shape, epoch, spec, state, balance, seed, committed))
 
@@ -426,18 +429,7 @@ def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
     from snapcache.pipeline import plan
 
     spec = spec or streams.StreamSpec()
-    why_not = None
-    for node in shape.below + shape.above:
-        if not (node.traits.one_to_one or isinstance(node, ops.BatchOp)) or \
-                not node.traits.order_preserving:
-            why_not = (f"{node.describe()} runs during the writing epoch: items do not map to "
-                       "positions of the snapshot")
-    if shape.shuffle is not None:
-        why_not = "an unseeded shuffle's writing epoch is not resumable; give it a seed"
-    record = {"format": STATE_FORMAT, "version": STATE_VERSION, "writing": True,
-              "snapshot": plan.snapshot_id(shape.snapshot), "epoch": epoch,
-              "seed": None, "window": shape.window, "streams": spec.count,
-              "stream": spec.index, "unit": shape.unit, "consumed": 0}
+    record = _writing_record(shape, epoch, spec, plan.snapshot_id(shape.snapshot), 0)
     unit = shape.unit  # positions an item takes (a filter makes the state refused: why_not)
     items = ((k * unit, item) for k, item in enumerate(iterator, 1))
 
@@ -446,7 +438,70 @@ def writing(shape: Shape, epoch: int, spec: streams.StreamSpec | None,
         if close is not None:
             close()
 
-    return OrderedIterator(_closing_items(items, on_close), record, why_not, on_close)
+    return OrderedIterator(_closing_items(items, on_close), record, _writing_why_not(shape),
+                           on_close)
+
+
+def _writing_why_not(shape: Shape) -> str | None:
+    """Why a writing epoch's state would not resume exactly (None: it does)."""
+    why_not = None
+    for node in shape.below + shape.above:
+        if not (node.traits.one_to_one or isinstance(node, ops.BatchOp)) or \
+                not node.traits.order_preserving:
+            why_not = (f"{node.describe()} runs during the writing epoch: items do not map to "
+                       "positions of the snapshot")
+    if shape.shuffle is not None:
+        why_not = "an unseeded shuffle's writing epoch is not resumable; give it a seed"
+    return why_not
+
+
+def _writing_record(shape: Shape, epoch: int, spec: streams.StreamSpec, snapshot: str,
+                    consumed: int) -> dict:
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, "writing": True,
+            "snapshot": snapshot, "epoch": epoch, "seed": None, "window": shape.window,
+            "streams": spec.count, "stream": spec.index, "unit": shape.unit,
+            "consumed": consumed}
+
+
+def _check_writing_state(state: dict, shape: Shape, spec: streams.StreamSpec,
+                         snapshot: str) -> None:
+    if state["snapshot"] != snapshot:
+        raise ValueError(_other_snapshot(state["snapshot"], snapshot))
+    if state["streams"] != spec.count or state["unit"] != shape.unit:
+        raise ValueError(
+            f"a state saved while the snapshot was being written resumes only with the same "
+            f"streams ({state['streams']}) and batch size; got {spec.count} streams: resume "
+            "with as many streams (workers x ranks), or start the epoch again")
+
+
+def _writing_again(shape: Shape, epoch: int, spec: streams.StreamSpec, state: dict
+                   ) -> OrderedIterator:
+    """The rest of a writing epoch whose snapshot is still not committed, streamed as a fresh
+    writing epoch streams it: the stream writes its share (or replays or reads back what an
+    earlier run of it wrote, or computes it while another process writes it), and hands on
+    the rows after the ``consumed`` ones, through the ops after the snapshot. Each stream goes
+    on at once: none waits for the others' shares before it yields (a DataLoader fetching
+    from its workers in turn would wait on a worker that waits for the commit)."""
+    from snapcache.pipeline import plan
+
+    fingerprint = plan.snapshot_id(shape.snapshot)
+    _check_writing_state(state, shape, spec, fingerprint)
+    skip = own_position(state, spec.index)
+    rows = plan.iterate(shape.snapshot, epoch, spec)
+    pairs = enumerate(itertools.islice(rows, skip, None), skip + 1)
+    share = Share(((0, 0),), spec.count, spec.index, shape.unit, shape.unit)
+    positions = tagged.Positions(None, share, False, known=False)
+    items = tagged.run_tagged(shape.stages[1:], pairs, shape.snapshot, epoch, counted=False,
+                               positions=positions)
+
+    def on_close() -> None:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()
+
+    return OrderedIterator(_closing_items(items, on_close),
+                           _writing_record(shape, epoch, spec, fingerprint, skip),
+                           _writing_why_not(shape), on_close)
 
 
 def _other_snapshot(saved: str, current: str) -> str:
@@ -484,13 +539,7 @@ def _resume_writing(shape: Shape, reader: SnapshotReader, spec: streams.StreamSp
     """The rest of a writing epoch, now that the snapshot is complete: the stream's rows in
     the order it wrote them, after the first ``consumed`` (this stream's entry of
     ``consumed_by_stream`` in a whole job's state, ``job_state``)."""
-    if state["snapshot"] != reader.manifest.snapshot_id:
-        raise ValueError(_other_snapshot(state["snapshot"], reader.manifest.snapshot_id))
-    if state["streams"] != spec.count or state["unit"] != shape.unit:
-        raise ValueError(
-            f"a state saved while the snapshot was being written resumes only with the same "
-            f"streams ({state['streams']}) and batch size; got {spec.count} streams: resume "
-            "with as many streams (workers x ranks), or start the epoch again")
+    _check_writing_state(state, shape, spec, reader.manifest.snapshot_id)
     share = read_share(reader.manifest, spec, shuffled=False, unit=shape.unit)
     if spec.count > 1 and share.bounds is None:
         raise ValueError(

@@ -59,11 +59,11 @@ def items(shape: "Shape", reader: SnapshotReader, order: EpochOrder, share: Shar
     tagged = _tag(pieces, skip)
     if local_shuffle:
         tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
-    return _run_tagged(shape.stages[1:], tagged, shape.snapshot, epoch, counted=not built,
+    return run_tagged(shape.stages[1:], tagged, shape.snapshot, epoch, counted=not built,
                        positions=positions), False
 
 
-def _run_tagged(nodes: Sequence[ops.Op], items: Iterator[tuple[int, Any]], below: ops.Op,
+def run_tagged(nodes: Sequence[ops.Op], items: Iterator[tuple[int, Any]], below: ops.Op,
                 epoch: int, *, counted: bool, positions: "Positions") -> Iterator[tuple[int, Any]]:
     """``nodes`` (the pipeline's ops right after ``below``) run over the (position, value)
     pairs ``items``, each counted for ``Dataset.stats()`` as its own stage; ``items`` are
@@ -136,7 +136,7 @@ def _columnar_counted(shape: "Shape", reader: SnapshotReader, pieces, skip: int,
         # the batches carry the count of rows before them; with each stream's share shuffled
         # on its own (local_shuffle) that is no row's position
         positions = dataclasses.replace(positions, batched=True, known=not local_shuffle)
-        items = _run_tagged(after[run:], items, after[run - 1] if run else batch, epoch,
+        items = run_tagged(after[run:], items, after[run - 1] if run else batch, epoch,
                             counted=False, positions=positions)
     return items, False
 
@@ -203,7 +203,7 @@ class Positions:
     a share each stream shuffled on its own), so the item's index in the share is said.
     Computed only when an exception is."""
 
-    order: EpochOrder
+    order: EpochOrder | None  # None: known=False
     share: Share
     local_shuffle: bool
     batched: bool = False

@@ -347,6 +347,8 @@ class SnapshotWriter:
         (the last of them commits).
         """
         self._check_open()
+        if self._lease is not None:
+            self._lease.touch()  # committing is progress (see protocol.lease.stalled)
         with self._aborting():
             record = self._flush()
             write_marker(self.storage, record, self._lease)  # fenced: see streams.fence

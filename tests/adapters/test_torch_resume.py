@@ -534,3 +534,28 @@ def test_a_job_state_checkpointed_before_any_batch_resumes_again(root, tmp_path,
     assert job is not None and job["streams"] == middle
     seen += phase(second, last, -1, "")
     assert sorted(seen) == list(range(N))
+
+
+@pytest.mark.parametrize("workers,batches", [(2, 1), pytest.param(3, 2, marks=pytest.mark.slow),
+                                             (2, 5)])
+def test_a_writing_epoch_checkpoint_resumes_by_load_state_dict(tmp_path, workers, batches):
+    """Checkpointed while the first epoch writes the snapshot, before some worker yielded
+    (its state is a fresh start) or after each did: the resumed loader goes on at once and
+    every example comes once. Before, each resumed worker first wrote its whole share and
+    waited for the commit, while the loader, fetching from its workers in turn, waited for
+    it with a fresh worker's prefetch full: no batch ever came."""
+    root = str(tmp_path / "snaps")
+
+    def loader():
+        ds = sc.Dataset.range(N).map(make).snapshot(root, shard_size=1024,
+                                                    progress=False).batch(4)
+        return StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=workers)
+
+    seen, state = checkpoint_after(loader(), batches)  # its workers end with it
+    assert all(w["dataset_state"]["iterator"] is None or w["dataset_state"]["iterator"]["writing"]
+               for w in state["_snapshot"]["_worker_snapshots"].values())
+    second = loader()
+    second.load_state_dict(state)
+    seen += ids_of(second)
+    assert sorted(seen) == list(range(N))
+    assert sorted(ids_of(loader())) == list(range(N))  # the next epoch reads the snapshot

@@ -692,10 +692,14 @@ def test_every_reading_state_names_its_layout(root):
     writing = json.loads(json.dumps(it.state_dict()))
     it.close()
     assert "layout" not in writing
-    resumed = ds.iterate(state=writing)  # completes the snapshot, then reads it
+    resumed = ds.iterate(state=writing)  # still being written: streams as it is written
     next(resumed)
+    assert "layout" not in resumed.state_dict() and resumed.state_dict()["writing"]
+    list(resumed)  # commits it
     (folder,) = committed_snapshots(root)
     layout = layout_id(load_manifest(Storage(root).child(folder)))
+    resumed = ds.iterate(state=writing)  # committed now: reads it
+    next(resumed)
     assert resumed.state_dict()["layout"] == layout
     shuffled = pipeline(root).shuffle(20, seed=1).batch(4)
     it = shuffled.iterate(2, stream=(0, 2))
@@ -704,6 +708,25 @@ def test_every_reading_state_names_its_layout(root):
     elastic = shuffled.iterate(state=it.state_dict(), stream=(1, 3))  # another stream count
     next(elastic)
     assert elastic.state_dict()["layout"] == layout
+
+
+def test_a_writing_state_resumes_without_waiting_for_the_other_streams(root):
+    """A stream's state saved while the snapshot is written resumes as the writing epoch
+    runs: it goes on with its share at once (finished shards read back, the rest written),
+    not after the other streams' commit. A stream that waited for it would never yield while
+    a loader waited on another stream first; here, in one thread, it would wait for ever."""
+    ds = pipeline(root).map(lambda e: e).batch(4)
+    it = ds.iterate(0, stream=(0, 2))
+    head = [next(it) for _ in range(30)]  # past its first shard
+    state = json.loads(json.dumps(it.state_dict()))
+    it.close()
+    rest = list(ds.iterate(state=state, stream=(0, 2)))
+    assert committed_snapshots(root) == [] and len(head) + len(rest) == 38
+    other = list(ds.iterate(0, stream=(1, 2)))
+    assert sorted(ids(head + rest + other)) == list(range(300))
+    assert len(committed_snapshots(root)) == 1
+    with pytest.raises(ValueError, match="resumes only with the same streams"):
+        next(ds.iterate(state=state, stream=(0, 3)))
 
 
 def test_a_state_an_earlier_release_saved_for_a_batch_of_batches_resumes(root):

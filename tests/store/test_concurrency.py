@@ -332,3 +332,36 @@ def test_streams_over_a_batching_upstream_let_one_stream_write(tmp_path, counter
     assert counter.count == 40
     single = [b.tolist() for b in sc.Dataset.range(40).batch(4)]
     assert got[0] + got[1] == single
+
+
+HOLDER = textwrap.dedent('''
+    import sys, time
+    import snapcache as sc
+
+    ds = sc.Dataset.range(50).snapshot(sys.argv[1], lease_ttl=1, progress=False)
+    it = iter(ds)
+    next(it)  # holds the write lease, then stops advancing: a loop left unfinished
+    print("holding", flush=True)
+    sys.stdin.read()  # until the test closes it (or kills this process)
+''')
+
+
+def test_a_writer_left_unadvanced_in_another_process_is_not_waited_for(tmp_path, caplog):
+    """Another process holds the snapshot's lease with an iteration it no longer advances (the
+    workers of a DataLoader still referenced after its loop stopped): its heartbeat goes on,
+    so the lease never expires. A reader computes without writing instead of waiting for
+    ever, and says who holds it; once the holder is gone, the next epoch writes."""
+    root = str(tmp_path / "snaps")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, root], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        ds = sc.Dataset.range(50).snapshot(root, lease_ttl=1, progress=False)
+        with caplog.at_level("WARNING", logger="snapcache"):
+            assert list(ds) == list(range(50))
+        assert f"pid {holder.pid}, which has not written for" in caplog.text
+        assert "computing without writing" in caplog.text and committed(root) == []
+    finally:
+        holder.kill()
+        holder.wait()
+    assert list(ds) == list(range(50)) and len(committed(root)) == 1

@@ -61,6 +61,7 @@ class LeaseInfo:
     pidns: str = ""      # the holder's pid namespace and boot: a pid is checked only if both
     boot: str = ""       # match this process's
     problem: str = ""    # why the file could not be parsed (a corrupt lease), else ""
+    idle: float = 0.0    # a writer's seconds without writing an example, at its heartbeat
 
     @property
     def corrupt(self) -> bool:
@@ -80,7 +81,7 @@ class LeaseInfo:
 
 _FIELDS = {"kind": str, "owner": str, "host": str, "pid": int, "heartbeat_at": (int, float),
            "ttl": (int, float), "stream": int, "streams": int, "generation": int, "beat": int,
-           "pidns": str, "boot": str}
+           "pidns": str, "boot": str, "idle": (int, float)}
 _REQUIRED = ("kind", "owner", "host", "pid", "heartbeat_at", "ttl")
 
 
@@ -271,14 +272,17 @@ class _Heartbeat:
 _held_here: dict[tuple[int, str], "WriteLease"] = {}
 
 
-def stalled_here(lease: LeaseInfo, ttl: float) -> bool:
-    """True if ``lease`` is held by this very process and waiting for it could never end: it
+def stalled(lease: LeaseInfo, ttl: float) -> bool:
+    """True if waiting for ``lease``'s writer could never end. Held by this very process: it
     was taken by the calling thread (an unfinished iterator of this thread), or its writer has
-    not written for ``ttl`` seconds (an iterator left unadvanced). Another thread of this
-    process that is writing is waited for like any other writer."""
+    not written for ``ttl`` seconds (an iterator left unadvanced); another thread of this
+    process that is writing is waited for like any other writer. Held by another process:
+    its heartbeat says it has not written for ``ttl`` seconds, by its own clock (an iteration
+    left unadvanced there: the workers of a DataLoader whose loop stopped but which is still
+    referenced live on, holding their streams)."""
     holder = _held_here.get((os.getpid(), lease.owner))
     if holder is None:
-        return False
+        return not lease.corrupt and lease.idle > ttl
     return holder.thread == threading.get_ident() or \
         time.monotonic() - holder.active_at > ttl
 
@@ -374,12 +378,13 @@ class WriteLease:
         raise LeaseLostError(why)
 
     def touch(self) -> None:
-        """The writer made progress (see :func:`stalled_here`)."""
+        """The writer made progress (see :func:`stalled`)."""
         self.active_at = time.monotonic()
 
     def renew(self) -> None:
         self.check()
-        self.info = _heartbeat(self.storage, self.info)
+        idle = round(time.monotonic() - self.active_at, 1)
+        self.info = _heartbeat(self.storage, replace(self.info, idle=idle))
 
     def release(self) -> None:
         self._heartbeat.stop()

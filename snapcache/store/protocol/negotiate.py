@@ -14,13 +14,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 
 from snapcache.errors import LeaseTimeoutError
+from snapcache.machine import HOST
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.protocol.lease import WriteLease, live_leases, stalled_here
+from snapcache.store.protocol.lease import LeaseInfo, WriteLease, live_leases, stalled
 from snapcache.store.manifest import Manifest
 from snapcache.store.reader import load_manifest
 from snapcache.store.protocol.records import (
@@ -106,11 +108,21 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
                                 resume=best_progress(storage, stream, streams, names))
         if on_busy == "compute":
             return Decision("compute")
-        if not mine_done and _stalled_here(storage, stream, streams, lease_ttl):
-            # An unfinished iteration of this very process holds it (of this thread, or not
-            # advanced for the ttl): waiting for it could wait forever.
-            log.info("snapshot %s is being written by an unfinished iteration of this "
-                     "process: computing without writing", storage.url)
+        stuck = _stalled(storage, stream, streams, lease_ttl) if not mine_done else None
+        if stuck is not None:
+            # An unfinished iteration holds it (of this thread, or not advanced for the ttl):
+            # waiting for it could wait forever.
+            if stuck.pid == os.getpid() and stuck.host == HOST:
+                log.info("snapshot %s is being written by an unfinished iteration of this "
+                         "process: computing without writing", storage.url)
+            else:
+                log.warning(
+                    "snapshot %s: stream %d of %d is held by %s pid %d, which has not written "
+                    "for %.0f s (an iteration left unfinished there, such as a DataLoader "
+                    "still referenced after its loop stopped): computing without writing. "
+                    "Drop or finish that iteration, and a later epoch writes the snapshot",
+                    storage.url, stuck.stream, stuck.streams, stuck.host, stuck.pid,
+                    stuck.idle)
             return Decision("compute")
         now = time.monotonic()
         if mine_done:
@@ -135,10 +147,14 @@ def writers(storage: Storage) -> str:
                      if lease.kind == "write") or "nobody"
 
 
-def _stalled_here(storage: Storage, stream: int, streams: int, ttl: float) -> bool:
-    return any(lease.kind == "write" and stalled_here(lease, ttl) and
-               ((lease.streams, lease.stream) == (streams, stream) or lease.streams != streams)
-               for lease in live_leases(storage))
+def _stalled(storage: Storage, stream: int, streams: int, ttl: float) -> LeaseInfo | None:
+    """The live write lease that keeps stream ``stream`` of ``streams`` from being written
+    and whose writer has stalled (:func:`stalled`), if any."""
+    for lease in live_leases(storage):
+        if lease.kind == "write" and stalled(lease, ttl) and \
+                ((lease.streams, lease.stream) == (streams, stream) or lease.streams != streams):
+            return lease
+    return None
 
 
 def _pending_without_writer(storage: Storage, streams: int) -> bool:
