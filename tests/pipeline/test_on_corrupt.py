@@ -197,6 +197,33 @@ def test_rebuild_of_a_delta_snapshot_whose_newest_version_manifest_is_unreadable
     assert versions.still_unreadable(Storage(str(folder)), "manifest-000002.json") is None
 
 
+def test_a_damaged_old_version_does_not_stop_the_next_build_or_explain(tmp_path, caplog):
+    """An old version's manifest damaged (no version needs it): the source grows, and the
+    next build is planned against the newest version, explained and run, with a warning naming
+    the damaged version and its way out; nothing is withdrawn or deleted. Before, looking for
+    a version built from the new source read every version's manifest and failed on it."""
+    src, files = text_files(tmp_path, 20)
+    assert len(list(files())) == 20
+    (src / "f020.txt").write_text("20")
+    assert len(list(files())) == 21  # version 2
+    (lineage,) = os.listdir(tmp_path / "root")
+    old = tmp_path / "root" / lineage / "manifest-000001.json"
+    damaged = old.read_bytes()[:100]
+    old.write_bytes(damaged)
+    (src / "f021.txt").write_text("21")
+    with caplog.at_level("WARNING"):
+        why = files().explain(str(tmp_path / "root"))
+        assert not why.hit and "builds version 3" in str(why)
+        assert "computing 1 of 22 units" in str(why)
+        assert sorted(int(e["i"]) for e in files()) == list(range(22))
+    assert "manifest-000001.json: manifest is not valid JSON" in caplog.text
+    assert "--old-versions" in caplog.text and "Passed over meanwhile" in caplog.text
+    assert old.read_bytes() == damaged  # kept for purge to remove: nothing is withdrawn
+    assert sorted(int(e["i"]) for e in files()) == list(range(22))  # version 3 is read
+    (src / "f021.txt").unlink()  # back to version 2's files: still found
+    assert sorted(int(e["i"]) for e in files()) == list(range(21))
+
+
 def as_a_newer_release_writes_it(path: Path) -> bytes:
     """Rewrite the manifest at ``path`` as a newer snapcache would: a format version this one
     does not know, with a field of that format. Returns its bytes."""

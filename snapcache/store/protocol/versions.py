@@ -166,12 +166,33 @@ def newest(storage: Storage, names: Sequence[str] | None = None) -> Manifest | N
 
 def find_version(storage: Storage, digest: str, names: Sequence[str] | None = None
                  ) -> Manifest | None:
-    """The newest version built from exactly the source whose unit digest is ``digest``."""
-    for version in reversed(versions(storage, names)):
-        manifest = load_version(storage, version)
+    """The newest version built from exactly the source whose unit digest is ``digest``.
+
+    A damaged manifest of an old version is passed over with a warning (once a process): no
+    version needs it, and were it the one built from this source, the next build makes
+    that version again from the newest one's segments. A damaged newest version raises
+    (``on_corrupt`` decides what to do about it)."""
+    found = versions(storage, names)
+    for version in reversed(found):
+        try:
+            manifest = load_version(storage, version)
+        except CorruptSnapshotError as e:
+            if version == found[-1]:
+                raise
+            _warn_passed_over(storage, version, e)
+            continue
         if manifest is not None and manifest.source.get("digest") == digest:
             return manifest
     return None
+
+
+_passed_over: set[tuple[str, int]] = set()
+
+
+def _warn_passed_over(storage: Storage, version: int, error: CorruptSnapshotError) -> None:
+    if (storage.url, version) not in _passed_over:
+        _passed_over.add((storage.url, version))
+        log.warning("%s. Passed over meanwhile: the newer versions do not need it", error)
 
 
 # -- the source record ---------------------------------------------------------------------------
