@@ -452,6 +452,12 @@ def _writing_why_not(shape: Shape) -> str | None:
                        "positions of the snapshot")
     if shape.shuffle is not None:
         why_not = "an unseeded shuffle's writing epoch is not resumable; give it a seed"
+    for node in ops.lineage(shape.snapshot.parent):
+        if node.order_varies():
+            why_not = (f"{node.describe()} before the snapshot yields in an order that varies "
+                       "between runs, so a resumed writing epoch would not write its rows in "
+                       "the order they were yielded; make it keep the order (deterministic="
+                       "True, a seeded shuffle), or checkpoint at the end of the epoch")
     return why_not
 
 

@@ -139,6 +139,11 @@ class Op:
         """Why this op's output may differ from run to run (frozen into a snapshot)."""
         return []
 
+    def order_varies(self) -> bool:
+        """Whether two runs over the same input may yield in another order (a
+        ``map(deterministic=False)`` yields as results complete; a shuffle without a seed)."""
+        return not self.traits.order_preserving
+
     def fingerprint_children(self, where: str) -> list[FingerprintNode]:
         children = [hash_function(getattr(self, name), f"function `{callable_name(getattr(self, name))}`",
                                   where=where) for name in self.fingerprint_functions]

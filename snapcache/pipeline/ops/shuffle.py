@@ -28,6 +28,9 @@ class ShuffleOp(Op):
     def randomness_problems(self) -> list[str]:
         return ["is an unseeded shuffle"] if self.seed is None else []
 
+    def order_varies(self) -> bool:
+        return self.seed is None  # a seed fixes the order of each epoch
+
 
 @runs(ShuffleOp)
 def run_shuffle(op: ShuffleOp, epoch: int) -> Iterator[Any]:
