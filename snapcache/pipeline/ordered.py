@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import itertools
+import logging
 import secrets
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -34,6 +35,8 @@ from snapcache.store.manifest import Manifest
 from snapcache.store.order import EpochOrder, Share, ranges_length
 from snapcache.store.ordered_read import layout_id, layout_of
 from snapcache.store.reader import SnapshotReader
+
+log = logging.getLogger(__name__)
 
 STATE_FORMAT = "snapcache-iterator"
 STATE_VERSION = 1
@@ -178,11 +181,14 @@ def build_then_open(snapshot: ops.SnapshotOp, epoch: int, spec: streams.StreamSp
         if close is not None:
             close()
     timeout = snapshot.options.coordination.wait_timeout
-    start, delay = time.monotonic(), 0.02
+    ttl = snapshot.options.coordination.lease_ttl
+    start, delay, warned = time.monotonic(), 0.02, False
     while True:
         reader = committed_reader(snapshot)
         if reader is not None:
             return reader
+        if not warned and time.monotonic() - start > ttl:
+            warned = _warn_stalled(_storage(snapshot), ttl)
         if timeout is not None and time.monotonic() - start > timeout:
             raise LeaseTimeoutError(
                 f"snapshot {_storage(snapshot).url}: this stream wrote its share but the other "
@@ -190,6 +196,22 @@ def build_then_open(snapshot: ops.SnapshotOp, epoch: int, spec: streams.StreamSp
                 "ranks iterating the same epoch?")
         time.sleep(delay)
         delay = min(0.5, delay * 2)
+
+
+def _warn_stalled(storage: Storage, ttl: float) -> bool:
+    """Warn (and return True) if writers that have stopped writing hold streams of the
+    snapshot this stream waits for: the commit comes only once they go on."""
+    from snapcache.store.protocol import stalled_writers
+
+    stuck = stalled_writers(storage, ttl)
+    if stuck:
+        holders = ", ".join(f"stream {s.stream} of {s.streams} by {s.host} pid {s.pid} (not "
+                            f"written for {s.idle:.0f} s)" for s in stuck)
+        log.warning("waiting for snapshot %s to be committed, but writers have stopped writing "
+                    "it: %s. If such an iteration was left unfinished (a DataLoader still "
+                    "referenced after its loop stopped), drop it; wait_timeout bounds the wait",
+                    storage.url, holders)
+    return bool(stuck)
 
 
 # -- the iterator ----------------------------------------------------------------------------

@@ -365,3 +365,24 @@ def test_a_writer_left_unadvanced_in_another_process_is_not_waited_for(tmp_path,
         holder.kill()
         holder.wait()
     assert list(ds) == list(range(50)) and len(committed(root)) == 1
+
+
+def test_waiting_for_a_commit_that_a_stalled_writer_holds_up_says_so(tmp_path, caplog):
+    """A seeded shuffle's writing epoch completes the snapshot, then reads it in its order:
+    it waits for the commit. When the writer holding it has stopped writing, the wait says
+    who holds it and what to do, and wait_timeout bounds it."""
+    root = str(tmp_path / "snaps")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, root], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        ds = sc.Dataset.range(50).snapshot(root, lease_ttl=1, wait_timeout=4,
+                                           progress=False).shuffle(10, seed=1)
+        with caplog.at_level("WARNING", logger="snapcache"):
+            with pytest.raises(LeaseTimeoutError, match="did not commit within wait_timeout"):
+                list(ds)
+        assert "writers have stopped writing it" in caplog.text
+        assert f"pid {holder.pid} (not written for" in caplog.text
+    finally:
+        holder.kill()
+        holder.wait()

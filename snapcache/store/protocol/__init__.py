@@ -40,7 +40,7 @@ from snapcache.store.manifest import Manifest, now_iso
 from snapcache.store.protocol.lease import (
     BOOT, DEFAULT_TTL, HOST, PIDNS, LeaseInfo, ReadLease, WriteLease, expired, live_leases,
     read_leases, stalled, write_leases)
-from snapcache.store.protocol.negotiate import Decision, negotiate
+from snapcache.store.protocol.negotiate import Decision, negotiate, stalled_writers
 from snapcache.store.protocol.reads import (
     held_by_parent, held_reads, hold_read, holds_read, release_all)
 from snapcache.store.protocol.records import (
@@ -53,7 +53,8 @@ __all__ = [
     "commit_fields", "discard", "expired", "fence", "held_by_parent", "held_reads", "hold_read",
     "holds_read", "live_leases", "load_markers", "missing_shards", "negotiate",
     "progress_by_task", "read_leases",
-    "record_last_use", "release_all", "stalled", "stream_shards", "stream_status",
+    "record_last_use", "release_all", "stalled", "stalled_writers", "stream_shards",
+    "stream_status",
     "try_commit", "withdraw_manifest", "write_leases", "write_marker", "write_progress"]
 
 

@@ -147,12 +147,17 @@ def writers(storage: Storage) -> str:
                      if lease.kind == "write") or "nobody"
 
 
+def stalled_writers(storage: Storage, ttl: float) -> list[LeaseInfo]:
+    """The live write leases of ``storage`` whose writers have stalled (:func:`stalled`)."""
+    return [lease for lease in live_leases(storage)
+            if lease.kind == "write" and stalled(lease, ttl)]
+
+
 def _stalled(storage: Storage, stream: int, streams: int, ttl: float) -> LeaseInfo | None:
-    """The live write lease that keeps stream ``stream`` of ``streams`` from being written
-    and whose writer has stalled (:func:`stalled`), if any."""
-    for lease in live_leases(storage):
-        if lease.kind == "write" and stalled(lease, ttl) and \
-                ((lease.streams, lease.stream) == (streams, stream) or lease.streams != streams):
+    """The stalled writer's lease that keeps stream ``stream`` of ``streams`` from being
+    written, if any."""
+    for lease in stalled_writers(storage, ttl):
+        if (lease.streams, lease.stream) == (streams, stream) or lease.streams != streams:
             return lease
     return None
 
