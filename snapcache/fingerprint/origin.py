@@ -215,16 +215,20 @@ def _namespace_reads(m: types.ModuleType) -> tuple[types.ModuleType, ...]:
         return known.modules
     values = tuple(namespace.values())
     looked: dict[str, object] = {}
-    reads: dict[int, types.ModuleType] = {}
+    met: dict[int, types.ModuleType] = {}
     for value in values:
         read = _module_read_through(value, looked)
+        if read is not None:
+            met.setdefault(id(read), read)
+    reads = []
+    for read in met.values():
         name = getattr(read, "__name__", None)
         if isinstance(name, str):
             top = name.partition(".")[0]  # what is_user_module looks up
             looked[name], looked[top] = sys.modules.get(name), sys.modules.get(top)
             if is_user_module(name):
-                reads.setdefault(id(read), read)
-    found = _Reads(values, looked, tuple(reads.values()))
+                reads.append(read)
+    found = _Reads(values, looked, tuple(reads))
     if len(_READS) >= _READS_KEPT:
         _READS.clear()
     try:
