@@ -254,14 +254,27 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         self._loaded = state if iterator is not None or state.get("yielded") else None
 
     def __getstate__(self) -> dict:
-        # DataLoader workers started with "spawn" pickle the dataset: a Dataset pickles as its
-        # op graph only (its functions must then be picklable, i.e. defined at module level).
+        # DataLoader workers started with "spawn" or "forkserver" pickle the dataset: a Dataset
+        # pickles as its op graph only (its functions must then be picklable, i.e. defined at
+        # module level). To workers being started, with the fingerprints to_torch() took here
+        # of that very graph: they start with them as forked workers inherit them, instead of
+        # each taking them again every epoch (hashing in-memory sources, stating the files a
+        # from_torch dataset names). Any other copy takes its own.
         starting = _starting_loader()
-        if starting is not None and starting[0] is self:  # spawned workers: see _before_fork
+        if starting is not None and starting[0] is not self:
+            starting = None  # another loader's workers: this is some other copy
+        if starting is not None:  # spawned workers: see _before_fork
             self._resuming(starting[4])
         state = dict(self.__dict__)
         state["_iterator"] = None  # a running iteration stays in its process
+        if starting is not None:
+            state["_fingerprints"] = queries.taken_fingerprints(self.dataset)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        taken = state.pop("_fingerprints", ())
+        self.__dict__.update(state)
+        queries.adopt_fingerprints(taken)
 
 
 _NOT_RESUMABLE = (
@@ -311,7 +324,7 @@ def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = 
              drop_remainder: bool = False, pad: bool = False, state: dict | None = None
              ) -> TorchDataset:
     require("torch", "ds.to_torch()")
-    queries.take_fingerprints(dataset)  # once, here: workers forked each epoch inherit it
+    queries.take_fingerprints(dataset)  # once, here: workers started each epoch get it
     torch_dataset = TorchDataset(dataset, rank=rank, world_size=world_size,
                                  drop_remainder=drop_remainder, pad=pad, state=state)
     _live.add(torch_dataset)

@@ -15,10 +15,12 @@ import builtins
 import functools
 import importlib.metadata
 import importlib.util
+import operator
 import os
 import sys
 import time
 import types
+import weakref
 
 import xxhash
 
@@ -132,6 +134,15 @@ def is_library_path(path: str) -> bool:
 
 
 # -- what a user module held as a value reads -------------------------------------------------
+#
+# A sweep or a notebook builds a fresh pipeline holding the same package again and again; each
+# takes its fingerprint. Walking the namespaces of a package's modules and resolving their files
+# is most of that cost (~30 ms for 500 modules), so within one process the walk is remembered
+# per module object, and each file's real path and digest per file: valid while what decided
+# them is unchanged, and only that is checked again (the namespace's values, the modules it
+# resolves to by name; each file's stat). An edited file is seen by its size or mtime, as
+# ``_source_digest`` says, whether or not its module was reloaded; a reloaded module is walked
+# again (its namespace holds new objects).
 
 def user_module_sources(module: types.ModuleType) -> list[tuple[str, bytes]]:
     """(path, digest of the bytes) of the source files of ``module`` and of every user module
@@ -151,19 +162,80 @@ def user_module_sources(module: types.ModuleType) -> list[tuple[str, bytes]]:
         if not isinstance(name, str) or name in found:
             continue
         found[name] = m
-        for value in list(vars(m).values()):
-            read = _module_read_through(value)
-            if read is not None and read.__name__ not in found and is_user_module(read.__name__):
-                todo.append(read)
-    files = {os.path.realpath(f) for m in found.values()
-             if isinstance(f := getattr(m, "__file__", None), str) and f.endswith(".py")}
+        todo += [read for read in _namespace_reads(m) if read.__name__ not in found]
+    files: dict[str, tuple[str, os.stat_result]] = {}  # real path -> (a name of it, its stat)
+    for m in found.values():
+        file = getattr(m, "__file__", None)
+        if isinstance(file, str) and file.endswith(".py"):
+            try:
+                st = os.stat(file)
+            except OSError:  # gone since it was imported: nothing to read
+                continue
+            files.setdefault(_real_path(file, st), (file, st))
     base = _folder(module)
     out = []
-    for file in files:
-        digest = _source_digest(file)
+    for real, (file, st) in files.items():
+        digest = _source_digest(file, st)
         if digest is not None:
-            out.append((_relative(file, base), digest))
+            out.append((_relative(real, base), digest))
     return sorted(out)
+
+
+class _Reads:
+    """What one module's namespace reads (:func:`_namespace_reads`), and what that was
+    decided from: the namespace's values, and what each name looked up in ``sys.modules``
+    gave."""
+
+    __slots__ = ("values", "names", "gave", "modules")
+
+    def __init__(self, values: tuple, looked: dict[str, object],
+                 modules: tuple[types.ModuleType, ...]) -> None:
+        self.values, self.modules = values, modules
+        self.names, self.gave = tuple(looked), tuple(looked.values())
+
+    def holds(self, namespace: dict) -> bool:
+        """Is this still what ``namespace`` reads? The same objects in it (an assignment, an
+        import, a reload put others), the same modules under the names looked up."""
+        values = tuple(namespace.values())  # at once: another thread may import meanwhile
+        return len(values) == len(self.values) and all(
+            map(operator.is_, values, self.values)) and all(
+            map(operator.is_, map(sys.modules.get, self.names), self.gave))
+
+
+_READS: "weakref.WeakKeyDictionary[types.ModuleType, _Reads]" = weakref.WeakKeyDictionary()
+_READS_KEPT = 20_000  # modules: beyond, the table starts again (a cache, not state)
+
+
+def _namespace_reads(m: types.ModuleType) -> tuple[types.ModuleType, ...]:
+    """The user modules ``m``'s namespace reads by name (:func:`_module_read_through` of each
+    value), in namespace order; remembered per module object while :meth:`_Reads.holds`."""
+    namespace = vars(m)
+    known = _READS.get(m)
+    if known is not None and known.holds(namespace):
+        return known.modules
+    values = tuple(namespace.values())
+    looked: dict[str, object] = {}
+    met: dict[int, types.ModuleType] = {}
+    for value in values:
+        read = _module_read_through(value, looked)
+        if read is not None:
+            met.setdefault(id(read), read)
+    reads = []
+    for read in met.values():
+        name = getattr(read, "__name__", None)
+        if isinstance(name, str):
+            top = name.partition(".")[0]  # what is_user_module looks up
+            looked[name], looked[top] = sys.modules.get(name), sys.modules.get(top)
+            if is_user_module(name):
+                reads.append(read)
+    found = _Reads(values, looked, tuple(reads))
+    if len(_READS) >= _READS_KEPT:
+        _READS.clear()
+    try:
+        _READS[m] = found
+    except TypeError:  # a module subclass that cannot be weakly referenced
+        pass
+    return found.modules
 
 
 def _folder(module: types.ModuleType) -> str | None:
@@ -174,39 +246,66 @@ def _folder(module: types.ModuleType) -> str | None:
     return os.path.realpath(path[0]) if path else None
 
 
+@functools.lru_cache(maxsize=65536)
 def _relative(file: str, base: str | None) -> str:
+    """``file`` relative to ``base`` (both real, absolute paths: a pure function of the two)."""
     try:
         return os.path.relpath(file, base).replace(os.sep, "/") if base else file
     except ValueError:  # another drive
         return file
 
 
-def _module_read_through(value: object) -> types.ModuleType | None:
+_REAL_PATHS: dict[str, tuple[int, int, str]] = {}  # file -> (st_dev, st_ino, its real path)
+
+
+def _real_path(file: str, st: os.stat_result) -> str:
+    """``os.path.realpath(file)``, remembered for an absolute ``file`` while it names the same
+    file (device and inode of ``st``, its stat through any symbolic links): a link pointed
+    elsewhere, or a file replaced (an editor saving by rename), is resolved again."""
+    known = _REAL_PATHS.get(file)
+    if known is not None and known[:2] == (st.st_dev, st.st_ino):
+        return known[2]
+    real = os.path.realpath(file)
+    if os.path.isabs(file):  # a relative one depends on the working folder
+        _REAL_PATHS[file] = (st.st_dev, st.st_ino, real)
+    return real
+
+
+def _module_read_through(value: object, looked: dict[str, object] | None = None
+                         ) -> types.ModuleType | None:
     """The module ``value`` is (``import consts``), or the one whose code it runs (a
-    function's, a class's, an object's class's)."""
+    function's, a class's, an object's class's); the names looked up in ``sys.modules`` go
+    into ``looked``, with what they gave."""
     if isinstance(value, types.ModuleType):
         return value
     if isinstance(value, types.FunctionType):
         name = value.__globals__.get("__name__")
     else:
         name = (value if isinstance(value, type) else type(value)).__module__
-    return sys.modules.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    module = sys.modules.get(name)
+    if looked is not None:
+        looked[name] = module
+    return module
 
 
 _SOURCE_DIGESTS: dict[str, tuple[int, int, bytes]] = {}  # file -> (mtime_ns, size, digest)
 _RECENT_NS = 2_000_000_000  # a file changed this recently may change again in the same mtime
 
 
-def _source_digest(file: str) -> bytes | None:
-    """The xxh3 digest of a Python source file's bytes, remembered while its size and mtime
-    stay the same (a module reloaded after an edit is read again). A file changed in the last
-    two seconds is read every time: the clock that stamps mtimes ticks in milliseconds, and two
-    writes in one tick would look alike."""
+def _source_digest(file: str, st: os.stat_result) -> bytes | None:
+    """The xxh3 digest of a Python source file's bytes (``st``: its stat, just taken),
+    remembered while its size and mtime stay the same: an edit is seen when it changes either
+    (a module reloaded after an edit or not). A file changed in the last two seconds is read
+    every time: the clock that stamps mtimes ticks in milliseconds (seconds on some file
+    systems), and two writes in one tick would look alike. Not seen: a rewrite to the same
+    size that puts the old mtime back (``os.utime``, ``cp -p``), as for ``from_files``'
+    identities (path, size, mtime)."""
+    known = _SOURCE_DIGESTS.get(file)
+    if known is not None and known[:2] == (st.st_mtime_ns, st.st_size):
+        return known[2]
     try:
-        st = os.stat(file)
-        known = _SOURCE_DIGESTS.get(file)
-        if known is not None and known[:2] == (st.st_mtime_ns, st.st_size):
-            return known[2]
         with open(file, "rb") as f:
             digest = xxhash.xxh3_128_digest(f.read())
     except OSError:

@@ -29,11 +29,31 @@ def last_snapshot(dataset: Any) -> ops.SnapshotOp | None:
 def take_fingerprints(dataset: Any) -> None:
     """Fingerprint the pipeline's snapshots now, in this process, and keep the result on the
     pipeline object: processes forked from here later (DataLoader workers, started afresh each
-    epoch) inherit it instead of each hashing the sources again, and a function whose memo cache
-    fills while they run cannot change it."""
+    epoch) inherit it instead of each hashing the sources again (spawned ones receive it:
+    :func:`taken_fingerprints`), and a function whose memo cache fills while they run cannot
+    change it."""
     for node in ops.lineage(dataset._op):
         if isinstance(node, ops.SnapshotOp):
             plan.snapshot_id(node)  # a delta snapshot: its lineage and files, no per-file tree
+
+
+def taken_fingerprints(dataset: Any) -> list[tuple[ops.Op, dict[str, Any]]]:
+    """What this process has taken once of the pipeline's ops (fingerprints, file identities,
+    decisions; see :meth:`ops.Op.memo`), per op: for DataLoader workers started by pickling
+    the pipeline ("spawn", "forkserver"), to start with it as forked workers do instead of
+    taking it again every epoch. Pickled in the same pickle as the pipeline, each op here is
+    unpickled as the very op of the worker's copy that :func:`adopt_fingerprints` gives it
+    to: it goes to no other pipeline. Only a copy of the same pipeline object made at that
+    moment may receive it (it is what that object holds: a copy loaded later, after its files
+    changed, must take its own)."""
+    return [(node, memos) for node in ops.lineage(dataset._op) if (memos := node.memos())]
+
+
+def adopt_fingerprints(taken: list[tuple[ops.Op, dict[str, Any]]]) -> None:
+    """Hold, on the ops of an unpickled pipeline, what :func:`taken_fingerprints` took of
+    them in the process that pickled it."""
+    for node, memos in taken:
+        node.adopt_memos(memos)
 
 
 def hold_for_workers(dataset: Any) -> bool:

@@ -163,9 +163,22 @@ class Op:
             return memos[name]
         return memos.setdefault(name, compute())
 
+    def memos(self) -> dict[str, Any]:
+        """What :meth:`memo` holds so far, by name (a copy)."""
+        return dict(self.__dict__.get("_memos", {}))
+
+    def adopt_memos(self, memos: dict[str, Any]) -> None:
+        """Hold ``memos`` (:meth:`memos` of the op this one is a pickled copy of, taken as it
+        was pickled) as if computed here; a value computed here already stays."""
+        mine = self.__dict__.setdefault("_memos", {})
+        for name, value in memos.items():
+            mine.setdefault(name, value)
+
     def __getstate__(self) -> dict:
-        # Memos stay in this process: another process (a DataLoader worker, a Ray task on
-        # another node) takes its own fingerprint, so a difference there is seen, not hidden.
+        # Memos stay in this process: another process (a Ray task on another node, a copy
+        # loaded later) takes its own fingerprint, so a difference there is seen, not hidden.
+        # The one exception is said where it is made: DataLoader workers being started with
+        # the pipeline (``snapcache.adapters.torch``, ``queries.taken_fingerprints``).
         return {k: v for k, v in self.__dict__.items() if k != "_memos"}
 
 
