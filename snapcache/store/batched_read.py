@@ -29,8 +29,9 @@ import xxhash
 
 from snapcache import lifecycle
 from snapcache.machine import available_cpus, memory_budget
-from snapcache.store.codec import Decoder, Schema
+from snapcache.store.decoder import Decoder
 from snapcache.store.manifest import ShardInfo
+from snapcache.store.schema import Schema
 
 if TYPE_CHECKING:
     from snapcache.store.reader import ShardFile, SnapshotReader

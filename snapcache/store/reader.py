@@ -33,11 +33,12 @@ from snapcache import lifecycle
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store import layout
 from snapcache.store.cache import ShardCache, shared_cache
-from snapcache.store.codec import Decoder, Schema
+from snapcache.store.decoder import Decoder
 from snapcache.store.early_fetch import EarlyFetches
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest, ShardInfo
 from snapcache.store.options import ReadOptions
+from snapcache.store.schema import Schema
 from snapcache.store.validate import BatchValidator
 
 if TYPE_CHECKING:
@@ -338,7 +339,7 @@ class SnapshotReader:
         manifest's checksum of that batch, then validated and its rows counted, as a whole
         shard is before any of its rows is used. ``whole=False``: validated but for the
         tensors' shapes, which :meth:`check_batch` or decoding a row
-        (:meth:`~snapcache.store.codec.Decoder.row_at`) checks. Needs the shard's batch index
+        (:meth:`~snapcache.store.decoder.Decoder.row_at`) checks. Needs the shard's batch index
         (:attr:`ShardInfo.batch_index`) and a schema."""
         shard_where = self.where(shard)
         where = f"{shard_where} record batch {index}"
@@ -391,7 +392,7 @@ class SnapshotReader:
     def row_at(self, shard: ShardInfo, index: int, batch: pa.RecordBatch, k: int) -> Any:
         """Example ``k`` of ``batch`` (record batch ``index`` of ``shard``, read with
         ``whole=False``), decoded alone and checked (:meth:`Decoder.row_at
-        <snapcache.store.codec.Decoder.row_at>`)."""
+        <snapcache.store.decoder.Decoder.row_at>`)."""
         try:
             return self._decoder.row_at(batch, k)  # type: ignore[union-attr]
         except CorruptSnapshotError as e:
