@@ -21,8 +21,8 @@ from snapcache.pipeline.shares import first_shard, piece_rows, read_share
 from snapcache.store import layout
 from snapcache.store.decoder import read_only
 from snapcache.store.fs import Storage, normalized_url
-from snapcache.store.manifest import Manifest
-from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as _open
+from snapcache.store.manifest import Manifest, load_manifest
+from snapcache.store.reader import SnapshotReader, open_reader as _open
 from snapcache.store.order import EpochOrder, Share
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 from snapcache.runtime.progress import EpochProgress

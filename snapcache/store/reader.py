@@ -31,41 +31,17 @@ import xxhash
 
 from snapcache import lifecycle
 from snapcache.errors import CorruptSnapshotError
-from snapcache.store import layout
 from snapcache.store.cache import ShardCache, shared_cache
 from snapcache.store.decoder import Decoder
 from snapcache.store.early_fetch import EarlyFetches
 from snapcache.store.fs import Storage
-from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.store.manifest import Manifest, ShardInfo, load_manifest
 from snapcache.store.options import ReadOptions
 from snapcache.store.schema import Schema
 from snapcache.store.validate import BatchValidator
 
 if TYPE_CHECKING:
     from snapcache.store.streamed import Streamed
-
-
-def load_manifest(storage: Storage) -> Manifest | None:
-    """The committed manifest of the snapshot folder ``storage``, or None if not committed.
-    An unchanged manifest read before in this process is not read and parsed again (one HEAD
-    on S3, see :meth:`Storage.read_parsed`).
-
-    The manifest's fingerprint must be the folder's name: a snapshot folder copied or renamed
-    under another pipeline's fingerprint would otherwise hand that pipeline foreign data."""
-    try:
-        manifest = storage.read_parsed(layout.MANIFEST,
-                                       lambda data: Manifest.loads(data, where=storage.url))
-    except FileNotFoundError:
-        return None
-    root, _, folder = storage.url.rpartition("/")
-    if manifest.fingerprint != folder:
-        raise CorruptSnapshotError(
-            f"{storage.url}: the manifest's fingerprint {manifest.fingerprint} does not match "
-            f"its folder name {folder}: the folder was copied or renamed from another snapshot "
-            f"and holds another pipeline's data. Move it back to {root}/{manifest.fingerprint} "
-            f"if that is what it is, or delete {storage.url} and rerun the pipeline to rebuild "
-            "it")
-    return manifest
 
 
 log = logging.getLogger(__name__)
