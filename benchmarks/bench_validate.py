@@ -101,12 +101,12 @@ def read(storage, workload: str) -> int:
 def measure(workload: str, storage) -> dict:
     """CPU seconds (best of REPEATS) of reading the snapshot without validation, and of each
     validation alone over all its record batches."""
-    from snapcache.store import reader as reader_module
     from snapcache.store.reader import SnapshotReader
+    from snapcache.store.shard_file import ShardFile
     from snapcache.store.validate import BatchValidator
 
-    shipped = reader_module.ShardFile.get_batch
-    reader_module.ShardFile.get_batch = lambda self, index: self._file.get_batch(index)
+    shipped = ShardFile.get_batch
+    ShardFile.get_batch = lambda self, index: self._file.get_batch(index)
     try:
         reader = SnapshotReader.open(storage, read_threads=1)
         batches = list(reader.record_batches())
@@ -122,7 +122,7 @@ def measure(workload: str, storage) -> dict:
                 step()
                 best[name] = min(best[name], time.process_time() - start)
     finally:
-        reader_module.ShardFile.get_batch = shipped
+        ShardFile.get_batch = shipped
     return best
 
 

@@ -25,7 +25,7 @@ from snapcache.store.schema import Schema
 
 
 def to_block(schema: Schema, columns: dict[str, Any]) -> pa.Table:
-    """One Ray block from decoded columns (:meth:`snapcache.store.codec.Decoder.columns`)."""
+    """One Ray block from decoded columns (:meth:`snapcache.store.decoder.Decoder.columns`)."""
     arrays = []
     for spec in schema.fields:
         value = columns[spec.name]

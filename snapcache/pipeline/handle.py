@@ -32,10 +32,10 @@ from snapcache.store import layout
 from snapcache.store.catalog import holds_snapshot, read_entry
 from snapcache.store.fs import Storage
 from snapcache.store import protocol
-from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.store.manifest import Manifest, ShardInfo, load_manifest
 from snapcache.store.protocol import versions
 from snapcache.store.options import ReadOptions
-from snapcache.store.reader import SnapshotReader, load_manifest, open_reader
+from snapcache.store.reader import SnapshotReader, open_reader
 from snapcache.store.schema import Schema
 
 STATES = ("committed", "writing", "abandoned", "absent", "corrupt")

@@ -195,7 +195,7 @@ def committed_snapshot(op: ops.SnapshotOp) -> "tuple[Storage, Manifest | None]":
     its fingerprint's folder, or for a delta snapshot the version built from exactly the
     pipeline's files."""
     from snapcache.store.protocol import versions
-    from snapcache.store.reader import load_manifest
+    from snapcache.store.manifest import load_manifest
 
     root = check_root(op)  # StoreError at once if the root is a file
     source = delta_source(op)

@@ -19,10 +19,10 @@ from snapcache.errors import (
 from snapcache.pipeline import interrupt, ops, streams
 from snapcache.pipeline.shares import first_shard, piece_rows, read_share
 from snapcache.store import layout
-from snapcache.store.codec import read_only
+from snapcache.store.decoder import read_only
 from snapcache.store.fs import Storage, normalized_url
-from snapcache.store.manifest import Manifest
-from snapcache.store.reader import SnapshotReader, load_manifest, open_reader as _open
+from snapcache.store.manifest import Manifest, load_manifest
+from snapcache.store.reader import SnapshotReader, open_reader as _open
 from snapcache.store.order import EpochOrder, Share
 from snapcache.store.ordered_read import layout_of, ordered_pieces
 from snapcache.runtime.progress import EpochProgress
@@ -419,7 +419,7 @@ def _write(source: Iterator[Any], writer: SnapshotWriter, lease, resumed: Snapsh
 
 def read_only_examples(examples: Iterator[Any]) -> Iterator[Any]:
     """``examples`` computed in place of a snapshot's read (``on_busy="compute"``), handed on
-    as a read hands them out: numpy arrays read-only (:func:`~snapcache.store.codec.read_only`).
+    as a read hands them out: numpy arrays read-only (:func:`~snapcache.store.decoder.read_only`).
     A map after the snapshot that writes into its input then fails in whichever epoch it
     first runs, with the same error, rather than only once epochs read the snapshot."""
     return ops.closing(examples, (read_only(example) for example in examples))

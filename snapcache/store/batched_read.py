@@ -29,11 +29,13 @@ import xxhash
 
 from snapcache import lifecycle
 from snapcache.machine import available_cpus, memory_budget
-from snapcache.store.codec import Decoder, Schema
+from snapcache.store.decoder import Decoder
 from snapcache.store.manifest import ShardInfo
+from snapcache.store.schema import Schema
 
 if TYPE_CHECKING:
-    from snapcache.store.reader import ShardFile, SnapshotReader
+    from snapcache.store.reader import SnapshotReader
+    from snapcache.store.shard_file import ShardFile
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class BatchedShard:
     hashed and once their record batch is decoded (the page cache keeps them; decoded views of
     an uncompressed shard fault them back in as they are used), so that resident memory stays
     within the prefetch budget however large the shard. Same interface as
-    :class:`~snapcache.store.reader.ShardFile`, plus :meth:`close` (stops the verifier)."""
+    :class:`~snapcache.store.shard_file.ShardFile`, plus :meth:`close` (stops the verifier)."""
 
     def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False,
                  ahead: bool = False):
@@ -275,7 +277,7 @@ class StreamingShard:
     comes otherwise (from the node-local cache, or its GET failed), from the whole shard,
     opened and checked whole (:meth:`~snapcache.store.reader.SnapshotReader.open_shard`). A
     read's first batch then waits for the bytes it needs, not for the whole shard. Same
-    interface as :class:`~snapcache.store.reader.ShardFile`."""
+    interface as :class:`~snapcache.store.shard_file.ShardFile`."""
 
     def __init__(self, reader: "SnapshotReader", shard: ShardInfo, *, low_memory: bool = False):
         self._reader, self._shard, self._low_memory = reader, shard, low_memory

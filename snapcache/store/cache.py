@@ -13,24 +13,22 @@ Layout: the cache owns ``<directory>/snapcache-shards-v1/`` and, inside it, only
 and ``locks/NN.lock`` (a fixed set of lock files, never removed, each holding the pid of its
 last holder). It never touches anything else, so pointing it at a folder that holds other files
 is harmless. A temporary file is removed by the next eviction once its writer is gone: a
-process of this machine, pid namespace and boot (``<space>``, :data:`PROCESS_SPACE`) that has
-exited, or anyone's after :data:`STALE_PART_SECONDS`.
+process of this machine, pid namespace and boot (``<space>``,
+:data:`~snapcache.store.cache_locks.PROCESS_SPACE`) that has exited, or anyone's after
+:data:`STALE_PART_SECONDS`.
 
 A copy's modification time is its last use: ``get`` sets it on every hit, and eviction removes
 the oldest copies first. The folder is the only state, which makes the cache safe to share
 between processes: copies are written to a temporary file and renamed into place, eviction
 tolerates files that another process removed first, and every eviction pass re-reads the folder
-so it counts what other processes added. Concurrent misses of the same key fetch once per node:
-within a process under a per-key lock, across processes under an exclusive ``flock`` on the
-key's lock file (one of :data:`LOCK_STRIPES`, picked by a hash of the key), taken before the
-cache is checked again and held until the copy is in place. A process waits for another's lock
-at most :data:`NODE_LOCK_WAIT_SECONDS`: a holder that is stopped (Ctrl-Z, a debugger, a frozen
-container) must not stop every reader of the node. Past that it fetches the key itself without
-keeping a copy (a second download instead of a wait without end), logs once which process
-holds the lock (each holder writes its pid into the lock file), and does not wait for that same
-holder again. Eviction removes the least recently
-used copies; a process still reading a removed copy keeps its memory map (POSIX semantics), and
-the copies are of remote files, so eviction never removes the only copy of anything.
+so it counts what other processes added. Concurrent misses of the same key fetch once per node,
+under the key's locks (:mod:`snapcache.store.cache_locks`): a lock per key in the process and an
+exclusive ``flock`` on the key's lock file across processes, taken before the cache is checked
+again and held until the copy is in place. A process that waits for another's lock too long (a
+stopped holder) fetches the key itself without keeping a copy. Eviction removes the least
+recently used copies; a process still reading a removed copy keeps its memory map (POSIX
+semantics), and the copies are of remote files, so eviction never removes the only copy of
+anything.
 
 A copy that cannot be written (a full disk, ...) leaves nothing behind and costs the read
 nothing: its bytes are returned from memory, and the failure is logged (a warning the first
@@ -56,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import multiprocessing
 import os
@@ -71,9 +68,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import pyarrow as pa
-import xxhash
 
-from snapcache.machine import BOOT, HOST, PIDNS, pid_alive
+from snapcache.machine import pid_alive
+from snapcache.store.cache_locks import PROCESS_SPACE, KeyLocks
 
 log = logging.getLogger(__name__)
 
@@ -81,19 +78,7 @@ SUBDIR = "snapcache-shards-v1"
 SUFFIX = ".cached"
 PART_SUFFIX = ".part"
 STALE_PART_SECONDS = 3600.0  # a temporary file this old belongs to a writer that died
-PROCESS_SPACE = f"{xxhash.xxh3_64_intdigest(f'{HOST}|{PIDNS}|{BOOT}'.encode()):016x}"[:8] \
-    if PIDNS and BOOT else ""
-"""Where this process's pid means this process (its machine, pid namespace and boot), in the
-names of its temporary files: another process of the same space that finds the pid gone
-removes the file; one of another space (another container sharing the folder) waits for
-:data:`STALE_PART_SECONDS`. Empty where the platform does not say."""
 _PART_RE = re.compile(r"\.(\d+)-([0-9a-f]{8})-[0-9a-f]{12}" + re.escape(PART_SUFFIX) + "$")
-LOCK_STRIPES = 64
-"""Lock files shared by all keys (a key's is picked by a hash): bounded, never deleted."""
-NODE_LOCK_WAIT_SECONDS = 30.0
-"""How long a process waits for another process of the node to fetch a key before fetching it
-itself, uncached: a 64 MiB shard takes seconds to download, and one waited for longer than
-this comes sooner fetched again (or its holder is stopped)."""
 BACKGROUND_COPY_BYTES = 256 << 20
 """A fetched file up to this size may be returned from memory while its copy is written in the
 background (``copy_in_background``); a larger one is copied first and memory-mapped, so that a
@@ -144,14 +129,12 @@ class ShardCache:
         # re-entrant: a fork holds it (_before_fork), and another fork hook running after that
         # one on the forking thread may still use the cache
         self._lock = threading.RLock()
-        self._key_locks: dict[str, list] = {}   # key -> [lock, number of users]
-        self._node_fds: set[int] = set()         # lock files held (flock) by this process
+        self._locks = KeyLocks(self._root)  # a key's in the process and on the node
         self._copier: ThreadPoolExecutor | None = None
         self._copier_pid = 0
         self._copies_pending: list[Future] = []
         self._last_stamp_ns = 0
         self._copy_failures: set[int | None] = set()  # the causes (errno) already warned of
-        self._stuck: dict[int, str] = {}  # lock stripe -> the holder waited for in vain
         with self._lock:
             self._evict()  # and temporary files whose writers are gone
         _CACHES.add(self)
@@ -170,13 +153,14 @@ class ShardCache:
         path = self._path(key)
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"size must be a non-negative int, got {size!r}")
-        entry = self._lock_key(key)
+        entry = self._locks.lock_key(key)
         fd = None
         try:
             buffer = self._open_copy(path, size)
             if buffer is not None:
                 return buffer
-            fd = self._lock_node(key)  # another process may be fetching it right now
+            # another process may be fetching it right now
+            fd = self._locks.lock_node(key, self._copy_failed)
             if fd is None:  # for too long (stopped?): fetch it without keeping a copy
                 return pa.py_buffer(fetch())
             buffer = self._open_copy(path, size)
@@ -201,9 +185,9 @@ class ShardCache:
             return buffer if buffer is not None else pa.py_buffer(data)
         finally:
             if fd is not None:
-                self._unlock_node(fd)
+                self._locks.unlock_node(fd)
             if entry is not None:
-                self._unlock_key(key, entry)
+                self._locks.unlock_key(key, entry)
 
     def _keep(self, key: str, path: str, data: bytes) -> bool:
         """Write the copy of ``key`` and evict down to the limit; False if the copy could not
@@ -241,8 +225,8 @@ class ShardCache:
             try:
                 self._keep(key, path, data)
             finally:
-                self._unlock_node(fd)
-                self._unlock_key(key, entry)
+                self._locks.unlock_node(fd)
+                self._locks.unlock_key(key, entry)
 
         with self._lock:
             if self._copier is None or self._copier_pid != os.getpid():
@@ -272,7 +256,7 @@ class ShardCache:
     def discard(self, key: str) -> None:
         """Drop the copy of ``key`` (e.g. one that failed its checksum), if there is one."""
         path = self._path(key)
-        with self._key_locked(key):
+        with self._locks.key_locked(key):
             _remove(path)
 
     def clear(self) -> None:
@@ -295,115 +279,12 @@ class ShardCache:
     def _path(self, key: str) -> str:
         return os.path.join(self._root, *validate_key(key)) + SUFFIX
 
-    def _lock_node(self, key: str) -> int | None:
-        """Take an exclusive lock on ``key`` among the processes of this machine (``flock``
-        on one of the lock files); the descriptor to give :meth:`_unlock_node`, or None if
-        another process holds it longer than :data:`NODE_LOCK_WAIT_SECONDS` (logged once per
-        holder; a holder waited for in vain is not waited for again) or if the lock file
-        cannot be opened (a folder this process cannot write; logged)."""
-        stripe = xxhash.xxh3_64_intdigest(key.encode()) % LOCK_STRIPES
-        lock_dir = os.path.join(self._root, "locks")
-        # Opened and recorded in one step that a fork cannot split (see _before_fork): a
-        # child closes every descriptor recorded here. One it inherited unrecorded would keep
-        # the lock this process then takes on it held after this process lets go (a flock
-        # belongs to the open file, which the child's copy shares), and every user of the
-        # stripe on the node, the child too, would wait for that child to exit.
-        try:
-            os.makedirs(lock_dir, exist_ok=True)
-            with self._lock:
-                fd = os.open(os.path.join(lock_dir, f"{stripe:02d}.lock"),
-                             os.O_RDWR | os.O_CREAT, 0o666)
-                self._node_fds.add(fd)
-        except OSError as e:  # a folder this process cannot write: no copy either
-            self._copy_failed(key, e)
-            return None
-        try:
-            if not self._wait_for_lock(fd, stripe, lock_dir):
-                self._unlock_node(fd)
-                return None
-            with contextlib.suppress(OSError):  # (a full disk): only a message needs it
-                # who holds it, for the message of a process that waits in vain
-                os.pwrite(fd, _holder().ljust(_HOLDER_BYTES).encode(), 0)
-        except BaseException:
-            self._unlock_node(fd)
-            raise
-        return fd
-
-    def _wait_for_lock(self, fd: int, stripe: int, lock_dir: str) -> bool:
-        """``flock`` ``fd``, waiting at most :data:`NODE_LOCK_WAIT_SECONDS`, or not at all
-        for a holder this process waited for in vain before (a stopped process may hold
-        several lock files); False if not taken."""
-        deadline = time.monotonic() + NODE_LOCK_WAIT_SECONDS
-        pause = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                with self._lock:
-                    self._stuck.pop(stripe, None)
-                return True
-            except BlockingIOError:
-                pass
-            holder = os.pread(fd, _HOLDER_BYTES, 0).decode(errors="replace").strip()
-            with self._lock:
-                stuck = holder in self._stuck.values()
-            if stuck or time.monotonic() >= deadline:
-                break
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(2 * pause, 0.1)
-        with self._lock:
-            warned = holder in self._stuck.values()
-            self._stuck[stripe] = holder
-        if not warned:
-            log.warning("shard cache: %s has held a lock of the node-local cache "
-                        "(%s) for over %g s: stopped (Ctrl-Z, a debugger, a frozen "
-                        "container) or very slow? Until it lets go, this process reads the "
-                        "shards whose locks it holds straight from the store, without keeping "
-                        "copies", _describe(holder),
-                        os.path.join(lock_dir, f"{stripe:02d}.lock"), NODE_LOCK_WAIT_SECONDS)
-        return False
-
-    def _unlock_node(self, fd: int) -> None:
-        with self._lock:  # closed with the set updated, so a fork sees both or neither
-            if fd in self._node_fds:  # (else closed by a fork's reset: not ours any more)
-                self._node_fds.discard(fd)
-                os.close(fd)  # releases the lock
-
-    def _lock_key(self, key: str) -> list:
-        """Take ``key``'s lock in this process; the entry to give :meth:`_unlock_key` (from
-        any thread)."""
-        with self._lock:
-            entry = self._key_locks.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        entry[0].acquire()
-        return entry
-
-    def _unlock_key(self, key: str, entry: list) -> None:
-        entry[0].release()
-        with self._lock:
-            entry[1] -= 1
-            if entry[1] == 0 and self._key_locks.get(key) is entry:
-                del self._key_locks[key]
-
-    @contextlib.contextmanager
-    def _key_locked(self, key: str) -> Iterator[None]:
-        entry = self._lock_key(key)
-        try:
-            yield
-        finally:
-            self._unlock_key(key, entry)
-
     def _after_fork_in_child(self) -> None:
         """A forked child has none of its parent's other threads: drop the locks they held
         (the node's lock files stay locked by the parent, whose descriptors are its own) and
         the background copier (the parent finishes its copies)."""
         self._lock = threading.RLock()
-        self._key_locks = {}
-        for fd in self._node_fds:
-            try:
-                os.close(fd)  # the child's duplicate only: the parent's lock is untouched
-            except OSError:
-                pass
-        self._node_fds = set()
+        self._locks.after_fork_in_child()
         self._copier, self._copier_pid, self._copies_pending = None, 0, []
 
     def _open_copy(self, path: str, size: int) -> pa.Buffer | None:
@@ -500,27 +381,10 @@ def _walk_files(root: str) -> Iterator[os.DirEntry]:
             continue
 
 
-_HOLDER_BYTES = 32
-
-
-def _holder() -> str:
-    """This process, as written into a lock file it holds: ``<pid> <space>``."""
-    return f"{os.getpid()} {PROCESS_SPACE}"
-
-
-def _describe(holder: str) -> str:
-    """The process that wrote ``holder`` (:func:`_holder`) into a lock file, for a message."""
-    pid, _, space = holder.partition(" ")
-    if not pid.isdigit():
-        return "another process (it did not write its pid)"
-    return f"process {pid}" + ("" if space == PROCESS_SPACE else
-                               " (of another pid namespace or machine)")
-
-
 def _abandoned(entry: os.DirEntry, max_age: float = STALE_PART_SECONDS) -> bool:
     """Whether ``entry`` is a temporary file of the cache whose writer is gone: a process of
-    this machine, pid namespace and boot (:data:`PROCESS_SPACE`) that has exited, or any
-    writer, ``max_age`` seconds after its last write."""
+    this machine, pid namespace and boot (:data:`~snapcache.store.cache_locks.PROCESS_SPACE`)
+    that has exited, or any writer, ``max_age`` seconds after its last write."""
     if not entry.name.endswith(PART_SUFFIX) or SUFFIX + "." not in entry.name:
         return False
     writer = _PART_RE.search(entry.name)
@@ -556,16 +420,19 @@ _FORKING: list["ShardCache"] = []
 
 
 def _before_fork() -> None:
-    """Hold every cache's lock across a fork, so that the child's copy of each cache's set of
-    lock descriptors is complete (:meth:`ShardCache._lock_node`)."""
+    """Hold every cache's lock and its key locks across a fork, so that the child's copy of
+    each cache's set of lock descriptors is complete (:meth:`KeyLocks.lock_node
+    <snapcache.store.cache_locks.KeyLocks.lock_node>`)."""
     caches = list(_CACHES)
     for cache in caches:
         cache._lock.acquire()
+        cache._locks.before_fork()
     _FORKING[:] = caches
 
 
 def _after_fork_in_parent() -> None:
     for cache in _FORKING:
+        cache._locks.after_fork_in_parent()
         cache._lock.release()
     _FORKING.clear()
 

@@ -12,9 +12,8 @@ from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
 from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
-from snapcache.store.manifest import Manifest
+from snapcache.store.manifest import Manifest, load_manifest
 from snapcache.store.protocol import live_leases
-from snapcache.store.reader import load_manifest
 
 STATES = ("committed", "writing", "abandoned", "absent", "corrupt")
 """``committed``: a manifest, readable; ``writing``: no manifest, a live write lease;

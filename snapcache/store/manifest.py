@@ -2,7 +2,8 @@
 
 A manifest is untrusted input (anyone with write access to the bucket can edit it), so
 :func:`Manifest.from_json` validates every field it relies on and raises
-:class:`~snapcache.errors.CorruptSnapshotError` with what is wrong.
+:class:`~snapcache.errors.CorruptSnapshotError` with what is wrong; :func:`load_manifest` reads
+a folder's committed manifest and checks that it belongs to that folder.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import socket
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapcache._version import __version__
 from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
+
+if TYPE_CHECKING:
+    from snapcache.store.fs import Storage
 
 FORMAT = "snapcache-snapshot"
 FORMAT_VERSION = 3
@@ -264,6 +268,29 @@ class Manifest:
             extra=doc.get("extra") if isinstance(doc.get("extra"), dict) else {},
             **delta,
         )
+
+
+def load_manifest(storage: Storage) -> Manifest | None:
+    """The committed manifest of the snapshot folder ``storage``, or None if not committed.
+    An unchanged manifest read before in this process is not read and parsed again (one HEAD
+    on S3, see :meth:`Storage.read_parsed`).
+
+    The manifest's fingerprint must be the folder's name: a snapshot folder copied or renamed
+    under another pipeline's fingerprint would otherwise hand that pipeline foreign data."""
+    try:
+        manifest = storage.read_parsed(layout.MANIFEST,
+                                       lambda data: Manifest.loads(data, where=storage.url))
+    except FileNotFoundError:
+        return None
+    root, _, folder = storage.url.rpartition("/")
+    if manifest.fingerprint != folder:
+        raise CorruptSnapshotError(
+            f"{storage.url}: the manifest's fingerprint {manifest.fingerprint} does not match "
+            f"its folder name {folder}: the folder was copied or renamed from another snapshot "
+            f"and holds another pipeline's data. Move it back to {root}/{manifest.fingerprint} "
+            f"if that is what it is, or delete {storage.url} and rerun the pipeline to rebuild "
+            "it")
+    return manifest
 
 
 def _delta_fields(doc: dict, version: int, shards: tuple, bad) -> dict:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from snapcache.errors import CorruptSnapshotError
 from snapcache.store.layout import pages_name
-from snapcache.store.reader import way_out
+from snapcache.store.shard_file import way_out
 from snapcache.store.row_read import Held, RowDecoder, load_pages, map_shard, read_row, \
     readable_alone
 

@@ -16,7 +16,6 @@ damage with ``verify=False``, would otherwise read outside its buffers). Any dam
 
 from __future__ import annotations
 
-import functools
 import logging
 import mmap
 import threading
@@ -24,130 +23,30 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
 import xxhash
 
 from snapcache import lifecycle
 from snapcache.errors import CorruptSnapshotError
-from snapcache.store import layout
 from snapcache.store.cache import ShardCache, shared_cache
-from snapcache.store.codec import Decoder, Schema
+from snapcache.store.decoder import Decoder
 from snapcache.store.early_fetch import EarlyFetches
 from snapcache.store.fs import Storage
-from snapcache.store.manifest import Manifest, ShardInfo
+from snapcache.store.manifest import Manifest, ShardInfo, load_manifest
 from snapcache.store.options import ReadOptions
+from snapcache.store.schema import Schema
+from snapcache.store.shard_file import DAMAGE, ShardFile, about_shard, way_out
 from snapcache.store.validate import BatchValidator
 
 if TYPE_CHECKING:
     from snapcache.store.streamed import Streamed
 
 
-def load_manifest(storage: Storage) -> Manifest | None:
-    """The committed manifest of the snapshot folder ``storage``, or None if not committed.
-    An unchanged manifest read before in this process is not read and parsed again (one HEAD
-    on S3, see :meth:`Storage.read_parsed`).
-
-    The manifest's fingerprint must be the folder's name: a snapshot folder copied or renamed
-    under another pipeline's fingerprint would otherwise hand that pipeline foreign data."""
-    try:
-        manifest = storage.read_parsed(layout.MANIFEST,
-                                       lambda data: Manifest.loads(data, where=storage.url))
-    except FileNotFoundError:
-        return None
-    root, _, folder = storage.url.rpartition("/")
-    if manifest.fingerprint != folder:
-        raise CorruptSnapshotError(
-            f"{storage.url}: the manifest's fingerprint {manifest.fingerprint} does not match "
-            f"its folder name {folder}: the folder was copied or renamed from another snapshot "
-            f"and holds another pipeline's data. Move it back to {root}/{manifest.fingerprint} "
-            f"if that is what it is, or delete {storage.url} and rerun the pipeline to rebuild "
-            "it")
-    return manifest
-
-
 log = logging.getLogger(__name__)
 
 _READ_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
-# What damaged bytes make Arrow (or Python decoding them) raise: never let one escape as such.
-_DAMAGE = (pa.ArrowException, OSError, ValueError, SystemError, UnicodeDecodeError, MemoryError,
-           IndexError, OverflowError)
-
-
-def way_out(storage: Storage) -> str:
-    """What to do about a damaged snapshot folder ``storage``."""
-    root, _, fingerprint = storage.url.rpartition("/")
-    return (f"Check the root with `snapcache verify --root {root}`, delete this snapshot with "
-            f"`snapcache purge --root {root} {fingerprint[:12]}` (or delete {storage.url}), "
-            "and rerun the pipeline to rebuild it")
-
-
-def _about_shard(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A reader method taking a shard first: a CorruptSnapshotError it raises names that shard
-    (``error.shard``), for ``on_corrupt="rebuild"`` to know which commits list it."""
-    @functools.wraps(method)
-    def wrapper(self: Any, shard: ShardInfo, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, shard, *args, **kwargs)
-        except CorruptSnapshotError as e:
-            e.shard = e.shard or shard.path
-            raise
-    return wrapper
-
-
-class ShardFile:
-    """An opened shard whose record batches are validated before they are handed out.
-
-    See :mod:`snapcache.store.validate` for what is checked and what it costs.
-    """
-
-    def __init__(self, file_reader: pa.RecordBatchFileReader,
-                 validator: BatchValidator | None, where: str, way_out: str,
-                 path: str | None = None):
-        self._file, self._validator = file_reader, validator
-        self._where, self._way_out, self._path = where, way_out, path
-        self.num_record_batches = file_reader.num_record_batches
-        self.schema = file_reader.schema
-
-    def get_batch(self, index: int, whole: bool = True) -> pa.RecordBatch:
-        """Record batch ``index``, validated (``whole=False``: all but the tensors' shapes)."""
-        try:
-            try:
-                batch = self._file.get_batch(index)
-            except _DAMAGE as e:
-                raise CorruptSnapshotError(
-                    f"{self._where} is corrupt: record batch {index} is damaged "
-                    f"({type(e).__name__}: {e}). {self._way_out}") from None
-            return self.checked(batch, index, self._validator, self._where, self._way_out,
-                                structure_only=not whole)
-        except CorruptSnapshotError as e:
-            e.shard = e.shard or self._path
-            raise
-
-    @staticmethod
-    def checked(batch: pa.RecordBatch, index: int, validator: BatchValidator | None,
-                where: str, way_out: str, *, structure_only: bool = False) -> pa.RecordBatch:
-        """Record batch ``index`` of the shard ``where`` once validated against the snapshot's
-        schema (see :mod:`snapcache.store.validate`; ``structure_only``: all but the tensors'
-        shapes, for rows decoded one by one); CorruptSnapshotError if not."""
-        try:
-            if validator is not None:
-                if structure_only:
-                    validator.check_structure(batch)
-                else:
-                    validator(batch)
-            else:  # no schema to check against (an empty snapshot): Arrow's own full check
-                batch.validate(full=True)
-        except CorruptSnapshotError as e:
-            raise CorruptSnapshotError(f"{where} is corrupt: record batch {index}: {e}. "
-                                       f"{way_out}") from None
-        except _DAMAGE as e:
-            raise CorruptSnapshotError(
-                f"{where} is corrupt: record batch {index} is damaged "
-                f"({type(e).__name__}: {e}). {way_out}") from None
-        return batch
-
 _CHUNK = 16 << 20  # a multiple of every page size
 PREFETCH_THREADS = 4
 """Shards :meth:`SnapshotReader.prefetch` copies at once."""
@@ -267,7 +166,7 @@ class SnapshotReader:
         for batch in self.record_batches(shards):
             yield decoder.columns(batch)  # type: ignore[union-attr]
 
-    @_about_shard
+    @about_shard
     def open_shard(self, shard: ShardInfo, *, verify: bool | None = None,
                    low_memory: bool = False) -> ShardFile:
         """Load one shard and check it against the manifest (bytes, checksum, rows, record
@@ -288,7 +187,7 @@ class SnapshotReader:
             # Our own threads decode batches in parallel; Arrow's would only oversubscribe.
             reader = pa.ipc.open_file(buffer, options=_READ_OPTIONS)
             rows = reader.count_rows()
-        except _DAMAGE as e:
+        except DAMAGE as e:
             raise CorruptSnapshotError(f"{where} is not a readable Arrow file "
                                        f"({type(e).__name__}: {e}). {way_out(self.storage)}"
                                        ) from None
@@ -305,7 +204,7 @@ class SnapshotReader:
         return buffer, ShardFile(reader, self._validator, where, way_out(self.storage),
                                  shard.path)
 
-    @_about_shard
+    @about_shard
     def verified_shard(self, shard: ShardInfo) -> pa.Buffer:
         """The bytes of ``shard``, whole, checked against the manifest's checksum (unless
         ``verify=False``): remote shards through the node-local cache when one is configured,
@@ -330,7 +229,7 @@ class SnapshotReader:
                     f"{way_out(self.storage)}")
         return buffer
 
-    @_about_shard
+    @about_shard
     def read_batch(self, shard: ShardInfo, index: int, *, whole: bool = True
                    ) -> pa.RecordBatch:
         """Record batch ``index`` of ``shard`` alone, for random access: only its bytes are
@@ -338,7 +237,7 @@ class SnapshotReader:
         manifest's checksum of that batch, then validated and its rows counted, as a whole
         shard is before any of its rows is used. ``whole=False``: validated but for the
         tensors' shapes, which :meth:`check_batch` or decoding a row
-        (:meth:`~snapcache.store.codec.Decoder.row_at`) checks. Needs the shard's batch index
+        (:meth:`~snapcache.store.decoder.Decoder.row_at`) checks. Needs the shard's batch index
         (:attr:`ShardInfo.batch_index`) and a schema."""
         shard_where = self.where(shard)
         where = f"{shard_where} record batch {index}"
@@ -354,7 +253,7 @@ class SnapshotReader:
             digest = None
         return self.batch_from_bytes(shard, index, data, whole=whole, digest=digest)
 
-    @_about_shard
+    @about_shard
     def batch_from_bytes(self, shard: ShardInfo, index: int, data: Any, *, whole: bool = True,
                          digest: str | None = None, verify: bool | None = None
                          ) -> pa.RecordBatch:
@@ -377,7 +276,7 @@ class SnapshotReader:
             if message.type != "record batch":
                 raise ValueError(f"an IPC {message.type} message where a record batch belongs")
             batch = pa.ipc.read_record_batch(message, self._arrow_schema)
-        except _DAMAGE as e:
+        except DAMAGE as e:
             raise CorruptSnapshotError(f"{where} is damaged ({type(e).__name__}: {e}). "
                                        f"{way_out(self.storage)}") from None
         if batch.num_rows != shard.batch_rows[index]:
@@ -387,11 +286,11 @@ class SnapshotReader:
         return ShardFile.checked(batch, index, self._validator, shard_where,
                                  way_out(self.storage), structure_only=not whole)
 
-    @_about_shard
+    @about_shard
     def row_at(self, shard: ShardInfo, index: int, batch: pa.RecordBatch, k: int) -> Any:
         """Example ``k`` of ``batch`` (record batch ``index`` of ``shard``, read with
         ``whole=False``), decoded alone and checked (:meth:`Decoder.row_at
-        <snapcache.store.codec.Decoder.row_at>`)."""
+        <snapcache.store.decoder.Decoder.row_at>`)."""
         try:
             return self._decoder.row_at(batch, k)  # type: ignore[union-attr]
         except CorruptSnapshotError as e:
@@ -440,7 +339,7 @@ class SnapshotReader:
         (after a record batch of them was read alone) are there; False on timeout."""
         return self._filler is None or self._filler.wait(timeout)
 
-    @_about_shard
+    @about_shard
     def check_batch(self, shard: ShardInfo, index: int, batch: pa.RecordBatch
                     ) -> pa.RecordBatch:
         """``batch`` (record batch ``index`` of ``shard``, read with ``whole=False``) with its
@@ -514,7 +413,7 @@ class SnapshotReader:
                 f"{way_out(self.storage)}")
         return buffer, mapped
 
-    @_about_shard
+    @about_shard
     def fetch_shard(self, shard: ShardInfo, into: "Streamed | None" = None) -> pa.Buffer:
         """A remote shard's bytes: through the node-local cache if there is one. ``into``: its
         bytes taken as they stream in, if it is downloaded now (see :meth:`Storage.read_bytes
@@ -527,7 +426,7 @@ class SnapshotReader:
                                   fetch, copy_in_background=True)
         return pa.py_buffer(fetch())
 
-    @_about_shard
+    @about_shard
     def check_shard(self, shard: ShardInfo) -> None:
         """Verify one shard completely: size, checksum, rows, schema, and every record batch
         validated as reading would (a crafted shard can carry a matching checksum); where the

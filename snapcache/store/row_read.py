@@ -19,7 +19,7 @@ once from the schema (which IPC field nodes and buffers hold each field, in the 
 lays a record batch out) and reads the record batch message's flatbuffer metadata itself (its
 field nodes and buffer locations), so a first ``snap[i]`` on a freshly opened snapshot costs a
 few ``pread`` calls and little Python. Rows equal :meth:`Decoder.rows
-<snapcache.store.codec.Decoder.rows>`' (``tests/store/test_row_read.py`` checks every field
+<snapcache.store.decoder.Decoder.rows>`' (``tests/store/test_row_read.py`` checks every field
 kind), as read-only arrays over the page bytes.
 """
 

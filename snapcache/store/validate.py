@@ -54,7 +54,7 @@ class BatchValidator:
     def check_structure(self, batch: pa.RecordBatch) -> None:
         """The checks of the whole batch that Arrow makes (schema, offsets in bounds and
         non-decreasing, UTF-8, no nulls), without the tensors' shapes: enough to decode single
-        rows that check their own shapes (:meth:`snapcache.store.codec.Decoder.row_at`)."""
+        rows that check their own shapes (:meth:`snapcache.store.decoder.Decoder.row_at`)."""
         if not batch.schema.equals(self._arrow_schema):
             raise CorruptSnapshotError("record batch schema does not match the snapshot schema")
         try:

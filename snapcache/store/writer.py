@@ -23,14 +23,14 @@ from snapcache.errors import LeaseLostError, StoreError
 from snapcache.store.options import FIRST_RECORD_BATCH, WriteOptions
 from snapcache.store.order import PIECE_ROWS
 from snapcache.store import layout
-from snapcache.store.codec import Encoder, Schema, infer_schema
+from snapcache.store.encoder import Encoder
 from snapcache.store.fs import Storage, is_storage_error
 from snapcache.store.indexed_file import (HashingSink, IndexedFileWriter, page_size_for,
                                           store_page_table)
 from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, MAX_BATCH_ROWS, Manifest, ShardInfo, now_iso)
-from snapcache.store.schema import merge_schemas
+from snapcache.store.schema import Schema, infer_schema, merge_schemas
 from snapcache.store.upload import Spool, Uploads
 from snapcache.store.protocol import (
     StreamRecord, commit_fields, try_commit, write_marker, write_progress)

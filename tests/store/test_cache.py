@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from snapcache.store import cache as cache_module
+from snapcache.store import cache_locks
 from snapcache.store.cache import PART_SUFFIX, SUBDIR, SUFFIX, ShardCache, shared_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -369,7 +370,7 @@ def test_a_process_stopped_while_it_fetches_a_key_does_not_stop_the_others(tmp_p
     holds the key's lock on the node. Another process waits NODE_LOCK_WAIT_SECONDS at most,
     fetches the key itself without keeping a copy, says once which process holds the lock,
     and does not wait for that holder again; once the holder is gone, copies are kept again."""
-    monkeypatch.setattr(cache_module, "NODE_LOCK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(cache_locks, "NODE_LOCK_WAIT_SECONDS", 0.2)
     holder = subprocess.Popen([sys.executable, "-c", _HOLDS_A_KEY, str(tmp_path)],
                               stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": ROOT})
@@ -382,7 +383,7 @@ def test_a_process_stopped_while_it_fetches_a_key_does_not_stop_the_others(tmp_p
             first = Fetcher(data)
             assert cache.get("fp/s", 1000, first).to_pybytes() == data
             # the same holder is not waited for again: this wait would outlast the test
-            monkeypatch.setattr(cache_module, "NODE_LOCK_WAIT_SECONDS", 24 * 3600.0)
+            monkeypatch.setattr(cache_locks, "NODE_LOCK_WAIT_SECONDS", 24 * 3600.0)
             again = Fetcher(data)
             assert cache.get("fp/s", 1000, again, copy_in_background=True).to_pybytes() == data
         assert first.calls == again.calls == 1 and cached_keys(cache) == set()
@@ -583,10 +584,10 @@ def test_a_fork_while_a_thread_opens_a_lock_file_leaves_the_child_no_copy_of_it(
 
     monkeypatch.setattr(cache_module.os, "open", slow_open)
     data = payload("fp/s", 3000)
-    stripe = xxhash.xxh3_64_intdigest(b"fp/s") % cache_module.LOCK_STRIPES
+    stripe = xxhash.xxh3_64_intdigest(b"fp/s") % cache_locks.LOCK_STRIPES
     same_stripe = next(f"fp/t{i}" for i in range(10_000)
                        if xxhash.xxh3_64_intdigest(f"fp/t{i}".encode()) %
-                       cache_module.LOCK_STRIPES == stripe)
+                       cache_locks.LOCK_STRIPES == stripe)
     filler = threading.Thread(name="filler",
                               target=lambda: cache.get("fp/s", 3000, Fetcher(data)))
     filler.start()

@@ -242,9 +242,9 @@ def test_columns_build_no_python_rows_of_python_scalars(monkeypatch) -> None:
             made.append(len(self))
             return real(self)
 
-    import snapcache.store.codec as codec
-    original = codec._view
-    monkeypatch.setattr(codec, "_view", lambda *a: original(*a).view(Spy))
+    import snapcache.store.decoder as decoder_module
+    original = decoder_module._view
+    monkeypatch.setattr(decoder_module, "_view", lambda *a: original(*a).view(Spy))
     columns = decoder.columns(batch)
     assert 5 not in made  # (a tensor's one shape is read with a tolist of its ndim values)
     assert columns["length"].tolist() == [0, 1, 2, 3, 4] and columns["length"].dtype == np.int64

@@ -36,7 +36,7 @@ import json
 
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.manifest import Manifest, now_iso
+from snapcache.store.manifest import Manifest, load_manifest, now_iso
 from snapcache.store.protocol.lease import (
     BOOT, DEFAULT_TTL, HOST, PIDNS, LeaseInfo, ReadLease, WriteLease, expired, live_leases,
     read_leases, stalled, write_leases)
@@ -73,8 +73,6 @@ class StreamStatus:
 
 
 def stream_status(storage: Storage, streams: int) -> StreamStatus:
-    from snapcache.store.reader import load_manifest
-
     manifest = load_manifest(storage)
     complete = frozenset() if manifest is not None else frozenset(load_markers(storage, streams))
     return StreamStatus(manifest, complete, streams)

@@ -23,8 +23,7 @@ from snapcache.machine import HOST
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import LeaseInfo, WriteLease, live_leases, stalled
-from snapcache.store.manifest import Manifest
-from snapcache.store.reader import load_manifest
+from snapcache.store.manifest import Manifest, load_manifest
 from snapcache.store.protocol.records import (
     StreamRecord, best_progress, load_markers, missing_shards)
 

@@ -19,7 +19,8 @@ from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import WriteLease, live_leases
 from snapcache.store.options import WriteOptions
-from snapcache.store.manifest import Manifest, ShardInfo, now_iso, writer_identity
+from snapcache.store.manifest import (
+    Manifest, ShardInfo, load_manifest, now_iso, writer_identity)
 from snapcache.store.schema import Schema, merge_schemas
 
 log = logging.getLogger(__name__)
@@ -242,8 +243,6 @@ def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: An
                ) -> Manifest | None:
     """Create the manifest if every stream is complete; return the committed manifest (ours or
     one committed concurrently), or None while streams are missing."""
-    from snapcache.store.reader import load_manifest
-
     names, sizes = _listing(storage)  # one listing for the markers and the shards
     markers = load_markers(storage, streams, names)
     if len(markers) < streams:
@@ -251,10 +250,8 @@ def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: An
     manifest = assemble(markers, streams, fingerprint=fingerprint, **fields)
     missing = missing_shards(storage, manifest.shards, sizes)
     if missing:  # a stream's shards vanished after its marker: never commit what cannot be read
-        from snapcache.store.reader import load_manifest as committed
-
-        if committed(storage) is not None:
-            return committed(storage)
+        if load_manifest(storage) is not None:
+            return load_manifest(storage)
         raise StoreError(
             f"snapshot {storage.url}: {len(missing)} shard(s) listed by the streams' markers "
             f"are gone ({', '.join(missing[:3])}); nothing was committed. Run `snapcache purge "
