@@ -12,7 +12,8 @@ from __future__ import annotations
 import secrets
 from typing import Any, Iterator
 
-from snapcache.pipeline import ops, ordered, snapshot_exec, streams
+from snapcache.pipeline import ops, snapshot_exec, streams
+from snapcache.pipeline.completion import committed_reader
 from snapcache.pipeline.shares import piece_rows, read_share
 from snapcache.pipeline.ops import batch as batch_op, shuffle as shuffle_op
 from snapcache.runtime.shuffle import epoch_rng
@@ -25,7 +26,7 @@ def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch
                   unit: int = 1) -> tuple[Iterator[dict], Any] | None:
     """This stream's share of ``snapshot`` in the epoch's global order, as column chunks, when
     it is committed and fixed-shape (see :mod:`snapcache.pipeline.ordered`)."""
-    reader = ordered.committed_reader(snapshot)
+    reader = committed_reader(snapshot)
     if reader is None or not batched_read.supports_batched(reader.schema):
         return None
     spec = streams.current()
