@@ -53,7 +53,11 @@ def test_an_interrupted_first_epoch_keeps_its_examples_and_the_rerun_resumes(roo
                              stderr=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "consumed"
     child.send_signal(signum)
-    out, err = child.communicate(timeout=120)
+    # stdin stays open until the child has exited: only the signal can end its step (closing
+    # it, as communicate() does at once, could end the step first on a busy machine)
+    child.wait(timeout=120)
+    out, err = child.stdout.read(), child.stderr.read()
+    child.stdin.close()
     assert "not interrupted" not in out
     assert child.returncode != 0, err
     # The open shard was finished and recorded: its progress record covers every example the
