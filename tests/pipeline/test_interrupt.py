@@ -24,7 +24,11 @@ from snapcache.store.protocol import best_progress
 N, CONSUMED = 400, 137
 
 CHILD = """
-import sys, numpy as np, snapcache as sc
+import signal, sys, numpy as np, snapcache as sc
+# Ctrl-C raises KeyboardInterrupt, as in a terminal: a child of a process that ignores SIGINT
+# (one started in the background by a non-interactive shell, as CI runners may be) would
+# otherwise inherit the ignoring and never see it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 root, n, consumed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ds = sc.Dataset.range(n).map(lambda i: {"i": i, "x": np.full(32, i % 251, np.uint8)}).snapshot(
     root, progress=False)          # default 64 MB shards: every example is in the open shard
@@ -53,8 +57,7 @@ def test_an_interrupted_first_epoch_keeps_its_examples_and_the_rerun_resumes(roo
                              stderr=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "consumed"
     child.send_signal(signum)
-    # stdin stays open until the child has exited: only the signal can end its step (closing
-    # it, as communicate() does at once, could end the step first on a busy machine)
+    # stdin stays open until the child has exited: only the signal can end its step
     child.wait(timeout=120)
     out, err = child.stdout.read(), child.stderr.read()
     child.stdin.close()
@@ -196,7 +199,11 @@ def test_a_read_only_root_reads_its_snapshots_and_names_the_way_out_for_new_ones
 
 
 READ_ONLY_CHILD = """
-import sys, numpy as np, snapcache as sc
+import signal, sys, numpy as np, snapcache as sc
+# Ctrl-C raises KeyboardInterrupt, as in a terminal: a child of a process that ignores SIGINT
+# (one started in the background by a non-interactive shell, as CI runners may be) would
+# otherwise inherit the ignoring and never see it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from snapcache.errors import StoreError
 root, files, mode = sys.argv[1:]
 for source in (sc.Dataset.range(5).map(lambda i: np.full(3, i)),
