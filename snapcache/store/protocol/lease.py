@@ -272,6 +272,15 @@ class _Heartbeat:
 _held_here: dict[tuple[int, str], "WriteLease"] = {}
 
 
+def held_here(lease: LeaseInfo) -> bool:
+    """Is ``lease`` held by this very process?"""
+    return _holder_here(lease) is not None
+
+
+def _holder_here(lease: LeaseInfo) -> "WriteLease | None":
+    return _held_here.get((os.getpid(), lease.owner))
+
+
 def stalled(lease: LeaseInfo, ttl: float) -> bool:
     """True if waiting for ``lease``'s writer could never end. Held by this very process: it
     was taken by the calling thread (an unfinished iterator of this thread), or its writer has
@@ -280,7 +289,7 @@ def stalled(lease: LeaseInfo, ttl: float) -> bool:
     its heartbeat says it has not written for ``ttl`` seconds, by its own clock (an iteration
     left unadvanced there: the workers of a DataLoader whose loop stopped but which is still
     referenced live on, holding their streams)."""
-    holder = _held_here.get((os.getpid(), lease.owner))
+    holder = _holder_here(lease)
     if holder is None:
         return not lease.corrupt and lease.idle > ttl
     return holder.thread == threading.get_ident() or \

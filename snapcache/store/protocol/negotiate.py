@@ -14,15 +14,14 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
 from snapcache.errors import LeaseTimeoutError
-from snapcache.machine import HOST
 from snapcache.store import layout
 from snapcache.store.fs import Storage
-from snapcache.store.protocol.lease import LeaseInfo, WriteLease, live_leases, stalled
+from snapcache.store.protocol.lease import (
+    LeaseInfo, WriteLease, held_here, live_leases, stalled)
 from snapcache.store.manifest import Manifest, load_manifest
 from snapcache.store.protocol.records import (
     StreamRecord, best_progress, load_markers, missing_shards)
@@ -111,7 +110,7 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
         if stuck is not None:
             # An unfinished iteration holds it (of this thread, or not advanced for the ttl):
             # waiting for it could wait forever.
-            if stuck.pid == os.getpid() and stuck.host == HOST:
+            if held_here(stuck):
                 log.info("snapshot %s is being written by an unfinished iteration of this "
                          "process: computing without writing", storage.url)
             else:
