@@ -27,7 +27,7 @@ import numpy as np
 
 from snapcache.adapters._imports import require
 from snapcache.options import distributed_env
-from snapcache.pipeline import queries
+from snapcache.pipeline import interrupt, queries
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,8 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         return self._examples(epoch, state, token)
 
     def _examples(self, epoch: int, state: dict | None, token: str | None) -> Iterator[Any]:
+        if token is not None:  # in a DataLoader worker
+            interrupt.exit_quietly_on_sigterm()
         with queries.shared_epoch(token):
             iterator = self.dataset.iterate(epoch=epoch, stream=self.stream(), state=state,
                                             balance=self.balance)

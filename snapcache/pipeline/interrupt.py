@@ -21,10 +21,24 @@ _depth = 0
 _installed = False
 
 EXIT_STATUS = 128 + int(signal.SIGTERM)
+_exit_status = EXIT_STATUS
+
+
+def exit_quietly_on_sigterm() -> None:
+    """In this process, SIGTERM during a writing epoch exits with status 0 once the epoch is
+    closed (its computed examples kept), not 143. For a process whose exit status only a parent
+    reads that takes any other status for a crash: a DataLoader worker. At interpreter exit,
+    ``multiprocessing`` terminates a parent's daemonic children (the workers of a loader still
+    referenced) and joins them, and torch's SIGCHLD handler, run while it waits, reports a
+    worker that exits with any status but 0 as ``exited unexpectedly``, and one that dies of
+    the signal as ``killed by signal``. A worker ended this way from outside is still seen by
+    its parent: torch checks that its workers are alive, not how they exited."""
+    global _exit_status
+    _exit_status = 0
 
 
 def _exit_on_sigterm(signum, frame) -> None:
-    raise SystemExit(EXIT_STATUS)
+    raise SystemExit(_exit_status)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ import snapcache as sc  # noqa: E402
 from snapcache.errors import RandomnessWarning  # noqa: E402
 from snapcache.adapters.torch import TorchDataset, to_tensors  # noqa: E402
 from snapcache.store.fs import Storage  # noqa: E402
+from snapcache.store.protocol import best_progress  # noqa: E402
 from snapcache.store.reader import load_manifest  # noqa: E402
 
 N = 40
@@ -221,6 +222,46 @@ def test_two_ranks_times_two_workers_partition_the_examples(root, with_snapshot)
         assert sorted(per_rank[0] + per_rank[1]) == list(range(N))
     if with_snapshot:
         assert snapshot_streams(root, ds) == {0, 1, 2, 3}
+
+
+LEFT_REFERENCED_CHILD = """
+import atexit
+workers = []
+# Registered before multiprocessing's own exit function, so it runs after it: after the workers
+# were terminated and joined.
+atexit.register(lambda: print(*[worker.exitcode for worker in workers], flush=True))
+import multiprocessing
+import time
+import numpy as np
+import snapcache as sc
+from torchdata.stateful_dataloader import StatefulDataLoader
+def expensive(i):
+    time.sleep(0.002)
+    return {{"i": i, "x": np.full(16, i, np.int32)}}
+ds = sc.Dataset.range(4000).map(expensive).snapshot({root!r}, progress=False).batch(8)
+loader = StatefulDataLoader(ds.to_torch(), batch_size=None, num_workers=2)
+for seen, batch in enumerate(loader, 1):  # the loader holds its iterator
+    if seen == 4:  # two batches from each worker: both are inside the writing epoch
+        break
+workers.extend(multiprocessing.active_children())
+print("leaving", flush=True)
+"""
+
+
+def test_a_loader_left_referenced_mid_first_epoch_exits_quietly_keeping_its_work(root):
+    """A script that stops mid-way through the writing epoch and exits with the loader still
+    referenced: at interpreter exit ``multiprocessing`` terminates the workers (SIGTERM) and
+    joins them. Each worker keeps what it computed and exits with status 0, so torch's
+    SIGCHLD handler, run while the parent waits, reports no worker as crashed."""
+    child = subprocess.run([sys.executable, "-c", LEFT_REFERENCED_CHILD.format(root=root)],
+                           capture_output=True, text=True, timeout=300, env=CHILD_ENV)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["leaving", "0", "0"], child.stderr
+    assert "unexpectedly" not in child.stderr and "killed by signal" not in child.stderr, \
+        child.stderr
+    [folder] = os.listdir(root)
+    kept = [best_progress(Storage(root).child(folder), stream, 2) for stream in (0, 1)]
+    assert all(record is not None and record.rows > 0 for record in kept), child.stderr
 
 
 def test_dataloader_without_workers_and_with_collation(root):
