@@ -16,7 +16,7 @@ from snapcache.admin import SnapshotInfo
 from snapcache.admin.units import format_age
 
 STATE_STYLES = {"committed": "green", "writing": "yellow", "abandoned": "magenta",
-                "corrupt": "bold red"}
+                "corrupt": "bold red", "newer format": "bold yellow"}
 
 
 ROOT_HELP = ("snapshot root: a folder or fsspec URL such as s3://bucket/snaps "
@@ -135,8 +135,16 @@ def print_json(doc: Any) -> None:
     sys.stdout.write("\n")
 
 
+def state_word(snap: SnapshotInfo) -> str:
+    """The state as the tables show it: a manifest that a newer snapcache wrote is not damaged,
+    so it shows as ``newer format``, not ``corrupt`` (``--json`` gives state ``corrupt`` and
+    ``newer_format``: true, as :class:`SnapshotInfo` does)."""
+    return "newer format" if snap.newer_format else snap.state
+
+
 def state_cell(snap: SnapshotInfo) -> Text:
-    text = Text(snap.state, style=STATE_STYLES.get(snap.state, ""))
+    word = state_word(snap)
+    text = Text(word, style=STATE_STYLES.get(word, ""))
     if snap.live_leases and snap.state != "writing":
         kinds = sorted({lease.kind for lease in snap.live_leases})
         text.append(f" ({'/'.join('being ' + ('read' if k == 'read' else 'written') for k in kinds)})",

@@ -77,15 +77,21 @@ def run(args: argparse.Namespace) -> int:
                                     f" {snap.short_id}: {snap.problem}"))
     for snap in snaps:  # a delta snapshot whose newest version reads, but an old one does not
         for old in snap.unreadable_versions:
-            out.print(Text.assemble(("unreadable version", "bold red"),
-                                    f" {old.version} of {snap.short_id}: {old.problem}"))
+            if old.newer:  # unreadable here, not damaged
+                out.print(Text.assemble(("newer format", "bold yellow"),
+                                        f" version {old.version} of {snap.short_id}: "
+                                        f"{old.problem}. It is not damaged"))
+            else:
+                out.print(Text.assemble(("unreadable version", "bold red"),
+                                        f" {old.version} of {snap.short_id}: {old.problem}"))
     return 0
 
 
 def table(snaps) -> Table:
     states = {}
     for snap in snaps:
-        states[snap.state] = states.get(snap.state, 0) + 1
+        word = common.state_word(snap)
+        states[word] = states.get(word, 0) + 1
     summary = ", ".join(f"{n} {state}" for state, n in states.items())
     t = Table(show_footer=True, box=None, header_style="bold", footer_style="bold", pad_edge=False)
     t.add_column("ID", footer=f"{len(snaps)} total", no_wrap=True)

@@ -13,7 +13,7 @@ import pytest
 
 import snapcache as sc
 from admin_fixtures import (abandoned_write, exists, live_lease, make_snapshot,
-                            set_last_used, two_versions)
+                            run_cli, set_last_used, two_versions)
 from snapcache import admin
 from snapcache.store.fs import Storage
 
@@ -283,6 +283,9 @@ def test_purge_never_tidies_what_an_unreadable_version_may_list(tmp_path, root, 
     assert snap.state == "committed" and [u.version for u in snap.unreadable_versions] == [1]
     assert snap.unreadable_versions[0].newer == (damage == "newer format")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    listed = run_cli("ls", root).stdout
+    said = "newer format version 1 of" if damage == "newer format" else "unreadable version 1 of"
+    assert f"{said} {fid[:12]}: " in listed, listed
     report = sc.purge(root, old_versions=True)
     if damage == "truncated":  # the way out its message names
         assert [old.versions for old in report.old_versions] == [(1,)]

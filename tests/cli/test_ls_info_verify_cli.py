@@ -300,6 +300,12 @@ def test_verify_and_explain_never_advise_purging_a_newer_release_snapshot(root):
     assert check["ok"] is None and "newer snapcache" in check["skipped"]
     listed = run_cli("ls", root).stdout
     assert f"newer format {fid[:12]}: " in listed and "It is not damaged" in listed
+    [row] = [line for line in listed.splitlines() if line.startswith(fid[:12])]
+    assert "newer format" in row and "corrupt" not in listed, listed
+    info = run_cli("info", root, fid[:8]).stdout
+    assert "newer format" in info and "corrupt" not in info, info
+    [shown] = json.loads(run_cli("ls", root, "--json").stdout)["snapshots"]
+    assert shown["state"] == "corrupt" and shown["newer_format"] is True
     text = str(sc.Dataset.range(1).snapshot(root, key="newer").explain())
     assert "written by a newer snapcache" in text and "upgrade snapcache" in text
     assert "purge it" not in text
