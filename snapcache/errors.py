@@ -36,6 +36,8 @@ Warnings::
     RedundantSnapshotWarning (UserWarning)
                                         a snapshot that stores the examples of the one
                                         below it again
+    CacheBypassedWarning (UserWarning)  a ``cache()`` that a DataLoader's workers or ranks
+                                        read never replays: every epoch computes again
 
 Errors that mean "you passed a bad argument" are plain ``ValueError``/``TypeError`` raised
 eagerly, when the pipeline is built, not when it runs.
@@ -71,6 +73,7 @@ __all__ = [
     "RandomnessWarning",
     "OptionConflictWarning",
     "RedundantSnapshotWarning",
+    "CacheBypassedWarning",
 ]
 
 
@@ -152,6 +155,14 @@ class RedundantSnapshotWarning(UserWarning):
     """A snapshot whose upstream, back to the snapshot below it, computes nothing of an
     example (only shuffle, take, shard, repeat, prefetch or cache between them): it stores
     the same examples a second time and saves no computation."""
+
+
+class CacheBypassedWarning(UserWarning):
+    """A ``cache()`` in a pipeline read in a way it never replays: as several streams
+    (DataLoader workers, ranks), each of which computes its share every epoch, or in
+    DataLoader workers that end with each epoch (``persistent_workers=False``), whose caches
+    end with them. A ``.snapshot()`` shares computed examples between workers, ranks and
+    runs."""
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from snapcache.adapters._imports import require
+from snapcache.errors import CacheBypassedWarning, warn
 from snapcache.options import distributed_env
 from snapcache.pipeline import interrupt, queries
 
@@ -96,6 +97,7 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         self._ended = False
         self._pending: dict | None = None
         self._loader_id = uuid.uuid4().hex  # the same in every worker of its loaders
+        self._cache_warned = False
         self._epochs = 0                    # epochs this copy (this worker) has started
 
     def set_epoch(self, epoch: int) -> None:
@@ -139,6 +141,8 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
             if own is not None:
                 self._pending = {"epoch": epoch, "iterator": own, "yielded": 0}
         token = self._epoch_token()
+        if token is None:  # read in this process: by ranks, a warning if cache() never replays
+            self._warn_if_cache_bypassed(0, True)
         if loaded is not None and loaded.get("finished"):  # nothing left of its epoch here
             self._ended = True
             return iter(())
@@ -162,6 +166,32 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
                 close = getattr(iterator, "close", None)
                 if close is not None:
                     close()
+
+    def _warn_if_cache_bypassed(self, workers: int, persistent: bool) -> None:
+        """In the main process, as an epoch starts with ``workers`` DataLoader workers (0:
+        read here): once per dataset, a :class:`CacheBypassedWarning` if the pipeline's
+        ``cache()`` will never replay, read this way."""
+        if self._cache_warned or not queries.has_cache(self.dataset):
+            return
+        _, world_size = self._rank()
+        streams = world_size * max(workers, 1)
+        if streams > 1:
+            how = " x ".join(part for part in (
+                f"{world_size} ranks" if world_size > 1 else "",
+                f"{workers} DataLoader workers" if workers > 1 else "") if part)
+            why = (f"read as {streams} streams ({how}) it passes its examples through, and "
+                   "each stream computes its share every epoch (a cache replays only an epoch "
+                   "read whole, as one stream)")
+        elif workers and not persistent:
+            why = ("it fills in the DataLoader's worker, which ends with the epoch "
+                   "(persistent_workers=False), so every epoch computes again")
+        else:
+            return
+        self._cache_warned = True
+        warn(f"cache() never replays here: {why}. To share the computed examples between "
+             "workers, ranks and runs, use .snapshot() in its place"
+             + ("" if streams > 1 else ", or pass persistent_workers=True"),
+             CacheBypassedWarning)
 
     def _epoch_token(self) -> str | None:
         """In a DataLoader worker: a name for this epoch of this loader, the same in each of
@@ -423,6 +453,8 @@ def _before_fork() -> None:
     if prepared is not None:
         _not_held.discard(prepared)
     _hold_before_fork()
+    if starting is not None:  # last: under -W error it raises (reported, the fork goes on)
+        starting[0]._warn_if_cache_bypassed(starting[2], starting[3])
 
 
 os.register_at_fork(before=_before_fork)

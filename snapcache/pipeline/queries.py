@@ -26,6 +26,12 @@ def last_snapshot(dataset: Any) -> ops.SnapshotOp | None:
     return plan.last_snapshot(dataset._op)
 
 
+def has_cache(dataset: Any) -> bool:
+    """Whether the pipeline holds a ``cache()``: it replays only whole epochs run as one
+    stream, in the process that filled it (:class:`ops.CacheOp`)."""
+    return any(isinstance(node, ops.CacheOp) for node in ops.lineage(dataset._op))
+
+
 def take_fingerprints(dataset: Any) -> None:
     """Fingerprint the pipeline's snapshots now, in this process, and keep the result on the
     pipeline object: processes forked from here later (DataLoader workers, started afresh each

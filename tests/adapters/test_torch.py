@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 import snapcache as sc  # noqa: E402
-from snapcache.errors import RandomnessWarning  # noqa: E402
+from snapcache.errors import CacheBypassedWarning, RandomnessWarning  # noqa: E402
 from snapcache.adapters.torch import TorchDataset, to_tensors  # noqa: E402
 from snapcache.store.fs import Storage  # noqa: E402
 from snapcache.store.protocol import best_progress  # noqa: E402
@@ -88,6 +88,32 @@ def test_workers_forked_after_a_pass_that_filled_a_cache_each_yield_their_share_
     for workers in (2, 1):
         ids = ids_of(DataLoader(ds.to_torch(), batch_size=None, num_workers=workers))
         assert sorted(ids) == list(range(N)), workers
+
+
+@pytest.mark.parametrize("workers, persistent, ranks, warned", [
+    (0, False, 1, None), (1, True, 1, None), (1, False, 1, "persistent_workers=False"),
+    (2, True, 1, "read as 2 streams (2 DataLoader workers)"),
+    (0, False, 2, "read as 2 streams (2 ranks)")])
+def test_a_cache_that_never_replays_is_said_once(workers, persistent, ranks, warned):
+    """cache() replays only an epoch read whole as one stream, in the process that filled it:
+    read by several workers or ranks, or by workers that end with each epoch, it computes every
+    epoch. The loader's first epoch says so, once, from the user's loop; read as one stream
+    that keeps its cache, nothing is said."""
+    ds = sc.Dataset.range(N).map(lambda i: {"id": i}).cache()
+    torch_ds = ds.to_torch(rank=0, world_size=ranks)
+    loader = DataLoader(torch_ds, batch_size=None, num_workers=workers,
+                        persistent_workers=persistent)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            ids_of(loader)
+    said = [w for w in caught if issubclass(w.category, CacheBypassedWarning)]
+    if warned is None:
+        assert said == []
+        return
+    [warning] = said
+    assert warned in str(warning.message) and ".snapshot()" in str(warning.message)
+    assert warning.filename == __file__, warning.filename
 
 
 def refuse_31(e):
