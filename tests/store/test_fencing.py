@@ -25,6 +25,7 @@ import snapcache as sc
 from snapcache.errors import LeaseLostError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
+from snapcache.store.manifest import ShardInfo
 from snapcache.store.protocol import BOOT, HOST, LeaseInfo, WriteLease, write_leases
 from snapcache.store.reader import SnapshotReader, load_manifest
 from snapcache.store.protocol import StreamRecord, write_marker
@@ -202,6 +203,36 @@ def test_a_lease_rewritten_by_a_heartbeat_resuming_after_the_commit_fences_nothi
     stale.lost = "taken over"
     stale.release()
     assert write_leases(folder) == []
+
+
+def test_a_writer_whose_shards_the_takers_commit_cleaned_up_is_told_it_was_taken_over(
+        tmp_path):
+    """Found in a CI run: a writer stopped inside its heartbeat (after the check, before the
+    write) past its lease's ttl. The writer that took over committed, removed the stopped one's
+    shards (listed by no manifest) and released its lease; resuming, the beat wrote the old
+    lease file again, so the lease looked like the stopped writer's and only the manifest said
+    otherwise. It failed with "shards this writer finished are gone ... purged or damaged",
+    not as taken over."""
+    from snapcache.store.protocol.lease import _heartbeat
+
+    folder = Storage(str(tmp_path)).child("5" * 32)
+    stale = WriteLease.acquire(folder, run_id="0ld0ld00", ttl=TTL)
+    stale._heartbeat.stop()
+    folder.write_atomic("0ld0ld00-0000-000000.arrow", b"x" * 10)
+    shard = ShardInfo("0ld0ld00-0000-000000.arrow", rows=1, bytes=10, checksum="xxh3_64:0")
+    taken = []
+    wait_for(lambda: taken.append(WriteLease.acquire(folder, run_id="feedf00d", ttl=TTL))
+             or taken[-1] is not None)
+    folder.create_exclusive(layout.MANIFEST, b"{}")  # its commit, then its clean-up:
+    folder.remove("0ld0ld00-0000-000000.arrow")
+    taken[-1].release()
+    _heartbeat(folder, stale.info)  # the resumed beat writes the old generation's file again
+    stale.check()  # the lease alone cannot tell
+    with pytest.raises(LeaseLostError, match="taken over by another writer, which has committed"):
+        write_marker(folder, StreamRecord(0, 1, "0ld0ld00", (shard,), None), stale)
+    assert not folder.exists(layout.marker_name(1, 0))
+    stale.lost = "taken over"
+    stale.release()
 
 
 def test_a_heartbeat_resuming_after_purge_never_brings_the_folder_back(tmp_path):

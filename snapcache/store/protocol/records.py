@@ -118,7 +118,14 @@ def write_marker(storage: Storage, record: StreamRecord, lease: WriteLease | Non
     writer that took it over. LeaseLostError if another run's marker is there already, or the
     snapshot is committed already (then every stream was completed by the writers that took
     this one's over, and their commit removed their markers)."""
-    fence(storage, record, lease)
+    try:
+        fence(storage, record, lease)
+    except StoreError:
+        # Its shards were removed by the clean-up after the commit of the writer that took it
+        # over (and a resumed heartbeat may have made its lease look like its own again, as
+        # below): the manifest says what happened.
+        if not storage.is_file(layout.MANIFEST):
+            raise
     if storage.is_file(layout.MANIFEST):
         # A writer stopped inside its heartbeat (after the check, before the write) rewrites
         # its lease file when it resumes, after the one that took over committed and released:
