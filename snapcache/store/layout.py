@@ -9,6 +9,7 @@
     <root>/<fingerprint>/lease-<n>-<i>-<gen>.json  write lease of stream i of n (see lease.py)
     <root>/<fingerprint>/reader-<run>.json       read lease of a process reading the snapshot
     <root>/<fingerprint>/progress-<n>-<i>-<run>.json  shards finished so far by one writer run
+    <root>/<fingerprint>/progress-<n>-<i>-<run>.<k>.json  ... the k-th next 256 of them
     <root>/<fingerprint>/stream-<n>-<i>.json     stream i of n is complete (its shard list)
     <root>/<fingerprint>/last-used.json          when the snapshot was last read
 
@@ -37,7 +38,7 @@ _FINGERPRINT_RE = re.compile(rf"^[0-9a-f]{{{FINGERPRINT_DIGITS}}}$")
 _OWN_FILE_RE = re.compile(
     r"^(?:manifest\.json|manifest-\d+\.json|last-used\.json"
     r"|lease-\d+-\d+-\d+\.json|reader-[0-9a-f]+\.json"
-    r"|progress-\d+-\d+-[0-9a-f]+\.json|stream-\d+-\d+\.json"
+    r"|progress-\d+-\d+-[0-9a-f]+(?:\.\d+)?\.json|stream-\d+-\d+\.json"
     r"|segment-[0-9a-f]+-\d+\.json|units-\d+-[0-9a-f]+\.arrow"
     r"|[0-9a-f]+-\d+-\d+\.arrow(?:\.pages)?)"
     r"(?:(?:\.[0-9a-f]{16})?\.tmp)?$")
@@ -122,8 +123,22 @@ def is_safe_shard_path(path: str) -> bool:
     )
 
 
-def progress_name(streams: int, stream: int, run_id: str) -> str:
-    return f"progress-{streams:04d}-{stream:04d}-{run_id}.json"
+def progress_name(streams: int, stream: int, run_id: str, part: int = 0) -> str:
+    """The file of a writer run's progress record holding its ``part``-th group of shards
+    (:data:`snapcache.store.protocol.records.PROGRESS_PART`); part 0 has the name older
+    releases wrote and read, a record of its own."""
+    stem = f"progress-{streams:04d}-{stream:04d}-{run_id}"
+    return f"{stem}.json" if part == 0 else f"{stem}.{part:06d}.json"
+
+
+_PROGRESS_RE = re.compile(r"^(progress-\d+-\d+-[0-9a-f]+)(?:\.(\d+))?\.json$")
+
+
+def progress_part(name: str) -> tuple[str, int] | None:
+    """``(stem, part)`` of a progress record file's name (None for other names): the files
+    of one writer run's record share the stem."""
+    match = _PROGRESS_RE.match(name)
+    return (match.group(1), int(match.group(2) or 0)) if match else None
 
 
 def progress_prefix(streams: int, stream: int) -> str:

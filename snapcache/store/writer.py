@@ -293,6 +293,7 @@ class SnapshotWriter:
         self._error: BaseException | None = None
         self._resume_schema = resume.schema if resume else None
         self._shards: list[ShardInfo] = list(resume.shards) if resume else []
+        self._recorded = 0  # shards in this run's progress files written so far
         self._latest_schema: dict | None = self._resume_schema
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._uploads: Uploads | None = None  # remote: finished shards uploading
@@ -519,10 +520,12 @@ class SnapshotWriter:
         """Record shards that are in place (in order): one progress record for them all."""
         if not shards:
             return
+        recorded = self._recorded
         for info in shards:
             self._shards.append(info)
             self._tmp.remove(info.path)
-        write_progress(self.storage, self._record(self._latest_schema))
+        write_progress(self.storage, self._record(self._latest_schema), recorded)
+        self._recorded = len(self._shards)
 
     def _drain(self) -> None:
         shard: _ShardFile | None = None

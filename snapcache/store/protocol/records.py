@@ -2,7 +2,8 @@
 
 Each writer owns stream ``i`` of ``n`` (a single writer is stream 0 of 1). While writing it
 records the shards it has finished in ``progress-<n>-<i>-<run>.json`` (so a crashed run's shards
-can be reused), and when its stream is done it writes ``stream-<n>-<i>.json``. Whoever writes
+can be reused; from its 257th shard on, in more files of 256 shards each, see
+:data:`PROGRESS_PART`), and when its stream is done it writes ``stream-<n>-<i>.json``. Whoever writes
 the last marker assembles the manifest from all markers and creates ``manifest.json``
 exclusively: exactly one commit, however many finish at once.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields as dataclass_fields, replace
 from typing import Any, Callable
 
 from snapcache.errors import CorruptSnapshotError, LeaseLostError, StoreError
@@ -24,6 +25,21 @@ from snapcache.store.manifest import (
 from snapcache.store.schema import Schema, merge_schemas
 
 log = logging.getLogger(__name__)
+
+
+PROGRESS_PART = 256
+"""Shards a file of a progress record holds. A writer rewrites only the file of its newest
+shards as it finishes more, so recording a shard costs the same however many came before it
+(one file listing every shard so far had a stream of 10,000 shards rewrite 6 MB of JSON, 2.5 s
+of CPU, for each shard). File 0 is a record on its own, the first 256 shards: what releases
+before these files read (a resume from it computes the rest again); the next files
+(``progress-<n>-<i>-<run>.<k>.json``) have no ``shards`` key, so those releases ignore them."""
+
+_SHARD_FIELDS = tuple(f.name for f in dataclass_fields(ShardInfo))
+
+
+def _shard_doc(shard: ShardInfo) -> dict:
+    return {name: getattr(shard, name) for name in _SHARD_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -43,16 +59,30 @@ class StreamRecord:
     def rows(self) -> int:
         return sum(s.rows for s in self.shards)
 
+    def _header(self) -> dict:
+        return {"stream": self.stream, "streams": self.streams, "run_id": self.run_id,
+                "schema": self.schema, "task": self.task}
+
     def dumps(self) -> bytes:
-        doc = asdict(self)
-        doc["shards"] = [asdict(s) for s in self.shards]
-        return json.dumps(doc).encode()
+        return json.dumps({**self._header(),
+                           "shards": [_shard_doc(s) for s in self.shards]}).encode()
+
+    def dumps_part(self, part: int) -> bytes:
+        """File ``part`` of this record as a progress record (:data:`PROGRESS_PART`)."""
+        shards = self.shards[part * PROGRESS_PART:(part + 1) * PROGRESS_PART]
+        if part == 0:
+            return replace(self, shards=shards).dumps()
+        return json.dumps({**self._header(), "part": part,
+                           "part_shards": [_shard_doc(s) for s in shards]}).encode()
 
     @classmethod
-    def loads(cls, data: bytes, *, where: str) -> "StreamRecord":
+    def loads(cls, data: bytes, *, where: str, part: int = 0) -> "StreamRecord":
+        """A record (``part`` 0), or the shards of file ``part`` of a progress record."""
         try:
             doc = json.loads(data)
-            shards = tuple(ShardInfo(**s) for s in doc["shards"])
+            if part and doc["part"] != part:
+                raise ValueError(f"it says it is file {doc['part']!r}")
+            shards = tuple(ShardInfo(**s) for s in doc["part_shards" if part else "shards"])
             task = doc.get("task")
             record = cls(int(doc["stream"]), int(doc["streams"]), str(doc["run_id"]), shards,
                          doc.get("schema"), None if task is None else str(task))
@@ -64,9 +94,21 @@ class StreamRecord:
         return record
 
 
-def write_progress(storage: Storage, record: StreamRecord) -> None:
-    storage.write_atomic(layout.progress_name(record.streams, record.stream, record.run_id),
-                         record.dumps())
+def write_progress(storage: Storage, record: StreamRecord, recorded: int = 0) -> None:
+    """Write ``record`` as this run's progress record, ``recorded`` of its shards being in
+    the files written before: only the files holding the others are written."""
+    last = max(len(record.shards) - 1, 0) // PROGRESS_PART
+    for part in range(min(recorded // PROGRESS_PART, last), last + 1):
+        storage.write_atomic(
+            layout.progress_name(record.streams, record.stream, record.run_id, part),
+            record.dumps_part(part))
+
+
+def remove_progress(storage: Storage, record: StreamRecord) -> None:
+    """Remove the files of this run's progress record on ``record``'s stream (``record``:
+    what the run recorded last)."""
+    for part in range((max(len(record.shards) - 1, 0) // PROGRESS_PART) + 1):
+        storage.remove(layout.progress_name(record.streams, record.stream, record.run_id, part))
 
 
 def discard(storage: Storage, record: StreamRecord) -> None:
@@ -145,9 +187,10 @@ def write_marker(storage: Storage, record: StreamRecord, lease: WriteLease | Non
         "stopped: it commits nothing")
 
 
-def _load(storage: Storage, name: str) -> StreamRecord | None:
+def _load(storage: Storage, name: str, part: int = 0) -> StreamRecord | None:
     try:
-        return StreamRecord.loads(storage.read_bytes(name), where=storage.url_of(name))
+        return StreamRecord.loads(storage.read_bytes(name), where=storage.url_of(name),
+                                  part=part)
     except FileNotFoundError:
         return None
     except CorruptSnapshotError as e:
@@ -186,21 +229,48 @@ def progress_by_task(storage: Storage, names: list[str]) -> dict[str, StreamReco
     return found  # type: ignore[return-value]
 
 
+def progress_records(storage: Storage, names: list[str], prefix: str = "progress-"
+                     ) -> list[StreamRecord]:
+    """The progress records among ``names`` (starting with ``prefix``), each assembled from
+    its files (:data:`PROGRESS_PART`): file 0 and the next ones in order, up to the first that
+    is missing, unreadable or not of the same run and stream (what a run recorded before a
+    crash is always such a prefix: it writes a file only once the ones before are full)."""
+    parts: dict[str, dict[int, str]] = {}
+    for name in names:
+        parsed = layout.progress_part(name) if name.startswith(prefix) else None
+        if parsed is not None:
+            parts.setdefault(parsed[0], {})[parsed[1]] = name
+    records = []
+    for files in parts.values():
+        record = _load(storage, files[0]) if 0 in files else None
+        if record is None:
+            continue
+        shards, schema, part = list(record.shards), record.schema, 1
+        while part in files and len(shards) == part * PROGRESS_PART:
+            more = _load(storage, files[part], part=part)
+            if more is None or more._header() | {"schema": None} != \
+                    record._header() | {"schema": None}:
+                break
+            shards.extend(more.shards)
+            schema, part = more.schema, part + 1
+        records.append(replace(record, shards=tuple(shards), schema=schema))
+    return records
+
+
 def _best(storage: Storage, names: list[str] | None, prefix: str,
           group: Callable[[StreamRecord], str | None]) -> dict[str | None, StreamRecord]:
     best: dict[str | None, StreamRecord] = {}
     names = storage.listdir() if names is None else names
-    present = set(names)
-    for name in names:
-        if not name.startswith(prefix) or layout.is_tmp(name):
-            continue
-        record = _load(storage, name)
-        if record is None or not record.shards:
+    sizes: dict[str, int] | None = None  # one listing with sizes, not a HEAD for each shard
+    for record in progress_records(storage, names, prefix):
+        if not record.shards:
             continue
         key = group(record)
         if key in best and best[key].rows >= record.rows:
             continue
-        if not all(s.path in present and storage.size(s.path) == s.bytes for s in record.shards):
+        if sizes is None:
+            sizes = _listing(storage)[1]
+        if missing_shards(storage, record.shards, sizes):
             continue
         best[key] = record
     return best

@@ -41,7 +41,7 @@ from snapcache.errors import CorruptSnapshotError, UnknownFormatVersionError
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.protocol.lease import WriteLease, live_leases
-from snapcache.store.protocol.records import StreamRecord, fence
+from snapcache.store.protocol.records import StreamRecord, fence, remove_progress
 from snapcache.store.manifest import (
     FORMAT, LINEAGE_MARKER_VERSION, WAY_OUT, Manifest, ShardInfo)
 
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 _MANIFEST_RE = re.compile(r"^manifest-(\d{6})\.json$")
 _UNITS_RE = re.compile(r"^units-(\d{6})-([0-9a-f]{8})\.arrow$")
 _SEGMENT_RE = re.compile(r"^segment-([0-9a-f]{8})-(\d{6})\.json$")
-_PROGRESS_RE = re.compile(r"^progress-\d{4,}-\d{4,}-([0-9a-f]{8})\.json$")
+_PROGRESS_RE = re.compile(r"^progress-\d{4,}-\d{4,}-([0-9a-f]{8})(?:\.\d+)?\.json$")
 
 UNIT_COLUMNS = ("path", "size", "mtime_ns", "etag", "xxh3_128", "rows", "segment")
 ROW_GROUP_COLUMNS = ("row_group", "row_group_rows", "file_size")
@@ -331,7 +331,7 @@ def write_segment(storage: Storage, written: Any, record: SegmentRecord, *, seq:
     """Record a finished segment (``written``: the writer's stream record of its shards), in
     place of the writer's progress record."""
     storage.write_atomic(segment_name(written.run_id, seq), record.dumps())
-    storage.remove(layout.progress_name(written.streams, written.stream, written.run_id))
+    remove_progress(storage, written)
 
 
 def finished_segments(storage: Storage, names: Sequence[str]) -> list[SegmentRecord]:
@@ -500,8 +500,9 @@ def held_by(storage: Storage, names: Sequence[str], runs: set[str]) -> set[str]:
         try:
             data = storage.read_bytes(name)
             where = storage.url_of(name)
+            part = 0 if segment else layout.progress_part(name)[1]  # type: ignore[index]
             record: Any = SegmentRecord.loads(data, where=where) if segment else \
-                StreamRecord.loads(data, where=where)
+                StreamRecord.loads(data, where=where, part=part)
         except (FileNotFoundError, CorruptSnapshotError):
             continue
         held.update(layout.with_pages(s.path for s in record.shards))

@@ -1,0 +1,136 @@
+"""A writer's progress record in files of PROGRESS_PART shards: recording a shard rewrites only
+the file of the newest shards, whatever came before; the record reads back whole, or as the
+prefix of it that a crash left; the first file alone is a record older releases read, and the
+others are never taken for one; an interrupted epoch of many shards resumes after all of them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+import snapcache as sc
+from snapcache.store import layout
+from snapcache.store.fs import Storage
+from snapcache.store.manifest import ShardInfo
+from snapcache.store.protocol import StreamRecord, best_progress, write_progress
+from snapcache.store.protocol.records import PROGRESS_PART, progress_records
+
+RUN = "c0ffee00"
+
+
+def shards(n: int, run: str = RUN) -> tuple[ShardInfo, ...]:
+    return tuple(ShardInfo(f"{run}-0000-{i:06d}.arrow", rows=2, bytes=10, checksum="xxh3_64:0")
+                 for i in range(n))
+
+
+def with_files(tmp_path, record: StreamRecord) -> Storage:
+    folder = Storage(str(tmp_path)).child("6" * 32)
+    for shard in record.shards:
+        folder.write_atomic(shard.path, b"x" * 10)
+    return folder
+
+
+class Counting(Storage):
+    """Storage that keeps the names of the files it writes."""
+
+    written: list
+
+    def write_atomic(self, name, data):
+        type(self).written.append((name, len(data)))
+        return super().write_atomic(name, data)
+
+
+def test_recording_a_shard_rewrites_only_the_file_of_the_newest_shards(tmp_path):
+    n = 2 * PROGRESS_PART + 40
+    record = StreamRecord(0, 1, RUN, shards(n), {"fields": []})
+    folder = Storage(str(tmp_path)).child("6" * 32)
+    Counting.written = []
+    counting = Counting(folder.url)
+    write_progress(counting, StreamRecord(0, 1, RUN, record.shards[:1], None))
+    for done in range(1, n):  # one shard at a time, as a writer records them
+        write_progress(counting, StreamRecord(0, 1, RUN, record.shards[:done + 1], None), done)
+    names = [name for name, _ in Counting.written]
+    assert len(names) == n  # one file a shard
+    assert names.count(layout.progress_name(1, 0, RUN)) == PROGRESS_PART
+    assert names.count(layout.progress_name(1, 0, RUN, 1)) == PROGRESS_PART
+    assert names.count(layout.progress_name(1, 0, RUN, 2)) == 40
+    largest = max(size for _, size in Counting.written)
+    assert largest < 2 * max(size for name, size in Counting.written
+                             if name == layout.progress_name(1, 0, RUN))
+    # Several shards recorded at once (finished uploads) write each file they reach.
+    Counting.written = []
+    write_progress(counting, record, PROGRESS_PART - 1)
+    assert [name for name, _ in Counting.written] == [
+        layout.progress_name(1, 0, RUN, part) for part in range(3)]
+
+
+def test_the_record_reads_back_whole_or_as_the_prefix_a_crash_left(tmp_path):
+    record = StreamRecord(1, 2, RUN, shards(2 * PROGRESS_PART + 7), {"fields": ["x"]}, "t")
+    folder = with_files(tmp_path, record)
+    write_progress(folder, record)
+    assert {n for n in folder.listdir() if n.startswith("progress-")} == {
+        layout.progress_name(2, 1, RUN), layout.progress_name(2, 1, RUN, 1),
+        layout.progress_name(2, 1, RUN, 2)}
+    assert all(layout.is_own_file(name) for name in folder.listdir())
+    assert best_progress(folder, 1, 2) == record
+    [whole] = progress_records(folder, folder.listdir())
+    assert whole == record
+    # File 0 alone is a record (what older releases read: a prefix, the rest computed again);
+    # the later files are not records to them (no "shards").
+    first = StreamRecord.loads(folder.read_bytes(layout.progress_name(2, 1, RUN)), where="0")
+    assert first.shards == record.shards[:PROGRESS_PART]
+    later = json.loads(folder.read_bytes(layout.progress_name(2, 1, RUN, 1)))
+    assert "shards" not in later and later["part"] == 1
+    # A file missing (or unreadable) ends the record there: what follows it is not used.
+    folder.remove(layout.progress_name(2, 1, RUN, 1))
+    assert best_progress(folder, 1, 2).shards == record.shards[:PROGRESS_PART]
+    folder.write_atomic(layout.progress_name(2, 1, RUN, 1), b"{not json")
+    assert best_progress(folder, 1, 2).shards == record.shards[:PROGRESS_PART]
+
+
+def test_a_file_of_another_run_or_stream_is_never_joined(tmp_path):
+    record = StreamRecord(0, 1, RUN, shards(PROGRESS_PART + 5), None)
+    folder = with_files(tmp_path, record)
+    write_progress(folder, record)
+    other = StreamRecord(0, 2, RUN, shards(PROGRESS_PART + 5), None)
+    folder.write_atomic(layout.progress_name(1, 0, RUN, 1), other.dumps_part(1))
+    assert best_progress(folder, 0, 1).shards == record.shards[:PROGRESS_PART]
+    # File 1 of a record whose file 0 is not full is not its continuation either.
+    short = StreamRecord(0, 1, RUN, shards(PROGRESS_PART - 1), None)
+    folder.write_atomic(layout.progress_name(1, 0, RUN), short.dumps_part(0))
+    folder.write_atomic(layout.progress_name(1, 0, RUN, 1), record.dumps_part(1))
+    assert best_progress(folder, 0, 1).shards == short.shards
+
+
+def test_an_interrupted_epoch_of_many_shards_resumes_after_all_of_them(tmp_path):
+    root = str(tmp_path / "snaps")
+    n, consumed = 2 * PROGRESS_PART + 60, 2 * (PROGRESS_PART + 20)
+    calls: list[int] = []
+
+    def pipeline():
+        def make(i):
+            calls.append(i)
+            return {"i": i, "x": np.full(1500, i % 251, np.uint8)}
+
+        # ~1.5 KB an example in 2 KB shards: a shard holds one or two examples
+        return sc.Dataset.range(n).map(make).snapshot(root, shard_size=2048, compression=None,
+                                                       progress=False)
+
+    it = iter(pipeline())
+    assert [int(next(it)["i"]) for _ in range(consumed)] == list(range(consumed))
+    it.close()
+    [folder] = os.listdir(root)
+    storage = Storage(root).child(folder)
+    kept = best_progress(storage, 0, 1)
+    assert kept is not None and kept.rows >= consumed and len(kept.shards) > PROGRESS_PART
+    assert layout.progress_name(1, 0, kept.run_id, 1) in storage.listdir()
+    calls.clear()
+    assert [int(e["i"]) for e in pipeline()] == list(range(n))
+    assert calls == list(range(kept.rows, n))  # only what no kept shard holds
+    snap = sc.open_snapshot(root, folder)
+    assert snap.state == "committed" and len(snap) == n
+    assert snap.manifest.shards[:len(kept.shards)] == kept.shards
+    assert not [name for name in os.listdir(os.path.join(root, folder))
+                if name.startswith("progress-")]
