@@ -14,7 +14,9 @@ import snapcache as sc
 from snapcache.store import layout
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import ShardInfo
-from snapcache.store.protocol import StreamRecord, best_progress, write_progress
+from snapcache.store.protocol import (
+    StreamRecord, best_progress, commit_fields, try_commit, write_marker, write_progress)
+from snapcache.store.options import WriteOptions
 from snapcache.store.protocol.records import PROGRESS_PART, progress_records
 
 RUN = "c0ffee00"
@@ -33,13 +35,18 @@ def with_files(tmp_path, record: StreamRecord) -> Storage:
 
 
 class Counting(Storage):
-    """Storage that keeps the names of the files it writes."""
+    """Storage that keeps the names of the files it writes and reads."""
 
     written: list
+    read: list
 
     def write_atomic(self, name, data):
         type(self).written.append((name, len(data)))
         return super().write_atomic(name, data)
+
+    def read_bytes(self, name):
+        type(self).read.append(name)
+        return super().read_bytes(name)
 
 
 def test_recording_a_shard_rewrites_only_the_file_of_the_newest_shards(tmp_path):
@@ -134,3 +141,22 @@ def test_an_interrupted_epoch_of_many_shards_resumes_after_all_of_them(tmp_path)
     assert snap.manifest.shards[:len(kept.shards)] == kept.shards
     assert not [name for name in os.listdir(os.path.join(root, folder))
                 if name.startswith("progress-")]
+
+
+def test_streams_finishing_one_by_one_read_the_markers_once(tmp_path):
+    """Each stream that finishes looks whether it is the last; it reads no marker while some
+    are missing, so n streams read n markers between them, not n(n+1)/2 (512 streams: 512
+    reads, not 131,328)."""
+    streams = 12
+    folder = Storage(str(tmp_path)).child("8" * 32)
+    folder.makedirs()
+    Counting.read = []
+    counting = Counting(folder.url)
+    committed = []
+    for stream in range(streams):
+        write_marker(counting, StreamRecord(stream, streams, f"{stream:08x}", (), None))
+        fields = commit_fields(WriteOptions(), key=None, name=None, fingerprint="8" * 32,
+                               fingerprint_tree=None, pipeline="test", run_id=f"{stream:08x}")
+        committed.append(try_commit(counting, streams, **fields))
+    assert committed[:-1] == [None] * (streams - 1) and committed[-1] is not None
+    assert len([name for name in Counting.read if name.startswith("stream-")]) == streams

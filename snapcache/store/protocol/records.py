@@ -321,6 +321,9 @@ def try_commit(storage: Storage, streams: int, *, fingerprint: str, **fields: An
     """Create the manifest if every stream is complete; return the committed manifest (ours or
     one committed concurrently), or None while streams are missing."""
     names, sizes = _listing(storage)  # one listing for the markers and the shards
+    prefix = layout.marker_prefix(streams)
+    if sum(name.startswith(prefix) for name in names) < streams:
+        return None  # read no marker while some are missing: n streams finishing read n, not n^2
     markers = load_markers(storage, streams, names)
     if len(markers) < streams:
         return None
