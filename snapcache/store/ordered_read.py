@@ -76,6 +76,7 @@ class _Shards:
         self.ahead = False  # the shards are read front to back: hash each ahead from the start
         self._open: collections.OrderedDict[int, tuple[Any, list[int]]] = \
             collections.OrderedDict()
+        self._open_bytes = 0  # of the shards in _open: kept, not summed at each look
         self._locks: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
         self._lock = threading.Lock()
 
@@ -102,6 +103,8 @@ class _Shards:
             for size in sizes:
                 starts.append(starts[-1] + size)
             with self._lock:
+                if index not in self._open:
+                    self._open_bytes += shard.bytes
                 self._open[index] = (file_reader, starts)
                 self._trim(keep=index)
             return file_reader, starts
@@ -122,18 +125,19 @@ class _Shards:
         shards = self.reader.manifest.shards
         with self._lock:
             return index not in self._open and \
-                sum(shards[i].bytes for i in self._open) + shards[index].bytes <= self.budget
+                self._open_bytes + shards[index].bytes <= self.budget
 
     def _trim(self, keep: int) -> None:
+        if self._open_bytes <= self.budget:
+            return
         shards = self.reader.manifest.shards
-        total = sum(shards[i].bytes for i in self._open)
         for i in list(self._open):
-            if total <= self.budget:
+            if self._open_bytes <= self.budget:
                 break
             if i != keep:
                 del self._open[i]
+                self._open_bytes -= shards[i].bytes
                 self.reader.forget(shards[i])
-                total -= shards[i].bytes
 
 
 class Damaged:
