@@ -24,7 +24,7 @@ from snapcache.store.protocol.lease import (
     LeaseInfo, WriteLease, held_here, live_leases, stalled)
 from snapcache.store.manifest import Manifest, load_manifest
 from snapcache.store.protocol.records import (
-    StreamRecord, best_progress, load_markers, missing_shards)
+    StreamRecord, best_progress, load_marker, load_markers, missing_shards)
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
         if mine_done:
             # This stream was completed (by us in an earlier epoch, or by an earlier run) and
             # others are not yet: serve this stream's own shards; no need to wait for them.
-            record = load_markers(storage, streams, names).get(stream)
+            record = load_marker(storage, streams, stream)
             if record is not None and not missing_shards(storage, record.shards):
                 return Decision("replay", resume=record)
             if record is not None:

@@ -198,6 +198,13 @@ def _load(storage: Storage, name: str, part: int = 0) -> StreamRecord | None:
         return None
 
 
+def load_marker(storage: Storage, streams: int, stream: int) -> StreamRecord | None:
+    """Stream ``stream`` of ``streams``'s marker, if it is there and readable."""
+    record = _load(storage, layout.marker_name(streams, stream))
+    return record if record is not None and \
+        (record.streams, record.stream) == (streams, stream) else None
+
+
 def load_markers(storage: Storage, streams: int, names: list[str] | None = None
                  ) -> dict[int, StreamRecord]:
     names = storage.listdir() if names is None else names
