@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -180,9 +181,20 @@ def ls(root: str | os.PathLike | None = None, *, storage_options: dict | None = 
     return [describe(storage.child(own), own)] if own else scan(storage)
 
 
+SCAN_THREADS = 16
+"""Snapshot folders described at once by :func:`scan`: each is a few requests on S3 (a listing,
+the manifest, the leases, the last use), so a root of 200 snapshots 50 ms away took ~50 s one
+at a time."""
+
+
 def scan(storage: Storage) -> list[SnapshotInfo]:
-    infos = [describe(storage.child(name), name) for name in storage.listdir()
-             if layout.is_fingerprint(name)]
+    names = [name for name in storage.listdir() if layout.is_fingerprint(name)]
+    if len(names) > 1 and not storage.local:
+        with ThreadPoolExecutor(min(SCAN_THREADS, len(names)),
+                                thread_name_prefix="snapcache-scan") as pool:
+            infos = list(pool.map(lambda name: describe(storage.child(name), name), names))
+    else:
+        infos = [describe(storage.child(name), name) for name in names]
     return sorted((info for info in infos if _snapshot_folder(info)), key=_order)
 
 

@@ -47,6 +47,25 @@ def test_ls_reports_every_state(root, three):
     assert new.to_json()["state"] == "committed"
 
 
+def test_ls_of_an_s3_root_describes_its_folders_at_once_and_in_the_same_order(s3_root):
+    """On S3 each folder is a few requests, so `ls` describes the folders on threads: the
+    same list, in the same order, as describing them one by one."""
+    ids = {name: make_snapshot(s3_root, name, shard_size=1 << 20) for name in ("a", "b", "c")}
+    for name, days in (("a", 3), ("b", 1), ("c", 2)):
+        set_last_used(s3_root, ids[name], days)
+    abandoned_write(s3_root, "a" * 32)
+    live_lease(s3_root, "b" * 32, kind="write")
+    Storage(s3_root).child("c" * 32).write_atomic("manifest.json", b"{not json")
+    snaps = sc.ls(s3_root)
+    assert [(s.name, s.state) for s in snaps] == [
+        ("b", "committed"), ("c", "committed"), ("a", "committed"),
+        (None, "writing"), (None, "abandoned"), (None, "corrupt")]
+    storage = Storage(s3_root)
+    one_by_one = sorted((admin.inventory.describe(storage.child(s.id), s.id) for s in snaps),
+                        key=admin.inventory._order)
+    assert [s.to_json() for s in snaps] == [s.to_json() for s in one_by_one]
+
+
 def test_missing_root_and_default_root(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         sc.ls(str(tmp_path / "nope"))
