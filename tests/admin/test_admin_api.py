@@ -18,23 +18,35 @@ from snapcache import admin
 from snapcache.store.fs import Storage
 
 
-@pytest.fixture
-def three(root):
-    """Three committed snapshots used 1, 10 and 100 days ago."""
-    ids = {name: make_snapshot(root, name) for name in ("new", "mid", "old")}
-    for name, days in (("new", 1), ("mid", 10), ("old", 100)):
-        set_last_used(root, ids[name], days)
+def used(root, days: dict, **make) -> dict:
+    """Committed snapshots named as ``days``' keys, each last used that many days ago."""
+    ids = {name: make_snapshot(root, name, **make) for name in days}
+    for name, ago in days.items():
+        set_last_used(root, ids[name], ago)
     return ids
 
 
-def test_ls_reports_every_state(root, three):
+def not_committed(root) -> None:
+    """A snapshot being written, an abandoned write and a corrupt manifest."""
     abandoned_write(root, "a" * 32)
     live_lease(root, "b" * 32, kind="write")
     Storage(root).child("c" * 32).write_atomic("manifest.json", b"{not json")
+
+
+NOT_COMMITTED = [(None, "writing"), (None, "abandoned"), (None, "corrupt")]
+
+
+@pytest.fixture
+def three(root):
+    """Three committed snapshots used 1, 10 and 100 days ago."""
+    return used(root, {"new": 1, "mid": 10, "old": 100})
+
+
+def test_ls_reports_every_state(root, three):
+    not_committed(root)
     snaps = sc.ls(root)
     assert [(s.name, s.state) for s in snaps] == [
-        ("new", "committed"), ("mid", "committed"), ("old", "committed"),
-        (None, "writing"), (None, "abandoned"), (None, "corrupt")]
+        ("new", "committed"), ("mid", "committed"), ("old", "committed"), *NOT_COMMITTED]
     new = snaps[0]
     assert new.id == three["new"] and new.num_examples == 40 and new.num_shards >= 1
     assert new.size_bytes == sum(os.path.getsize(os.path.join(root, new.id, f))
@@ -50,16 +62,11 @@ def test_ls_reports_every_state(root, three):
 def test_ls_of_an_s3_root_describes_its_folders_at_once_and_in_the_same_order(s3_root):
     """On S3 each folder is a few requests, so `ls` describes the folders on threads: the
     same list, in the same order, as describing them one by one."""
-    ids = {name: make_snapshot(s3_root, name, shard_size=1 << 20) for name in ("a", "b", "c")}
-    for name, days in (("a", 3), ("b", 1), ("c", 2)):
-        set_last_used(s3_root, ids[name], days)
-    abandoned_write(s3_root, "a" * 32)
-    live_lease(s3_root, "b" * 32, kind="write")
-    Storage(s3_root).child("c" * 32).write_atomic("manifest.json", b"{not json")
+    used(s3_root, {"a": 3, "b": 1, "c": 2}, shard_size=1 << 20)
+    not_committed(s3_root)
     snaps = sc.ls(s3_root)
     assert [(s.name, s.state) for s in snaps] == [
-        ("b", "committed"), ("c", "committed"), ("a", "committed"),
-        (None, "writing"), (None, "abandoned"), (None, "corrupt")]
+        ("b", "committed"), ("c", "committed"), ("a", "committed"), *NOT_COMMITTED]
     storage = Storage(s3_root)
     one_by_one = sorted((admin.inventory.describe(storage.child(s.id), s.id) for s in snaps),
                         key=admin.inventory._order)
