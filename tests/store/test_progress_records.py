@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 
@@ -160,3 +164,57 @@ def test_streams_finishing_one_by_one_read_the_markers_once(tmp_path):
         committed.append(try_commit(counting, streams, **fields))
     assert committed[:-1] == [None] * (streams - 1) and committed[-1] is not None
     assert len([name for name in Counting.read if name.startswith("stream-")]) == streams
+
+
+KILLED_CHILD = """
+import sys, numpy as np, snapcache as sc
+root, n, consumed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ds = sc.Dataset.range(n).map(lambda i: {"i": i, "x": np.full(1500, i % 251, np.uint8)}).snapshot(
+    root, shard_size=2048, compression=None, progress=False, key="many")
+it = iter(ds)
+for _ in range(consumed):
+    next(it)
+print("consumed", flush=True)
+sys.stdin.readline()  # killed here
+"""
+
+
+def test_a_writer_killed_after_hundreds_of_shards_is_resumed_from_all_it_recorded(tmp_path):
+    """SIGKILL: nothing is finished or recorded on the way out, and what the record's files say
+    is what the rerun keeps: every shard recorded before the kill, across several files."""
+    root = str(tmp_path / "snaps")
+    n, consumed = 2 * PROGRESS_PART + 100, 2 * (PROGRESS_PART + 40)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(sc.__file__))}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, root, str(n), str(consumed)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "consumed"
+        [folder] = os.listdir(root)
+        storage = Storage(root).child(folder)
+        # The background writer records what it has finished; the child waits, so the record
+        # stops growing. Wait for it to cover all but the shard in progress.
+        deadline = time.monotonic() + 120
+        while True:
+            kept = best_progress(storage, 0, 1)
+            if kept is not None and kept.rows >= consumed - 2:
+                break
+            assert time.monotonic() < deadline, kept
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+        child.stdin.close()
+    kept = best_progress(storage, 0, 1)
+    assert len(kept.shards) > PROGRESS_PART
+    calls: list[int] = []
+
+    def make(i):
+        calls.append(i)
+        return {"i": i, "x": np.full(1500, i % 251, np.uint8)}
+
+    ds = sc.Dataset.range(n).map(make).snapshot(root, shard_size=2048, compression=None,
+                                                 progress=False, key="many")  # the same one
+    assert [int(e["i"]) for e in ds] == list(range(n))
+    assert calls == list(range(kept.rows, n))
+    assert sc.open_snapshot(root, folder).manifest.shards[:len(kept.shards)] == kept.shards
