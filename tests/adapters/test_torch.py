@@ -78,6 +78,7 @@ def test_dataloader_with_two_workers_writes_one_snapshot_and_delivers_each_examp
     assert len(calls(log)) == N
 
 
+@pytest.mark.filterwarnings("ignore::snapcache.errors.CacheBypassedWarning")  # said, and meant
 def test_workers_forked_after_a_pass_that_filled_a_cache_each_yield_their_share_once(root):
     """Found: a ``cache()`` filled by a pass in the main process (an evaluation loop) was
     inherited by the forked DataLoader workers, and each replayed the whole epoch: 2 workers
