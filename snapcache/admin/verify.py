@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -137,22 +139,28 @@ def verify(root: str | os.PathLike | None = None, ids: Iterable[str] = (), *,
                    for m in manifests}
         problems, index_problems, repaired, checked = [], [], [], 0
         kinds: set[str] = set()
-        for manifest, shard in pairs:
+
+        def check(pair: tuple) -> tuple[str | None, str | None]:
+            """(damage, index problem) of one shard."""
+            manifest, shard = pair
             reader = readers[id(manifest)]
             try:
                 reader.check_shard(shard)
-                problem = _check_pages(reader.storage, shard, repair_index)
+                return None, _check_pages(reader.storage, shard, repair_index)
             except CorruptSnapshotError as e:
-                problems.append(str(e))
-                kinds.add("damage")
+                return str(e), None
             except OSError as e:  # unreadable (permissions, network): not proven sound
-                problems.append(f"snapshot {snap.short_id} shard {shard.path!r} cannot be "
-                                f"read: {e}")
+                return (f"snapshot {snap.short_id} shard {shard.path!r} cannot be read: "
+                        f"{e}"), None
+
+        for (manifest, shard), (damage, problem) in zip(pairs, _in_order(check, pairs,
+                                                                          storage.local)):
+            if damage is not None:
+                problems.append(damage)
                 kinds.add("damage")
-            else:
-                if problem is not None:
-                    (repaired if repair_index else index_problems).append(
-                        f"shard {shard.path!r}: {problem}")
+            elif problem is not None:
+                (repaired if repair_index else index_problems).append(
+                    f"shard {shard.path!r}: {problem}")
             checked += shard.bytes
             done += shard.bytes
             if progress is not None:
@@ -223,6 +231,28 @@ def _advice(snap: SnapshotInfo, root: str, kinds: set[str]) -> str:
         ways.append("a version written by a newer snapcache is not damaged: upgrade snapcache "
                     "to read it")
     return "; ".join(ways)
+
+
+VERIFY_THREADS = 4
+"""Shards of a snapshot on remote storage checked at once: each is one download (a whole shard
+in memory, so at most this many) and then CPU (hash, decode), which overlap; one at a time,
+a snapshot of 64 MB shards on S3 verified at the speed of one connection."""
+
+
+def _in_order(check: Callable, pairs: list, local: bool) -> Iterable:
+    """``check`` of each pair, in order: on remote storage :data:`VERIFY_THREADS` at a time,
+    never more than that many ahead of the one being reported (each holds a shard)."""
+    if local or len(pairs) < 2:
+        yield from map(check, pairs)
+        return
+    with ThreadPoolExecutor(VERIFY_THREADS, thread_name_prefix="snapcache-verify") as pool:
+        pending: collections.deque = collections.deque()
+        for pair in pairs:
+            pending.append(pool.submit(check, pair))
+            if len(pending) >= VERIFY_THREADS:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _check_pages(storage: Storage, shard: ShardInfo, repair: bool) -> str | None:

@@ -15,6 +15,7 @@ import snapcache as sc
 from admin_fixtures import (abandoned_write, exists, live_lease, make_snapshot,
                             run_cli, set_last_used, two_versions)
 from snapcache import admin
+from snapcache.admin.verify import VERIFY_THREADS
 from snapcache.store.fs import Storage
 
 
@@ -149,6 +150,26 @@ def test_verify_finds_a_flipped_byte(root, three):
     assert seen == sorted(seen) and seen[-1] == sum(
         c.snapshot.manifest.total_bytes for c in report.checks)
     assert admin.verify(root, ["new"]).ok
+
+
+def test_verify_on_s3_checks_shards_at_once_and_reports_them_in_order(s3_root):
+    """On remote storage the shards are checked several at a time: the same report, each
+    damaged shard named, progress in the order of the shards."""
+    ids = used(s3_root, {"many": 1}, n=400, shard_size=4096)
+    snap = admin.info(s3_root, "many")
+    shards = [s.path for s in snap.manifest.shards]
+    assert len(shards) > 2 * VERIFY_THREADS
+    storage = Storage(s3_root).child(ids["many"])
+    for bad in (shards[1], shards[-2]):  # a flipped byte in two of them
+        data = bytearray(storage.read_bytes(bad))
+        data[len(data) // 2] ^= 0xFF
+        storage.write_atomic(bad, bytes(data))
+    seen = []
+    report = admin.verify(root=s3_root, progress=lambda p: seen.append(p.shard))
+    [check] = report.failed
+    assert [problem.count(bad) for problem, bad in zip(check.problems, (shards[1], shards[-2]))
+            ] == [1, 1] and len(check.problems) == 2
+    assert seen == shards
 
 
 @pytest.mark.parametrize("damage", ["a digit of a batch checksum", "two batches' rows swapped"])
