@@ -166,6 +166,11 @@ def test_at_most_a_few_copies_at_once_and_more_readers_are_told(remote, tmp_path
     release = threading.Event()
     fetches = Fetches(reader.storage, monkeypatch, hold=release)
     assert not reader.prefetch(shards, started=3)
+    # prefetch returns once the first copies hold their shards' locks; each then reads its
+    # shard (found in a CI run under load: the second had not reached its read yet)
+    deadline = time.monotonic() + 60
+    while len(fetches.paths) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert sorted(fetches.paths) == sorted([shards[0].path, shards[1].path])  # two at once
     release.set()
     assert reader.wait_for_cache(60) and len(fetches.paths) == len(shards)
