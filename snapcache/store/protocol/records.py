@@ -97,17 +97,22 @@ class StreamRecord:
 def write_progress(storage: Storage, record: StreamRecord, recorded: int = 0) -> None:
     """Write ``record`` as this run's progress record, ``recorded`` of its shards being in
     the files written before: only the files holding the others are written."""
-    last = max(len(record.shards) - 1, 0) // PROGRESS_PART
+    last = _last_part(record)
     for part in range(min(recorded // PROGRESS_PART, last), last + 1):
         storage.write_atomic(
             layout.progress_name(record.streams, record.stream, record.run_id, part),
             record.dumps_part(part))
 
 
+def _last_part(record: StreamRecord) -> int:
+    """The file of a progress record holding its last shard (0 for a record of none)."""
+    return max(len(record.shards) - 1, 0) // PROGRESS_PART
+
+
 def remove_progress(storage: Storage, record: StreamRecord) -> None:
     """Remove the files of this run's progress record on ``record``'s stream (``record``:
     what the run recorded last)."""
-    for part in range((max(len(record.shards) - 1, 0) // PROGRESS_PART) + 1):
+    for part in range(_last_part(record) + 1):
         storage.remove(layout.progress_name(record.streams, record.stream, record.run_id, part))
 
 
