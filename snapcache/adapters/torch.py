@@ -16,15 +16,14 @@ This module imports without torch (for :func:`numpy_example`); :func:`to_torch` 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import uuid
 import warnings
-import weakref
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from snapcache.adapters import torch_fork
 from snapcache.adapters._imports import require
 from snapcache.errors import CacheBypassedWarning, warn
 from snapcache.options import distributed_env
@@ -292,10 +291,10 @@ class TorchDataset(_Base):  # type: ignore[misc,valid-type]
         # of that very graph: they start with them as forked workers inherit them, instead of
         # each taking them again every epoch (hashing in-memory sources, stating the files a
         # from_torch dataset names). Any other copy takes its own.
-        starting = _starting_loader()
+        starting = torch_fork.starting_loader()
         if starting is not None and starting[0] is not self:
             starting = None  # another loader's workers: this is some other copy
-        if starting is not None:  # spawned workers: see _before_fork
+        if starting is not None:  # spawned workers: see torch_fork.before_fork
             self._resuming(starting[4])
         state = dict(self.__dict__)
         state["_iterator"] = None  # a running iteration stays in its process
@@ -359,105 +358,8 @@ def to_torch(dataset: Any, *, rank: int | None = None, world_size: int | None = 
     queries.take_fingerprints(dataset)  # once, here: workers started each epoch get it
     torch_dataset = TorchDataset(dataset, rank=rank, world_size=world_size,
                                  drop_remainder=drop_remainder, pad=pad, state=state)
-    _live.add(torch_dataset)
-    if not queries.hold_for_workers(dataset):  # not committed yet: before a later fork
-        _not_held.add(torch_dataset)
+    torch_fork.track(torch_dataset)
     return torch_dataset
-
-
-_not_held: "weakref.WeakSet[TorchDataset]" = weakref.WeakSet()
-
-
-def _hold_before_fork() -> None:
-    """Before this process forks (a DataLoader starting its workers): hold, here, the read
-    lease of each loader dataset's snapshots that were not committed when ``to_torch`` was
-    called and are now (after the writing epoch), so that workers started afresh every epoch
-    take no lease of their own. Nothing happens once they are held."""
-    for torch_dataset in list(_not_held):
-        try:
-            if queries.hold_for_workers(torch_dataset.dataset):
-                _not_held.discard(torch_dataset)
-        except Exception as e:  # never fail a fork; the workers then take their own leases
-            log.debug("snapshot read lease not taken before fork: %r", e)
-
-
-_live: "weakref.WeakSet[TorchDataset]" = weakref.WeakSet()
-_checked_for: str | None = None  # the epoch token the last check before a fork was made for
-
-
-def _check_before_fork(starting: "tuple[TorchDataset, int, int, bool, Any] | None"
-                       ) -> "TorchDataset | None":
-    """Before a DataLoader forks the workers of an epoch, get them ready here, once
-    (:func:`queries.prepare_workers <snapcache.pipeline.queries.prepare_workers>`): the
-    snapshots' manifests checked under the epoch token the workers will compute
-    (``_epoch_token``), so that they find the check and make no request; with a node-local
-    cache, the shards they will read fetched into it here, in their order; s3fs imported
-    here if they will still fetch some. A forked worker cannot use this process's obstore
-    runtime: each would otherwise start s3fs (~0.5 CPU s) for one HEAD, and fetch its shards
-    through it. Found on the stack: the loader's iterator starting its workers holds the
-    dataset, the base seed and the number of workers. Anything else (another fork, spawned
-    workers, a loader of another kind) leaves the workers to do it all themselves, as before.
-    ``starting``: :func:`_starting_loader`. The dataset if its snapshots are committed and
-    their read leases held here."""
-    global _checked_for
-    if starting is None:
-        return None
-    dataset, base_seed, workers, persistent, _ = starting
-    token = dataset._token(base_seed, dataset._epochs + 1)
-    if token == _checked_for:  # the epoch's second worker
-        return None
-    _checked_for = token
-    try:
-        rank, world_size = dataset._rank()
-        held = queries.prepare_workers(
-            dataset.dataset, token, epoch=dataset.epoch, balance=dataset.balance,
-            streams=[(rank * workers + w, world_size * workers) for w in range(workers)],
-            persistent=persistent)
-    except Exception as e:  # never fail a fork; the workers then do it themselves
-        log.debug("workers not prepared before fork: %r", e)
-        return None
-    return dataset if held else None
-
-
-def _starting_loader() -> tuple[TorchDataset, int, int, bool, dict | None] | None:
-    """(dataset, base seed, number of workers, whether they are persistent, the loader state
-    they resume) of the DataLoader iterator on this thread's stack that is starting its worker
-    processes, if any (torch's and torchdata's hold them as ``_dataset``, ``_base_seed``,
-    ``_num_workers`` and ``_persistent_workers``; torchdata's ``__init__`` has the state it
-    resumes as ``next_iter_state``, None when it starts an epoch)."""
-    frame = sys._getframe(1)
-    for _ in range(24):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        dataset = getattr(owner, "_dataset", None)
-        if isinstance(dataset, TorchDataset):
-            base_seed = getattr(owner, "_base_seed", None)
-            workers = getattr(owner, "_num_workers", None)
-            if isinstance(base_seed, int) and isinstance(workers, int) and workers > 0:
-                loaded = frame.f_locals.get("next_iter_state")
-                return dataset, base_seed, workers, \
-                    bool(getattr(owner, "_persistent_workers", True)), \
-                    loaded if isinstance(loaded, dict) else None
-            return None
-        frame = frame.f_back
-    return None
-
-
-def _before_fork() -> None:
-    starting = _starting_loader() if _live else None
-    if starting is not None:
-        starting[0]._workers_starting(starting[1])
-        starting[0]._resuming(starting[4])  # before the check: it may start the next epoch
-    prepared = _check_before_fork(starting)  # holds the read leases too (one manifest check)
-    if prepared is not None:
-        _not_held.discard(prepared)
-    _hold_before_fork()
-    if starting is not None:  # last: under -W error it raises (reported, the fork goes on)
-        starting[0]._warn_if_cache_bypassed(starting[2], starting[3])
-
-
-os.register_at_fork(before=_before_fork)
 
 
 def job_state(loader_state: dict | Sequence[dict]) -> dict | None:
