@@ -4,7 +4,7 @@ On a remote filesystem (S3, ...) the writer does not stream a shard into a remot
 writes the shard into a :class:`Spool` (memory, or a local temporary file once it is large) and,
 once finished, hands it to :class:`Uploads`, which stores it with one request (or a multipart
 upload in parallel parts, see :meth:`snapcache.store.fs.Storage.upload`) on a thread of its
-own. The writer thread meanwhile encodes and compresses the next shard.
+own. The writer meanwhile encodes and compresses the next shard on its caller's thread.
 
 - **Bounded memory.** At most ``in_flight`` finished shards are uploading at once; handing over
   one more waits for the oldest, so the writer holds at most ``in_flight + 1`` shards.
