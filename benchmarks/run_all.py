@@ -76,12 +76,15 @@ NOTES = """### Notes on the targets
   state stays exact), instead of passing every row through five generator layers: token-like
   rows, alternated in one run at load 2.7, 420-656k/s against 235-392k/s on main and on the
   code before the batch-by-batch read path; that path did not cost the one-by-one rate.
-- **The first epoch with a snapshot** writes on a background thread; the consumer's thread
-  validates each example and copies it into a buffer reused from record batch to record
-  batch (~10 us an image-like example; fresh copies page-faulted, ~40 us). Alternated with
-  main at load 1.2-1.6 (4 rounds each): 1.080-1.099x against 1.099-1.159x. What remains of
-  the ~0.15 s: the first record batches' fresh memory, the commit waiting for the last record
-  batch and the manifest's fsync, and the writer thread's CPU when no core is free.
+- **The first epoch with a snapshot** writes each record batch on the consumer's thread
+  (Arrow compresses a batch's buffers on threads of its own, without the GIL): a writer
+  thread of snapcache's own waited for the GIL most of an epoch behind a map that releases it
+  often and briefly (numpy's random generators), and its futile wake-ups slowed the map by
+  35-80% (`store/writer.py`). The consumer's thread validates each example and copies it
+  into a buffer reused from record batch to record batch (~10 us an image-like example;
+  fresh copies page-faulted, ~40 us). What remains of the overhead: that copy, hashing and
+  writing each record batch, the first record batches' fresh memory and the manifest's
+  fsync.
 - **2 processes against 1**: tasks of ~30 ms (at ~10 ms the parent's executor threads took
   0.15-0.25 s of CPU for 2 s of work, from the cores the workers need). Both this row and
   the first epoch run in the first two minutes of the run: with other jobs on the machine

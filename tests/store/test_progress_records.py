@@ -218,3 +218,41 @@ def test_a_writer_killed_after_hundreds_of_shards_is_resumed_from_all_it_recorde
     assert [int(e["i"]) for e in ds] == list(range(n))
     assert calls == list(range(kept.rows, n))
     assert sc.open_snapshot(root, folder).manifest.shards[:len(kept.shards)] == kept.shards
+
+
+def test_a_finished_stream_waiting_for_the_others_reads_each_marker_once(tmp_path):
+    """A stream whose marker is written polls whether some other stream has neither a marker
+    nor a live writer (then it stops waiting after the lease's ttl). Each marker is read at
+    most once while it waits (it used to read every marker, each a full shard list, at every
+    poll), and none of a stream being written."""
+    from snapcache.store.protocol import WriteLease
+    from snapcache.store.protocol.negotiate import _pending_without_writer
+    streams = 8
+    folder = Storage(str(tmp_path)).child("9" * 32)
+    folder.makedirs()
+    for stream in range(3):
+        write_marker(folder, StreamRecord(stream, streams, f"{stream:08x}", (), None))
+    leases = [WriteLease.acquire(folder, run_id=f"{stream:08x}", stream=stream, streams=streams)
+              for stream in range(3, streams)]
+    Counting.read = []
+    counting = Counting(folder.url)
+    confirmed: set = set()
+
+    def pending() -> bool:
+        return _pending_without_writer(counting, streams, counting.listdir(), confirmed)
+
+    for _ in range(5):  # polls
+        assert not pending()
+    assert sorted(name for name in Counting.read if name.startswith("stream-")) == [
+        layout.marker_name(streams, i) for i in range(3)]
+    leases[-1].release()  # the last stream: no writer, no marker
+    assert pending()
+    write_marker(folder, StreamRecord(streams - 1, streams, "f" * 8, (), None))
+    assert not pending()
+    os.remove(os.path.join(folder.root, layout.marker_name(streams, 0)))  # a restarted stream
+    assert pending()
+    with open(os.path.join(folder.root, layout.marker_name(streams, 0)), "w") as f:
+        f.write("{not json")  # a damaged marker counts as missing
+    assert pending()
+    for lease in leases[:-1]:
+        lease.release()

@@ -66,6 +66,7 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
               wait_timeout: float | None = None) -> Decision:
     poll = Poll(wait_timeout)
     orphaned_since: float | None = None
+    confirmed: set[int] = set()  # streams whose marker was read while waiting (see below)
     while True:
         manifest = load_manifest(storage)
         if manifest is not None:
@@ -125,7 +126,7 @@ def negotiate(storage: Storage, *, run_id: str, stream: int = 0, streams: int = 
         now = time.monotonic()
         if mine_done:
             # Our stream is complete; the others must finish before anyone can read.
-            if _pending_without_writer(storage, streams):
+            if _pending_without_writer(storage, streams, names, confirmed):
                 orphaned_since = orphaned_since or now
                 if now - orphaned_since > lease_ttl:
                     missing = sorted(set(range(streams)) - set(load_markers(storage, streams)))
@@ -160,8 +161,22 @@ def _stalled(storage: Storage, stream: int, streams: int, ttl: float) -> LeaseIn
     return None
 
 
-def _pending_without_writer(storage: Storage, streams: int) -> bool:
-    done = set(load_markers(storage, streams))
-    writing = {lease.stream for lease in live_leases(storage)
+def _pending_without_writer(storage: Storage, streams: int, names: list[str],
+                            confirmed: set[int]) -> bool:
+    """Whether a stream of ``streams`` has neither a readable marker nor a live writer, from
+    the folder's listing ``names``. A marker is read only for a stream no live writer holds,
+    and once: ``confirmed`` keeps, from poll to poll, the streams whose marker was read (a
+    marker removed since then is missing from the listing). It used to read every marker,
+    each a full shard list, at every poll."""
+    writing = {lease.stream for lease in live_leases(storage, names)
                if lease.kind == "write" and lease.streams == streams}
-    return any(i not in done and i not in writing for i in range(streams))
+    present = set(names)
+    confirmed &= {i for i in range(streams) if layout.marker_name(streams, i) in present}
+    for i in range(streams):
+        if i in writing or i in confirmed:
+            continue
+        if layout.marker_name(streams, i) not in present or \
+                load_marker(storage, streams, i) is None:
+            return True
+        confirmed.add(i)
+    return False
