@@ -167,13 +167,15 @@ def write_marker(storage: Storage, record: StreamRecord, lease: WriteLease | Non
     this one's over, and their commit removed their markers)."""
     try:
         fence(storage, record, lease)
+        committed = storage.is_file(layout.MANIFEST)
     except StoreError:
         # Its shards were removed by the clean-up after the commit of the writer that took it
         # over (and a resumed heartbeat may have made its lease look like its own again, as
         # below): the manifest says what happened.
-        if not storage.is_file(layout.MANIFEST):
+        committed = storage.is_file(layout.MANIFEST)
+        if not committed:
             raise
-    if storage.is_file(layout.MANIFEST):
+    if committed:
         # A writer stopped inside its heartbeat (after the check, before the write) rewrites
         # its lease file when it resumes, after the one that took over committed and released:
         # the lease then looks like this writer's again, but the manifest says otherwise.
