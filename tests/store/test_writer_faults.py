@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from snapcache.store.fs import Storage
-from snapcache.store.reader import load_manifest
+from snapcache.store.reader import SnapshotReader, load_manifest
 from snapcache.store.writer import SnapshotWriter
 from snapcache.errors import StoreError
 from snapcache.store.options import WriteOptions
@@ -71,3 +71,47 @@ def test_writer_context_manager_commits_or_aborts(tmp_path):
     assert load_manifest(storage).num_examples == 1
     with pytest.raises(RuntimeError, match="already committed"):
         writer.write({"x": 2})
+
+
+def test_an_interruption_inside_a_record_batch_write_keeps_only_whole_shards(
+        tmp_path, monkeypatch):
+    """Record batches are written on the caller's thread, so Ctrl-C can land in the middle
+    of one. The shard in progress is then torn: it is deleted, not kept, even when the
+    interruption asks to keep what was written; finished shards stay recorded, and a resumed
+    run reads every example back."""
+    from snapcache.store import indexed_file
+    from snapcache.store.protocol import best_progress
+    storage = Storage(str(tmp_path)).child(FP)
+    options = WriteOptions(shard_size=100_000, record_batch_size=20_000)
+    real_write = indexed_file.HashingSink.write
+    calls = [0]
+
+    def interrupted(self, data):
+        calls[0] += 1
+        written = real_write(self, data)
+        if calls[0] == 60:  # after the bytes went out: Arrow sees the write fail
+            raise KeyboardInterrupt
+        return written
+
+    monkeypatch.setattr(indexed_file.HashingSink, "write", interrupted)
+    writer = SnapshotWriter(storage, fingerprint=FP, options=options)
+    examples = [{"x": np.random.default_rng(i).random(100)} for i in range(2000)]
+    with pytest.raises(KeyboardInterrupt):
+        for example in examples:
+            writer.write(example)
+    writer.abort(keep=True)  # what an interrupted epoch asks for
+    monkeypatch.setattr(indexed_file.HashingSink, "write", real_write)
+    left = os.listdir(tmp_path / FP)
+    assert not [n for n in left if n.endswith(".tmp")]
+    kept = best_progress(storage, 0, 1)
+    assert kept is not None and kept.shards, "the finished shards are kept"
+    assert {s.path for s in kept.shards} == {n for n in left if n.endswith(".arrow")}
+    resumed = SnapshotWriter(storage, fingerprint=FP, options=options, resume=kept)
+    rows = sum(s.rows for s in kept.shards)
+    for example in examples[rows:]:
+        resumed.write(example)
+    manifest = resumed.commit()
+    assert manifest.num_examples == len(examples)
+    back = [e["x"] for e in SnapshotReader(storage, manifest)]
+    assert len(back) == len(examples)
+    assert all(np.array_equal(a, b["x"]) for a, b in zip(back, examples))
