@@ -21,6 +21,7 @@ import xxhash
 from fsspec.core import url_to_fs
 
 from snapcache.store import checks, fs_s3, layout
+from snapcache.store.background_write import BackgroundFile
 from snapcache.store.fs_s3 import S3Clients, Upload
 
 if TYPE_CHECKING:
@@ -352,13 +353,15 @@ class Storage:
             return  # no folders on S3; s3fs would check the bucket exists (a HEAD) every time
         self.fs.makedirs(self.full(rel), exist_ok=True)
 
-    def open_output(self, rel: str) -> IO[bytes]:
+    def open_output(self, rel: str, background: bool = False) -> Any:
         """A new local file to write into (its folder made if missing; local disk only: a
-        remote file is stored whole by :meth:`upload`)."""
+        remote file is stored whole by :meth:`upload`). ``background``: a
+        :class:`~snapcache.store.background_write.BackgroundFile`, written out by a thread of
+        its own at each ``flush``."""
         if not self.local:
             raise NotImplementedError(f"open_output on {self.url}: remote files are "
                                       f"uploaded whole")
-        return _create(self.full(rel))
+        return _create(self.full(rel), BackgroundFile if background else _open_binary)
 
     def upload(self, rel: str, data: bytes | str) -> None:
         """Store a finished file whole on a remote filesystem: ``data`` is its bytes, or the
@@ -552,13 +555,18 @@ def _mtime(info: dict) -> float | None:
     return None
 
 
-def _create(path: str) -> IO[bytes]:
-    """A new local file, its folder made first; made again if an empty-folder cleanup
-    (:meth:`Storage.remove_if_empty` in another process) removed it in between."""
+def _open_binary(path: str) -> IO[bytes]:
+    return open(path, "wb")
+
+
+def _create(path: str, opener: Callable[[str], Any] = _open_binary) -> Any:
+    """A new local file (``opener(path)``), its folder made first; made again if an
+    empty-folder cleanup (:meth:`Storage.remove_if_empty` in another process) removed it in
+    between."""
     for attempt in range(3):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
-            return open(path, "wb")
+            return opener(path)
         except FileNotFoundError:
             if attempt == 2:
                 raise

@@ -122,6 +122,17 @@ class HashingSink:
             self.closed = True
             self._raw.close()
 
+    def abandon(self) -> None:
+        """Close without caring what becomes of the bytes (the file is about to be removed):
+        a :class:`~snapcache.store.background_write.BackgroundFile` drops what it has not
+        written yet, and no error of the file is raised."""
+        if not self.closed:
+            self.closed = True
+            try:
+                getattr(self._raw, "abandon", self._raw.close)()
+            except OSError:
+                pass
+
 
 def page_table(data: Any, page_size: int) -> bytes:
     """The page table of ``data`` (a shard's bytes) as :meth:`HashingSink.pages` makes it while

@@ -14,10 +14,14 @@ thread holding it lets go of it for long enough. A map that releases the GIL oft
 release hands the GIL straight back to itself, and wakes the waiting thread for nothing. The
 writer thread then waited most of an epoch, and the futile wake-ups slowed the map itself by
 35-80% (token-like rows: 4.3-4.9 s for 100,000 examples against 2.9-3.0 s written on the
-caller's thread, which compression costs ~0.1 s of). A thread that only wrote each record
-batch's bytes to the file (``os.writev``, the GIL needed twice a record batch) still cost that
-epoch 0.4-0.5 s, and saved an image-like epoch with a 1 ms map ~1%: the kernel's copy into the
-page cache stays here.
+caller's thread, which compression costs ~0.1 s of). Even a thread that only writes each
+record batch's bytes to the file (``os.writev``, the GIL needed twice a record batch) cost that
+epoch 0.4-0.5 s. Rows of :data:`BACKGROUND_ROW_BYTES` or more come from a map that works long
+between two releases of the GIL, and there that thread pays: the kernel's copy into the page
+cache (~1.5 ms a MB into fresh memory on a virtual machine) leaves the caller's thread (an
+image-like first epoch with a 1 ms map: 1.06x the epoch without a snapshot, against 1.11-1.12x
+with the copy on the caller's thread). So local shards of such rows are written out by a
+:class:`~snapcache.store.background_write.BackgroundFile`, the others on the caller's thread.
 """
 
 from __future__ import annotations
@@ -96,6 +100,10 @@ its sample comes out at most this share of lz4's (of the raw size when lz4 saves
 lz4 decodes ~3x faster (token-like int32 rows: ~5 GB/s a core against ~1.9 GB/s), which is worth
 more than the bytes zstd saves on a local disk or in the page cache. On remote storage, where
 each byte is downloaded, zstd is taken wherever it saves :data:`MIN_SAVINGS`."""
+BACKGROUND_ROW_BYTES = 16 << 10
+"""A local shard whose first record batch holds rows of this many bytes or more on average is
+written out to its file by a thread (:mod:`snapcache.store.background_write`); smaller rows
+are written on the caller's thread (see the module's docstring)."""
 SAMPLE_BYTES = 1 << 20
 """Bytes of the first record batch compressed to decide."""
 
@@ -184,6 +192,10 @@ class _ShardFile:
         self.tmp = layout.tmp_name(name) if storage.local else name
         self.spool: Spool | None = None
         self.compression = choose_compression(first, options, local=storage.local)
+        # rows this large come from a map that works long between two releases of the GIL:
+        # a thread writing the file out gets the GIL back soon (see background_write)
+        self._background = first.num_rows > 0 and \
+            first.nbytes >= BACKGROUND_ROW_BYTES * first.num_rows
         self._open(first.schema, self.compression)
         self.rows = 0
         self.raw_bytes = 0
@@ -191,7 +203,7 @@ class _ShardFile:
 
     def _output(self) -> Any:
         if self.storage.local:
-            return self.storage.open_output(self.tmp)
+            return self.storage.open_output(self.tmp, background=self._background)
         self.spool = Spool()
         return self.spool
 
@@ -209,6 +221,7 @@ class _ShardFile:
 
     def write(self, batch: pa.RecordBatch, raw_bytes: int) -> None:
         self.writer.write_batch(batch)
+        self.sink.flush()  # a background file's thread writes the record batch out
         self.rows += batch.num_rows
         self.raw_bytes += raw_bytes
         self.batch_rows.append(batch.num_rows)
@@ -261,7 +274,7 @@ class _ShardFile:
             self.writer.close()
         except Exception:  # already broken; the file is removed anyway
             pass
-        self.sink.close()
+        self.sink.abandon()
         if self.spool is not None:
             self.spool.discard()
         elif self.storage.local:  # (a remote shard handed to its upload is the writer's)

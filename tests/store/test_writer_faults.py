@@ -40,7 +40,7 @@ def test_full_disk_raises_and_leaves_nothing(tmp_path, monkeypatch, budget):
     real_open = Storage.open_output
     free = [budget]
     monkeypatch.setattr(Storage, "open_output",
-                        lambda self, rel: FullDisk(real_open(self, rel), free))
+                        lambda self, rel, **kw: FullDisk(real_open(self, rel, **kw), free))
     writer = SnapshotWriter(storage, fingerprint=FP,
                             options=WriteOptions(shard_size=100_000, record_batch_size=20_000))
     with pytest.raises(StoreError, match="No space left.*Nothing was committed"):
@@ -115,3 +115,39 @@ def test_an_interruption_inside_a_record_batch_write_keeps_only_whole_shards(
     back = [e["x"] for e in SnapshotReader(storage, manifest)]
     assert len(back) == len(examples)
     assert all(np.array_equal(a, b["x"]) for a, b in zip(back, examples))
+
+
+@pytest.mark.parametrize("budget", [0, 300_000])
+def test_a_full_disk_met_by_the_thread_writing_large_rows_out_raises_and_leaves_nothing(
+        tmp_path, monkeypatch, budget):
+    """Rows of 16 KB or more are written to their shard's file by a thread
+    (store/background_write.py); its failure comes out of the writer like any other."""
+    from snapcache.store import background_write
+    real = os.writev
+    free = [budget]
+
+    def writev(fd, pieces):
+        free[0] -= sum(memoryview(p).nbytes for p in pieces)
+        if free[0] < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, pieces)
+
+    monkeypatch.setattr(background_write.os, "writev", writev)
+    storage = Storage(str(tmp_path)).child(FP)
+    writer = SnapshotWriter(storage, fingerprint=FP,
+                            options=WriteOptions(shard_size=200_000, record_batch_size=60_000))
+    with pytest.raises(StoreError, match="No space left.*Nothing was committed"):
+        for i in range(200):
+            writer.write({"x": np.random.default_rng(i).random(2500)})  # 20 KB rows
+        writer.commit()
+    writer.abort()
+    assert load_manifest(storage) is None
+    left = os.listdir(tmp_path / FP)
+    assert not [n for n in left if n.endswith(".tmp")]
+    shards = {n for n in left if n.endswith(".arrow")}
+    if budget:
+        assert shards, "the shards finished before the disk was full are kept"
+    if shards:
+        progress = [n for n in left if n.startswith("progress-")]
+        record = json.loads((tmp_path / FP / progress[0]).read_text())
+        assert {s["path"] for s in record["shards"]} == shards
