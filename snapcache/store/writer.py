@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
 
 import numpy as np
@@ -320,6 +321,8 @@ class SnapshotWriter:
         self._latest_schema: dict | None = self._resume_schema
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._uploads: Uploads | None = None  # remote: finished shards uploading
+        self._recorder: ThreadPoolExecutor | None = None  # writes progress records, in order
+        self._recording: Future | None = None  # the last progress record handed to it
         self._state = "open"
         self._batch_target = self.options.batch_target
         self._batch_rows: int | None = None
@@ -439,6 +442,11 @@ class SnapshotWriter:
         if self._uploads is not None:  # wait for those under way: their files are removed next
             self._uploads.close()
             self._uploads = None
+        try:  # recorded shards stay (they are no longer in self._tmp)
+            self._stop_recorder()
+        except Exception as e:
+            log.info("snapshot %s: the last progress record was not written (%s)",
+                     self.storage.url, e)
         for name in self._tmp:
             self.storage.remove(name)
             self.storage.remove(layout.tmp_name(name))
@@ -537,6 +545,7 @@ class SnapshotWriter:
             if self._uploads is not None:
                 uploads, self._uploads = self._uploads, None
                 self._stored(uploads.finish())
+            self._stop_recorder()
         except BaseException as e:
             self._error = e
             raise
@@ -562,12 +571,34 @@ class SnapshotWriter:
         self._stored(stored)
 
     def _stored(self, shards: list[ShardInfo]) -> None:
-        """Record shards that are in place (in order): one progress record for them all."""
+        """Record shards that are in place (in order): one progress record for them all,
+        written by the recorder thread (a PUT on S3, a durable write on local disk: tens of
+        milliseconds the caller's thread does not wait for). Records are written in order, one
+        at a time; the previous one's failure is raised here."""
         if not shards:
             return
+        self._wait_recorded()
         recorded = self._recorded
         for info in shards:
             self._shards.append(info)
             self._tmp.remove(info.path)
-        write_progress(self.storage, self._record(self._latest_schema), recorded)
+        record = self._record(self._latest_schema)
         self._recorded = len(self._shards)
+        if self._recorder is None:
+            self._recorder = ThreadPoolExecutor(1, thread_name_prefix="snapcache-record")
+        self._recording = self._recorder.submit(write_progress, self.storage, record, recorded)
+
+    def _wait_recorded(self) -> None:
+        """Wait for the progress record handed to the recorder last; raise its failure."""
+        if self._recording is not None:
+            recording, self._recording = self._recording, None
+            recording.result()
+
+    def _stop_recorder(self) -> None:
+        """Wait for the last progress record (its failure raised) and stop the recorder."""
+        try:
+            self._wait_recorded()
+        finally:
+            if self._recorder is not None:
+                self._recorder.shutdown(wait=True)
+                self._recorder = None

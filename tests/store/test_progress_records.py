@@ -256,3 +256,32 @@ def test_a_finished_stream_waiting_for_the_others_reads_each_marker_once(tmp_pat
     assert pending()
     for lease in leases[:-1]:
         lease.release()
+
+
+def test_progress_records_are_written_off_the_callers_thread_in_order(tmp_path):
+    """A progress record (a PUT on S3, a durable write on local disk) is written by the
+    writer's recorder thread, one at a time and in order, so the caller's thread does not
+    wait for it; the commit waits for the last one."""
+    import threading
+
+    from snapcache.store.writer import SnapshotWriter
+
+    class Recording(Storage):
+        seen: list = []
+
+        def write_atomic(self, name, data, **kwargs):
+            if name.startswith("progress-"):
+                type(self).seen.append((threading.current_thread().name,
+                                        len(json.loads(data)["shards"])))
+            return super().write_atomic(name, data, **kwargs)
+
+    folder = Recording(Storage(str(tmp_path)).child("7" * 32).url)
+    writer = SnapshotWriter(folder, fingerprint="7" * 32,
+                            options=WriteOptions(shard_size=4000, record_batch_size=1000))
+    for i in range(400):
+        writer.write({"x": np.full(25, i, np.float64)})
+    manifest = writer.commit()
+    counts = [shards for _, shards in Recording.seen]
+    assert len(counts) > 3 and counts == sorted(counts)
+    assert counts[-1] == len(manifest.shards)
+    assert {name.split("_")[0] for name, _ in Recording.seen} == {"snapcache-record"}
