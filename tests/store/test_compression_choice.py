@@ -85,10 +85,14 @@ def shard_sizes(storage):
     return {name: storage.size(name) for name in storage.listdir() if name.endswith(".arrow")}
 
 
-def test_a_compressed_shard_is_never_larger_than_raw(tmp_path):
+@pytest.mark.parametrize("background", [False, True])
+def test_a_compressed_shard_is_never_larger_than_raw(tmp_path, monkeypatch, background):
     """First batches compressible (zeros), the rest small batches of random ints (where each
     compressed buffer's framing outweighs what it saves): the sample says compress, the
-    finished shard is rewritten raw, byte for byte the shard written with compression off."""
+    finished shard is rewritten raw, byte for byte the shard written with compression off.
+    ``background``: the shard's file written out by a thread (as for rows of 16 KB or more)."""
+    if background:
+        monkeypatch.setattr(writer_mod, "BACKGROUND_ROW_BYTES", 0)
     rng = np.random.default_rng(0)
     examples = [0] * 256 + [int(x) for x in rng.integers(0, 2**62, 20_000)]
     sizes = {}
