@@ -53,7 +53,8 @@ class BackgroundFile:
     """
 
     def __init__(self, path: str):
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # 0o666 and the umask decide, as for a file made by open(path, "wb")
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self._pieces: list[Any] = []
         self._small = bytearray()
         self._queue: queue.Queue = queue.Queue(maxsize=IN_FLIGHT)

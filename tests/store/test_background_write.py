@@ -77,3 +77,19 @@ def test_abandon_drops_what_is_pending_and_raises_nothing(tmp_path, monkeypatch)
     f.abandon()
     f.abandon()
     assert f.closed
+
+
+def test_the_file_gets_the_permissions_open_would_give_it(tmp_path):
+    """The umask decides, as for ``open(path, "wb")``: a root shared by a group
+    (umask 002) keeps its shards group-writable."""
+    old = os.umask(0o002)
+    try:
+        f = BackgroundFile(str(tmp_path / "background"))
+        f.write(b"x")
+        f.close()
+        with open(tmp_path / "plain", "wb") as g:
+            g.write(b"x")
+    finally:
+        os.umask(old)
+    mode = os.stat(tmp_path / "background").st_mode & 0o777
+    assert mode == os.stat(tmp_path / "plain").st_mode & 0o777 == 0o664
