@@ -37,7 +37,7 @@ class WriteOptions:
 
     compression: str = "auto"
     """"auto" (the default: each shard gets the codec that reads fastest from where the
-    snapshot lives, see :func:`snapcache.store.writer.choose_compression`), "zstd", "lz4", or
+    snapshot lives, see :func:`snapcache.store.compression.choose_compression`), "zstd", "lz4", or
     "none" (None means "none" too). Whatever is asked, a shard is stored raw when compressing
     it saves too little."""
     compression_level: int | None = None

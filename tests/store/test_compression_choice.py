@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import snapcache as sc
-from snapcache.store import writer as writer_mod
+from snapcache.store import compression, writer as writer_mod
 from snapcache.store.fs import Storage
 from snapcache.store.manifest import Manifest
 from snapcache.store.options import WriteOptions
@@ -121,9 +121,9 @@ def test_choose_compression_on_a_sample():
     zeros = pa.record_batch({"x": pa.array(np.zeros(100_000, np.int64))})
     noise = pa.record_batch({"x": pa.array(np.random.default_rng(1).integers(
         0, 2**62, 100_000))})
-    assert writer_mod.choose_compression(zeros, options) == "lz4"
-    assert writer_mod.choose_compression(noise, options) == "none"
-    assert writer_mod.choose_compression(zeros, WriteOptions(compression="none")) == "none"
+    assert compression.choose_compression(zeros, options) == "lz4"
+    assert compression.choose_compression(noise, options) == "none"
+    assert compression.choose_compression(zeros, WriteOptions(compression="none")) == "none"
 
 
 def test_the_default_picks_per_shard_the_codec_that_reads_fastest_locally(tmp_path):
@@ -162,11 +162,11 @@ def test_the_default_picks_zstd_on_remote_storage_and_an_explicit_codec_is_kept(
     batch = pa.record_batch({"x": pa.array(np.concatenate(
         [tokens(i)["tokens"] for i in range(2000)]))})
     auto = WriteOptions()
-    assert writer_mod.choose_compression(batch, auto, local=True) == "lz4"
-    assert writer_mod.choose_compression(batch, auto, local=False) == "zstd"
+    assert compression.choose_compression(batch, auto, local=True) == "lz4"
+    assert compression.choose_compression(batch, auto, local=False) == "zstd"
     for codec in ("zstd", "lz4"):
         for local in (True, False):
-            assert writer_mod.choose_compression(
+            assert compression.choose_compression(
                 batch, WriteOptions(compression=codec), local=local) == codec
     storage = Storage(f"memory://choice-{os.getpid()}/snap")
     with SnapshotWriter(storage, fingerprint=FP, options=auto) as w:
