@@ -171,12 +171,12 @@ def _pending_without_writer(storage: Storage, streams: int, names: list[str],
     writing = {lease.stream for lease in live_leases(storage, names)
                if lease.kind == "write" and lease.streams == streams}
     present = set(names)
-    confirmed &= {i for i in range(streams) if layout.marker_name(streams, i) in present}
+    marked = {i for i in range(streams) if layout.marker_name(streams, i) in present}
+    confirmed &= marked
     for i in range(streams):
         if i in writing or i in confirmed:
             continue
-        if layout.marker_name(streams, i) not in present or \
-                load_marker(storage, streams, i) is None:
+        if i not in marked or load_marker(storage, streams, i) is None:
             return True
         confirmed.add(i)
     return False
