@@ -59,6 +59,7 @@ class BackgroundFile:
         self._small = bytearray()
         self._queue: queue.Queue = queue.Queue(maxsize=IN_FLIGHT)
         self._error: BaseException | None = None
+        self._dropped = False  # abandoned: what is pending is not written
         self._thread: threading.Thread | None = None
         self.closed = False
 
@@ -114,14 +115,13 @@ class BackgroundFile:
     def _stop(self, drop: bool = False) -> None:
         if self._thread is None:
             return
-        if drop:
-            self._error = self._error or _Dropped()
+        self._dropped = drop
         self._queue.put(_END)
         self._thread.join()
         self._thread = None
 
     def _raise_error(self) -> None:
-        if self._error is not None and not isinstance(self._error, _Dropped):
+        if self._error is not None:
             raise self._error
 
     def _run(self) -> None:
@@ -129,16 +129,12 @@ class BackgroundFile:
             pieces = self._queue.get()
             if pieces is _END:
                 return
-            if self._error is not None:
-                continue  # failed or dropped: nothing more is written
+            if self._error is not None or self._dropped:
+                continue  # failed or abandoned: nothing more is written
             try:
                 _write_all(self._fd, pieces)
             except BaseException as e:  # raised on the caller's thread
                 self._error = e
-
-
-class _Dropped(Exception):
-    """What is pending is not written (:meth:`BackgroundFile.abandon`)."""
 
 
 def _write_all(fd: int, pieces: list[Any]) -> None:
