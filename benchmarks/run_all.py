@@ -181,7 +181,7 @@ def throughput(workdir, sizes, skip_baselines, rounds=READ_ROUNDS):
     return results, systems, identical
 
 
-AB_PAIRS = 6
+AB_PAIRS = 10
 """Pairs of image-like reads, ``none`` and the default, alternated (:func:`default_vs_none`)."""
 
 
