@@ -3,6 +3,7 @@
     python -m benchmarks.throughput write SYSTEM WORKLOAD COMPRESSION N DIR
     python -m benchmarks.throughput read  SYSTEM WORKLOAD COMPRESSION N DIR [PREFETCH_BYTES]
     python -m benchmarks.throughput reread SYSTEM WORKLOAD COMPRESSION N DIR
+    python -m benchmarks.throughput alternate snapcache WORKLOAD A:B N DIR_A DIR_B
 
 Each prints one JSON line. ``reread`` is ``read`` without the one-by-one pass (a repeated
 measurement of the first batch and the batched epochs). Readers run in their own process so peak RSS (``ru_maxrss``) is the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import pickle
 import resource
 import sys
@@ -254,6 +256,28 @@ def read_hf(workload, compression, n, root):
 
 WRITERS = {"snapcache": write_snapcache, "raw": write_raw, "pickle": write_pickle,
            "tfdata": write_tfdata, "hf": write_hf}
+ALTERNATE_EPOCHS = 20
+"""Epochs of each snapshot an ``alternate`` process reads, one of each in turn."""
+
+
+def alternate(workload: str, codecs: str, n: int, root_a: str, root_b: str) -> dict:
+    """Two snapcache snapshots of one workload (``codecs`` "A:B") read in one process, an
+    epoch of one then of the other, :data:`ALTERNATE_EPOCHS` each (which goes first
+    alternates): ``b_over_a`` is A's median epoch time over B's, B's speed relative to A's.
+    Fresh processes of the same reader differ by up to 25% here (each its own mappings and
+    buffers), more than the ~30 ms epochs of one process do, so a comparison of two
+    snapshots is steadiest within one process."""
+    names = codecs.split(":")
+    readers = [read_snapcache(workload, c, n, root)[1]
+               for c, root in zip(names, (root_a, root_b))]
+    epochs: list[list[float]] = [[], []]
+    for i in range(ALTERNATE_EPOCHS):
+        for j in ((0, 1) if i % 2 == 0 else (1, 0)):
+            epochs[j].append(timed(readers[j], n)[0])
+    a, b = (statistics.median(e) for e in epochs)
+    return {"b_over_a": a / b, "epochs_s": {names[0]: epochs[0], names[1]: epochs[1]}}
+
+
 READERS = {"snapcache": read_snapcache, "raw": read_raw, "pickle": read_pickle,
            "tfdata": read_tfdata, "hf": read_hf}
 
@@ -271,6 +295,8 @@ def main(argv):
     n = int(n)
     if phase == "write":
         out = WRITERS[system](workload, compression, n, root)
+    elif phase == "alternate":
+        out = alternate(workload, compression, n, root, argv[6])
     else:
         extra = [int(argv[6])] if len(argv) > 6 and system == "snapcache" else []
         first, batched, single = READERS[system](workload, compression, n, root, *extra)
