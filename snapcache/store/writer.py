@@ -270,6 +270,10 @@ class SnapshotWriter:
         if self._encoder is None:
             self._encoder = Encoder(infer_schema(example))
             self.storage.makedirs()
+            # the first record batch's rows from the first on into one buffer (estimated from
+            # the first example's arrays; the rows are decided once it is added, below)
+            self._encoder.plan_rows(first_batch_rows(max(1, _payload_bytes(example)),
+                                                     self._batch_target))
         if self._encoder.num_rows and _payload_bytes(example) >= self._batch_target:
             # A large example goes into a record batch of its own, so that flushing it does
             # not copy it together with the rows before it (writing N bytes needs ~2N).
@@ -438,6 +442,8 @@ class SnapshotWriter:
         raw = self._encoder.nbytes
         batch = self._encoder.flush()
         self._first_rows = 0  # the next ones at the target's rows
+        if self._batch_rows is not None:
+            self._encoder.plan_rows(self._batch_rows)
         self._latest_schema = self._schema_json()
         try:
             if self._shard is None:

@@ -304,6 +304,49 @@ def test_batches_stay_intact_while_the_encoder_reuses_its_buffers() -> None:
             assert (r["x"] == i).all()
 
 
+
+def test_planned_rows_go_into_one_buffer_from_the_first_batch_on() -> None:
+    """With the rows of the coming batches planned (the writer plans a stream's first record
+    batch before its first row, and the target's rows after each flush), the first batch's
+    rows, and a second batch larger than the first, are copied into one reused buffer each
+    instead of an array of their own each and a concatenation; what does not fit is still
+    copied alone, and every batch reads back intact."""
+    def example(i: int) -> dict:
+        return {"x": np.full((4, 3), i, np.float32), "y": i}
+
+    def address(made: pa.RecordBatch) -> int:
+        return made.column(0).values.buffers()[1].address
+
+    encoder = Encoder(infer_schema(example(0)))
+    held = []
+
+    def batch(lo: int, hi: int) -> pa.RecordBatch:
+        for i in range(lo, hi):
+            encoder.add(example(i))
+        made = encoder.flush()
+        held.append((lo, hi, made))
+        return made
+
+    def slab_addresses() -> set[int]:
+        return {s.ctypes.data for s in encoder._slabs[0]}
+
+    encoder.plan_rows(2)
+    first = batch(0, 2)
+    assert address(first) in slab_addresses()        # the first batch: a buffer already
+    encoder.plan_rows(8)
+    second = batch(2, 10)                            # 4x the first batch's rows
+    assert address(second) in slab_addresses()
+    del first, second
+    held.clear()
+    reused = batch(10, 18)
+    assert address(reused) in slab_addresses() and len(encoder._slabs[0]) == 2
+    batch(18, 30)                                    # more rows than planned: copied alone
+    decoder = Decoder(encoder.observed_schema())
+    for lo, hi, made in held:
+        rows = list(decoder.rows(made))
+        assert [r["y"] for r in rows] == list(range(lo, hi))
+        assert all((r["x"] == i).all() for i, r in zip(range(lo, hi), rows))
+
 def test_empty_flush_and_nbytes() -> None:
     schema = infer_schema((np.zeros((2, 2), np.uint8), "ab", 1))
     encoder = Encoder(schema)
