@@ -75,6 +75,9 @@ class BackgroundFile:
             self._pieces.append(view)  # keeps ``data`` alive until written
         return size
 
+    def fileno(self) -> int:
+        return self._fd
+
     def flush(self) -> None:
         """Hand what was written since the last flush to the thread (waits while
         :data:`IN_FLIGHT` record batches are not written yet)."""

@@ -388,6 +388,18 @@ class Storage:
             return False
         return True
 
+    def make_durable(self, rel: str) -> None:
+        """Flush the bytes of the local file ``rel`` to the disk (``fdatasync``): a power
+        loss after this leaves it whole. Nothing elsewhere (an object store's object is stored
+        once its upload returns)."""
+        if not self.local:
+            return
+        fd = os.open(self.full(rel), os.O_RDONLY)
+        try:
+            getattr(os, "fdatasync", os.fsync)(fd)
+        finally:
+            os.close(fd)
+
     def write_atomic(self, rel: str, data: bytes, *, make_folders: bool = True,
                      durable: bool = True) -> None:
         """Write ``data`` so that readers see either nothing or all of it: on local disk a

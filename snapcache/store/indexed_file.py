@@ -114,6 +114,9 @@ class HashingSink:
     def tell(self) -> int:
         return self.size
 
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
     def flush(self) -> None:
         self._raw.flush()
 

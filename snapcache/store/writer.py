@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
+import os
 from typing import Any, Iterator
 
 import numpy as np
@@ -49,9 +49,10 @@ from snapcache.store.protocol import WriteLease
 from snapcache.store.manifest import (
     CHECKSUM_ALGORITHM, MAX_BATCH_ROWS, Manifest, ShardInfo, now_iso)
 from snapcache.store.schema import Schema, infer_schema, merge_schemas
+from snapcache.store.recorder import FLUSH_BYTES, Recorder
 from snapcache.store.upload import Spool, Uploads
 from snapcache.store.protocol import (
-    StreamRecord, commit_fields, try_commit, write_marker, write_progress)
+    StreamRecord, commit_fields, try_commit, write_marker)
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class _ShardFile:
         self._background = first.num_rows > 0 and \
             first.nbytes >= BACKGROUND_ROW_BYTES * first.num_rows
         self._open(first.schema, self.compression)
+        self._flushed = 0  # bytes flushed to the disk early (flush_due)
         self.rows = 0
         self.raw_bytes = 0
         self.batch_rows: list[int] = []
@@ -145,6 +147,14 @@ class _ShardFile:
         self.rows += batch.num_rows
         self.raw_bytes += raw_bytes
         self.batch_rows.append(batch.num_rows)
+
+    def flush_due(self) -> int | None:
+        """A descriptor of the local file, of its own, once :data:`FLUSH_BYTES` more were
+        written since the last one: for the recorder to flush them to the disk early."""
+        if self.spool is not None or self.sink.size - self._flushed < FLUSH_BYTES:
+            return None
+        self._flushed = self.sink.size
+        return os.dup(self.sink.fileno())
 
     def finish(self) -> ShardInfo:
         self.writer.close()
@@ -240,8 +250,7 @@ class SnapshotWriter:
         self._latest_schema: dict | None = self._resume_schema
         self._tmp: list[str] = []           # in-flight files this writer created, for abort()
         self._uploads: Uploads | None = None  # remote: finished shards uploading
-        self._recorder: ThreadPoolExecutor | None = None  # writes progress records, in order
-        self._recording: Future | None = None  # the last progress record handed to it
+        self._recorder = Recorder(self.storage)  # flushes shards, writes progress records
         self._state = "open"
         self._batch_target = self.options.batch_target
         self._batch_rows: int | None = None
@@ -453,6 +462,9 @@ class SnapshotWriter:
                 self._shard = _ShardFile(self.storage, name, batch, self.options)
             self._shard.write(batch, raw)
             del batch  # written: the encoder may reuse its memory
+            fd = self._shard.flush_due()
+            if fd is not None:
+                self._recorder.flush_early(fd)
             if self._shard.sink.size >= self.options.shard_size:
                 shard, self._shard = self._shard, None
                 self._finish(shard)
@@ -497,33 +509,20 @@ class SnapshotWriter:
 
     def _stored(self, shards: list[ShardInfo]) -> None:
         """Record shards that are in place (in order): one progress record for them all,
-        written by the recorder thread (a PUT on S3, a durable write on local disk: tens of
-        milliseconds the caller's thread does not wait for). Records are written in order, one
-        at a time; the previous one's failure is raised here."""
+        written by the recorder thread (:mod:`snapcache.store.recorder`: on local disk the
+        shards flushed to the disk first), which the caller's thread does not wait for. A
+        failure of the recorder's is raised here, at the next shard's."""
         if not shards:
             return
-        self._wait_recorded()
+        self._recorder.check()
         recorded = self._recorded
         for info in shards:
             self._shards.append(info)
             self._tmp.remove(info.path)
-        record = self._record(self._latest_schema)
         self._recorded = len(self._shards)
-        if self._recorder is None:
-            self._recorder = ThreadPoolExecutor(1, thread_name_prefix="snapcache-record")
-        self._recording = self._recorder.submit(write_progress, self.storage, record, recorded)
-
-    def _wait_recorded(self) -> None:
-        """Wait for the progress record handed to the recorder last; raise its failure."""
-        if self._recording is not None:
-            recording, self._recording = self._recording, None
-            recording.result()
+        self._recorder.record([info.path for info in shards if self.storage.local],
+                              self._record(self._latest_schema), recorded)
 
     def _stop_recorder(self) -> None:
         """Wait for the last progress record (its failure raised) and stop the recorder."""
-        try:
-            self._wait_recorded()
-        finally:
-            if self._recorder is not None:
-                self._recorder.shutdown(wait=True)
-                self._recorder = None
+        self._recorder.stop()

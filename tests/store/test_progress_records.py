@@ -13,6 +13,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import snapcache as sc
 from snapcache.store import layout
@@ -285,3 +286,106 @@ def test_progress_records_are_written_off_the_callers_thread_in_order(tmp_path):
     assert len(counts) > 3 and counts == sorted(counts)
     assert counts[-1] == len(manifest.shards)
     assert {name.split("_")[0] for name, _ in Recording.seen} == {"snapcache-record"}
+
+
+def test_a_progress_record_lists_only_shards_already_flushed_to_the_disk(tmp_path):
+    """Every marker and manifest lists only recorded shards, and a progress record is written
+    only once the bytes of the shards it adds are flushed to the disk (fdatasync): a power
+    loss never leaves a record, marker or manifest listing a shard that was still only in the
+    page cache (torn or empty after the reboot). Local disk; an object store's upload is
+    stored once it returns."""
+    from snapcache.store.writer import SnapshotWriter
+
+    class Syncing(Storage):
+        events: list = []
+
+        def make_durable(self, rel):
+            assert os.path.getsize(self.full(rel)) > 0  # in place, whole
+            type(self).events.append(("durable", rel))
+            return super().make_durable(rel)
+
+        def write_atomic(self, name, data, **kwargs):
+            if name.startswith("progress-"):
+                listed = [s["path"] for s in json.loads(data)["shards"]]
+                type(self).events.append(("record", listed))
+            return super().write_atomic(name, data, **kwargs)
+
+    folder = Syncing(Storage(str(tmp_path)).child("8" * 32).url)
+    writer = SnapshotWriter(folder, fingerprint="8" * 32,
+                            options=WriteOptions(shard_size=4000, record_batch_size=1000))
+    for i in range(400):
+        writer.write({"x": np.full(25, i, np.float64)})
+    manifest = writer.commit()
+    durable: set = set()
+    records = 0
+    for kind, what in Syncing.events:
+        if kind == "durable":
+            durable.add(what)
+        else:
+            records += 1
+            assert set(what) <= durable, f"recorded before flushed: {set(what) - durable}"
+    assert records > 3 and durable == {s.path for s in manifest.shards}
+
+
+def test_a_shard_in_progress_is_flushed_to_the_disk_early(tmp_path, monkeypatch):
+    """Every FLUSH_BYTES written to a local shard, the recorder flushes it to the disk through
+    a descriptor of its own, so that the flush before its record (and before the commit, at
+    the end of an epoch) has little left to write; the descriptors are all closed."""
+    from snapcache.store import recorder as recorder_module
+    from snapcache.store import writer as writer_module
+    from snapcache.store.writer import SnapshotWriter
+
+    monkeypatch.setattr(writer_module, "FLUSH_BYTES", 4000)
+    flushed = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(recorder_module.os, "fdatasync", fdatasync)
+    open_before = len(os.listdir("/proc/self/fd"))
+    folder = Storage(str(tmp_path)).child("9" * 32)
+    writer = SnapshotWriter(folder, fingerprint="9" * 32,
+                            options=WriteOptions(shard_size=20_000, record_batch_size=1000))
+    for i in range(400):
+        writer.write({"x": np.full(25, i, np.float64)})
+    manifest = writer.commit()
+    early = [p for p in flushed if p.endswith(".tmp")]
+    assert len(early) >= 3 * len(manifest.shards) - 3
+    assert {os.path.basename(p) for p in flushed if not p.endswith(".tmp")} == \
+        {s.path for s in manifest.shards}
+    assert len(os.listdir("/proc/self/fd")) == open_before
+
+
+def test_the_first_failure_stops_the_recorder_and_is_raised_on_the_callers_thread(tmp_path):
+    """A progress record that fails (a full disk) stops the recorder: nothing is written
+    after it (a later record rewrites only its newest file, over a record torn half-way),
+    and the failure comes out of check() once done and out of wait()."""
+    from snapcache.store.recorder import Recorder
+
+    class Failing(Storage):
+        writes: list = []
+
+        def write_atomic(self, name, data, **kwargs):
+            type(self).writes.append(name)
+            if len(type(self).writes) == 2:
+                raise OSError(28, "No space left on device")
+            return super().write_atomic(name, data, **kwargs)
+
+    folder = Failing(Storage(str(tmp_path)).child("a" * 32).url)
+    recorder = Recorder(folder)
+    records = [StreamRecord(0, 1, RUN, shards(k), None) for k in (1, 2, 3)]
+    for record in records:
+        recorder.record([], record, 0)
+    fd = os.open(str(tmp_path), os.O_RDONLY)
+    recorder.flush_early(fd)  # skipped after the failure, its descriptor closed
+    with pytest.raises(OSError) as raised:
+        recorder.wait()
+    assert raised.value.errno == 28 and len(Failing.writes) == 2
+    with pytest.raises(OSError):
+        recorder.check()
+    with pytest.raises(OSError):
+        recorder.stop()
+    with pytest.raises(OSError):
+        os.fstat(fd)
