@@ -39,6 +39,18 @@ def with_files(tmp_path, record: StreamRecord) -> Storage:
     return folder
 
 
+def written(folder: Storage, shard_size: int = 4000):
+    """400 rows of 200 bytes written by a SnapshotWriter into ``folder`` in record batches of
+    1,000 bytes; the committed manifest."""
+    from snapcache.store.writer import SnapshotWriter
+
+    writer = SnapshotWriter(folder, fingerprint=os.path.basename(folder.root.rstrip("/")),
+                            options=WriteOptions(shard_size=shard_size, record_batch_size=1000))
+    for i in range(400):
+        writer.write({"x": np.full(25, i, np.float64)})
+    return writer.commit()
+
+
 class Counting(Storage):
     """Storage that keeps the names of the files it writes and reads."""
 
@@ -265,8 +277,6 @@ def test_progress_records_are_written_off_the_callers_thread_in_order(tmp_path):
     wait for it; the commit waits for the last one."""
     import threading
 
-    from snapcache.store.writer import SnapshotWriter
-
     class Recording(Storage):
         seen: list = []
 
@@ -277,11 +287,7 @@ def test_progress_records_are_written_off_the_callers_thread_in_order(tmp_path):
             return super().write_atomic(name, data, **kwargs)
 
     folder = Recording(Storage(str(tmp_path)).child("7" * 32).url)
-    writer = SnapshotWriter(folder, fingerprint="7" * 32,
-                            options=WriteOptions(shard_size=4000, record_batch_size=1000))
-    for i in range(400):
-        writer.write({"x": np.full(25, i, np.float64)})
-    manifest = writer.commit()
+    manifest = written(folder)
     counts = [shards for _, shards in Recording.seen]
     assert len(counts) > 3 and counts == sorted(counts)
     assert counts[-1] == len(manifest.shards)
@@ -294,7 +300,6 @@ def test_a_progress_record_lists_only_shards_already_flushed_to_the_disk(tmp_pat
     loss never leaves a record, marker or manifest listing a shard that was still only in the
     page cache (torn or empty after the reboot). Local disk; an object store's upload is
     stored once it returns."""
-    from snapcache.store.writer import SnapshotWriter
 
     class Syncing(Storage):
         events: list = []
@@ -311,11 +316,7 @@ def test_a_progress_record_lists_only_shards_already_flushed_to_the_disk(tmp_pat
             return super().write_atomic(name, data, **kwargs)
 
     folder = Syncing(Storage(str(tmp_path)).child("8" * 32).url)
-    writer = SnapshotWriter(folder, fingerprint="8" * 32,
-                            options=WriteOptions(shard_size=4000, record_batch_size=1000))
-    for i in range(400):
-        writer.write({"x": np.full(25, i, np.float64)})
-    manifest = writer.commit()
+    manifest = written(folder)
     durable: set = set()
     records = 0
     for kind, what in Syncing.events:
@@ -333,7 +334,6 @@ def test_a_shard_in_progress_is_flushed_to_the_disk_early(tmp_path, monkeypatch)
     the end of an epoch) has little left to write; the descriptors are all closed."""
     from snapcache.store import recorder as recorder_module
     from snapcache.store import writer as writer_module
-    from snapcache.store.writer import SnapshotWriter
 
     monkeypatch.setattr(writer_module, "FLUSH_BYTES", 4000)
     flushed = []
@@ -346,11 +346,7 @@ def test_a_shard_in_progress_is_flushed_to_the_disk_early(tmp_path, monkeypatch)
     monkeypatch.setattr(recorder_module.os, "fdatasync", fdatasync)
     open_before = len(os.listdir("/proc/self/fd"))
     folder = Storage(str(tmp_path)).child("9" * 32)
-    writer = SnapshotWriter(folder, fingerprint="9" * 32,
-                            options=WriteOptions(shard_size=20_000, record_batch_size=1000))
-    for i in range(400):
-        writer.write({"x": np.full(25, i, np.float64)})
-    manifest = writer.commit()
+    manifest = written(folder, shard_size=20_000)
     early = [p for p in flushed if p.endswith(".tmp")]
     assert len(early) >= 3 * len(manifest.shards) - 3
     assert {os.path.basename(p) for p in flushed if not p.endswith(".tmp")} == \
