@@ -4,6 +4,7 @@ old last-use times, and the console script in a subprocess. Work on local and S3
 from __future__ import annotations
 
 import gc
+import threading
 import json
 import os
 import subprocess
@@ -109,6 +110,9 @@ def two_versions(tmp_path, root: str) -> tuple[str, str]:
         assert len(list(ds)) == 4 + version - 1
         del ds  # a pipeline that can read again holds a read lease: let it go
         gc.collect()
+        for thread in threading.enumerate():  # its release runs on a thread: wait for it
+            if thread.name == "snapcache-release-read-lease":
+                thread.join()
     [snap] = [s for s in sc.ls(root) if s.name == "logs"]
     assert snap.versions == (1, 2)
     return snap.id, os.path.join(root, snap.id)

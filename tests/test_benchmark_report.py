@@ -3,6 +3,10 @@ section into docs/benchmarks.md without touching the others."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from benchmarks import report
 
 
@@ -89,21 +93,26 @@ def test_the_runtime_benchmark_reads_every_system_in_rounds_and_counts_the_faste
     assert "single_ex_s" not in row
 
 
-def test_default_against_none_is_read_in_alternated_pairs(monkeypatch):
-    """run_all.default_vs_none: the image-like default and ``none`` are read one right after
-    the other, which goes first alternating, and each pair gives the default's MB/s over
-    none's; a failed read is said, not averaged in."""
+def test_default_against_none_is_read_alternately_within_each_process(monkeypatch):
+    """run_all.default_vs_none: each process reads both image-like snapshots, an epoch of one
+    then of the other (throughput "alternate"), which goes first alternating from process to
+    process, and each gives the default's speed over none's; a failed read is said, not
+    averaged in."""
     from benchmarks import run_all
 
-    calls, speed = [], {"none": 100.0, "auto": 95.0}
+    calls = []
+    speed = {"none": 100.0, "auto": 95.0}  # MB/s
 
-    def sub(*args):
-        calls.append(args[3])
-        return {"batched_mb_s": speed[args[3]]}
+    def sub(phase, system, workload, codecs, n, root_a, root_b):
+        a, b = codecs.split(":")
+        calls.append((phase, codecs, os.path.basename(root_a), os.path.basename(root_b)))
+        return {"b_over_a": speed[b] / speed[a]}
 
     monkeypatch.setattr(run_all, "sub", sub)
-    got = run_all.default_vs_none("/nowhere", 512, pairs=3)
-    assert calls == ["none", "auto", "auto", "none", "none", "auto"]
-    assert got["ratios"] == [0.95] * 3
+    got = run_all.default_vs_none("/nowhere", 512, processes=3)
+    assert [c[1] for c in calls] == ["none:auto", "auto:none", "none:auto"]
+    assert all(c[0] == "alternate" and c[2].endswith(c[1].split(":")[0]) and
+               c[3].endswith(c[1].split(":")[1]) for c in calls)
+    assert got["ratios"] == pytest.approx([0.95] * 3)
     monkeypatch.setattr(run_all, "sub", lambda *a: {"error": "boom"})
-    assert run_all.default_vs_none("/nowhere", 512, pairs=3) == {"error": "boom"}
+    assert run_all.default_vs_none("/nowhere", 512, processes=3) == {"error": "boom"}
