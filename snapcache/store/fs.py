@@ -14,7 +14,7 @@ import os
 import posixpath
 import re
 import threading
-from typing import IO, TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import fsspec
 import xxhash
@@ -22,6 +22,8 @@ from fsspec.core import url_to_fs
 
 from snapcache.store import checks, fs_s3, layout
 from snapcache.store.background_write import BackgroundFile
+from snapcache.store.local_files import (create, flush_to_disk, fsync_dir, open_binary,
+                                         silent_remove)
 from snapcache.store.fs_s3 import S3Clients, Upload
 
 if TYPE_CHECKING:
@@ -361,7 +363,7 @@ class Storage:
         if not self.local:
             raise NotImplementedError(f"open_output on {self.url}: remote files are "
                                       f"uploaded whole")
-        return _create(self.full(rel), BackgroundFile if background else _open_binary)
+        return create(self.full(rel), BackgroundFile if background else open_binary)
 
     def upload(self, rel: str, data: bytes | str) -> None:
         """Store a finished file whole on a remote filesystem: ``data`` is its bytes, or the
@@ -396,7 +398,7 @@ class Storage:
             return
         fd = os.open(self.full(rel), os.O_RDONLY)
         try:
-            getattr(os, "fdatasync", os.fsync)(fd)
+            flush_to_disk(fd)
         finally:
             os.close(fd)
 
@@ -418,17 +420,17 @@ class Storage:
             os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = layout.tmp_name(target)
         try:
-            with (_create(tmp) if make_folders else open(tmp, "wb")) as f:
+            with (create(tmp) if make_folders else open(tmp, "wb")) as f:
                 f.write(data)
                 if durable:
                     f.flush()
                     os.fsync(f.fileno())
             os.replace(tmp, target)
         except BaseException:
-            _silent_remove(tmp)
+            silent_remove(tmp)
             raise
         if durable:
-            _fsync_dir(os.path.dirname(target))
+            fsync_dir(os.path.dirname(target))
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Create ``rel`` holding ``data`` only if it does not exist; True if this call created it.
@@ -447,7 +449,7 @@ class Storage:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             tmp = layout.tmp_name(target)
             try:
-                with _create(tmp) as f:   # a full disk fails here: nothing may stay
+                with create(tmp) as f:   # a full disk fails here: nothing may stay
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
@@ -456,7 +458,7 @@ class Storage:
             except FileExistsError:
                 return False
             finally:
-                _silent_remove(tmp)
+                silent_remove(tmp)
         if self._s3:  # settled by reading back when the PUT's answer is lost
             return fs_s3.create_exclusive(self._s3.client(), target, data)
         with _MEMORY_LOCK:
@@ -565,41 +567,3 @@ def _mtime(info: dict) -> float | None:
         if value is not None:
             return value.timestamp() if hasattr(value, "timestamp") else float(value)
     return None
-
-
-def _open_binary(path: str) -> IO[bytes]:
-    return open(path, "wb")
-
-
-def _create(path: str, opener: Callable[[str], Any] = _open_binary) -> Any:
-    """A new local file (``opener(path)``), its folder made first; made again if an
-    empty-folder cleanup (:meth:`Storage.remove_if_empty` in another process) removed it in
-    between."""
-    for attempt in range(3):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            return opener(path)
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _silent_remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 from snapcache.store.fs import Storage
+from snapcache.store.local_files import flush_to_disk
 from snapcache.store.protocol import StreamRecord, write_progress
 
 FLUSH_BYTES = 32 << 20
@@ -50,7 +51,7 @@ class Recorder:
         own, closed once used, so that the file may be renamed or closed meanwhile)."""
         def task() -> None:
             try:
-                getattr(os, "fdatasync", os.fsync)(fd)
+                flush_to_disk(fd)
             finally:
                 os.close(fd)
         try:
