@@ -151,7 +151,7 @@ class _ShardFile:
     def flush_due(self) -> int | None:
         """A descriptor of the local file, of its own, once :data:`FLUSH_BYTES` more were
         written since the last one: for the recorder to flush them to the disk early."""
-        if self.spool is not None or self.sink.size - self._flushed < FLUSH_BYTES:
+        if not self.storage.local or self.sink.size - self._flushed < FLUSH_BYTES:
             return None
         self._flushed = self.sink.size
         return os.dup(self.sink.fileno())
@@ -375,7 +375,7 @@ class SnapshotWriter:
             self._uploads.close()
             self._uploads = None
         try:  # recorded shards stay (they are no longer in self._tmp)
-            self._stop_recorder()
+            self._recorder.stop()
         except Exception as e:
             log.info("snapshot %s: the last progress record was not written (%s)",
                      self.storage.url, e)
@@ -482,7 +482,7 @@ class SnapshotWriter:
             if self._uploads is not None:
                 uploads, self._uploads = self._uploads, None
                 self._stored(uploads.finish())
-            self._stop_recorder()
+            self._recorder.stop()
         except BaseException as e:
             self._error = e
             raise
@@ -520,9 +520,5 @@ class SnapshotWriter:
             self._shards.append(info)
             self._tmp.remove(info.path)
         self._recorded = len(self._shards)
-        self._recorder.record([info.path for info in shards if self.storage.local],
+        self._recorder.record([info.path for info in shards],
                               self._record(self._latest_schema), recorded)
-
-    def _stop_recorder(self) -> None:
-        """Wait for the last progress record (its failure raised) and stop the recorder."""
-        self._recorder.stop()
