@@ -17,8 +17,8 @@ for an unknown or ambiguous snapshot id or a malformed size or duration.
 
 from snapcache.admin.inventory import STATES, SnapshotInfo, info, ls
 from snapcache.admin.purge import OldVersions, PurgeItem, PurgeReport, purge
-from snapcache.admin.units import format_size, parse_duration, parse_size
 from snapcache.admin.verify import SnapshotCheck, VerifyProgress, VerifyReport, verify
+from snapcache.units import format_size, parse_duration, parse_size
 
 __all__ = [
     "STATES", "SnapshotInfo", "ls", "info",

@@ -31,13 +31,12 @@ from datetime import timedelta
 from typing import Any, Iterable, Sequence
 
 from snapcache.admin.inventory import SnapshotInfo, find_all, locate, not_a_root, scan
-from snapcache.admin.units import (format_age, format_names, format_size, parse_duration,
-                                   parse_size)
 from snapcache.store import layout
 from snapcache.store.protocol import versions
 from snapcache.store.fs import Storage
 from snapcache.store.protocol import LeaseInfo, live_leases, withdraw_manifest
 from snapcache.store.options import CoordinationOptions
+from snapcache.units import format_age, format_names, format_size, parse_duration, parse_size
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
           older_than: str | float | timedelta | None = None, max_size: str | int | None = None,
           incomplete: bool = False, old_versions: bool = False, dry_run: bool = False,
           force: bool = False, storage_options: dict | None = None,
-          lease_ttl: float | None = None, plan: PurgeReport | None = None) -> PurgeReport:
+          lease_ttl: float | str | timedelta | None = None, plan: PurgeReport | None = None
+          ) -> PurgeReport:
     """Delete the snapshots selected by any of:
 
     - ``ids``: unique id prefixes or names;
@@ -103,7 +103,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
       (``"200GB"`` or an int); abandoned writes go before committed snapshots;
     - ``incomplete=True``: abandoned writes (no manifest, no live lease); also removes
       temporary files (``*.tmp``) and, on S3, aborts multipart uploads under the root, that are
-      older than ``lease_ttl`` (default: the default lease ttl) in folders without a live lease;
+      older than ``lease_ttl`` (seconds, a ``timedelta`` or ``"5m"``; default: the default
+      lease ttl) in folders without a live lease;
     - ``old_versions=True``: every version but the newest of delta snapshots that stay (a
       shard the newest version still lists stays: shards are reference-counted); skipped
       while the snapshot has a live read or write lease. ``PurgeReport.old_versions`` says
@@ -145,7 +146,8 @@ def purge(root: str | os.PathLike | None = None, *, ids: Iterable[str] = (),
                  for name, size in _leftovers(s, storage.child(s.id))]
     uploads = []
     if incomplete:
-        ttl = CoordinationOptions().lease_ttl if lease_ttl is None else lease_ttl
+        ttl = (CoordinationOptions() if lease_ttl is None
+               else CoordinationOptions(lease_ttl=lease_ttl)).lease_ttl
         gone = {item.snapshot.id for item in chosen}
         seen = {(s.id, name) for s, name, _ in leftovers}
         leftovers += [(s, name, size) for s, name, size in _stale_tmp(snapshots, gone, ttl)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 from snapcache.admin import SnapshotInfo
-from snapcache.admin.units import format_age
+from snapcache.units import format_age
 
 STATE_STYLES = {"committed": "green", "writing": "yellow", "abandoned": "magenta",
                 "corrupt": "bold red", "newer format": "bold yellow"}

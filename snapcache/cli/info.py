@@ -14,10 +14,10 @@ from rich.tree import Tree
 from snapcache.admin import SnapshotInfo, info
 from snapcache.admin.inventory import delta_versions, parse_time, source_files
 from snapcache.admin.purge import describe_leases
-from snapcache.admin.units import format_size
 from snapcache.cli import common
 from snapcache.store.protocol.versions import shard_bytes
 from snapcache.store.schema import Schema
+from snapcache.units import format_size
 
 MAX_SHARD_ROWS = 20
 

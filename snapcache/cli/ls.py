@@ -8,8 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from snapcache.admin.inventory import describe, locate, scan
-from snapcache.admin.units import format_names, format_size
 from snapcache.cli import common
+from snapcache.units import format_names, format_size
 
 
 def add_parser(commands) -> None:

@@ -9,8 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from snapcache.admin import PurgeReport, parse_duration, parse_size, purge
-from snapcache.admin.units import format_size
 from snapcache.cli import common
+from snapcache.units import format_size
 
 
 def add_parser(commands) -> None:

@@ -11,8 +11,8 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                            TimeRemainingColumn, TransferSpeedColumn)
 
 from snapcache.admin import VerifyProgress, VerifyReport, verify
-from snapcache.admin.units import format_size
 from snapcache.cli import common
+from snapcache.units import format_size
 
 
 def add_parser(commands) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from snapcache.errors import RedundantSnapshotWarning, warn
@@ -260,14 +261,15 @@ class Dataset:
         return self._then(ops.CacheOp)
 
     def snapshot(self, path: str | os.PathLike | None = None, *, compression: str | None = "auto",
-                 compression_level: int | None = None, shard_size: int = 64 << 20,
-                 record_batch_size: int = 16 << 20,
+                 compression_level: int | None = None, shard_size: int | str = 64 << 20,
+                 record_batch_size: int | str = 16 << 20,
                  key: str | None = None, name: str | None = None, verify: bool = True,
-                 on_busy: str = "wait", wait_timeout: float | None = None,
-                 lease_ttl: float = 30.0, prefetch_bytes: int | None = None,
+                 on_busy: str = "wait", wait_timeout: float | str | timedelta | None = None,
+                 lease_ttl: float | str | timedelta = 30.0,
+                 prefetch_bytes: int | str | None = None,
                  progress: bool | Callable[[Any], None] = True,
                  local_cache: str | os.PathLike | None = None,
-                 local_cache_limit: int = 50 << 30,
+                 local_cache_limit: int | str = 50 << 30,
                  storage_options: dict | None = None, delta: bool | None = None,
                  on_corrupt: str = "raise") -> "Dataset":
         """Persist the examples up to here under ``path`` (a folder or fsspec URL; default
@@ -296,6 +298,10 @@ class Dataset:
 
         For remote roots (``s3://...``), ``local_cache=DIR`` keeps copies of the shards read in
         ``DIR``, at most ``local_cache_limit`` bytes, least recently used evicted first.
+
+        Sizes are bytes or strings such as ``"256MB"`` or ``"1GiB"`` (KB, MB, GB are powers of
+        1000; KiB, MiB, GiB of 1024, as in the CLI); durations are seconds, a ``timedelta`` or
+        strings such as ``"90s"``, ``"5m"``, ``"2h"``.
 
         A snapshot of files (``from_files``/``from_parquet``, then only element-wise ops such
         as ``map``, ``filter``, ``interleave``, ``prefetch``, and no ``key``) is a *delta

@@ -4,16 +4,22 @@ it when it is built (never set on it afterwards).
 
 ``snapcache.options.SnapshotOptions`` composes the three with what the pipeline adds (``key``,
 ``name``, ``progress``, ``storage_options``); ``Dataset.snapshot(...)`` builds it from keywords.
-Each option is validated here, once, in the class that owns it.
+Each option is validated here, once, in the class that owns it; sizes and durations may be
+given as people type them, and are kept as bytes and seconds.
 
 >>> WriteOptions(compression="lz4").shard_size == 64 << 20
 True
+>>> WriteOptions(shard_size="256MiB").shard_size, CoordinationOptions(lease_ttl="2m").lease_ttl
+(268435456, 120.0)
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
+
+from snapcache.units import parse_duration, parse_size
 
 COMPRESSIONS = ("auto", "zstd", "lz4", "none")
 ON_BUSY = ("wait", "compute")
@@ -21,9 +27,38 @@ ON_BUSY = ("wait", "compute")
 _MiB = 1 << 20
 
 
-def _positive_bytes(value: object, name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive number of bytes; got {value!r}")
+def _bytes(options: Any, name: str, *, optional: bool = False) -> None:
+    """Option ``name`` of ``options`` as a positive int of bytes, in place: given as one, or as
+    a size as people type it ("64MB", "1.5GiB": :func:`snapcache.units.parse_size`)."""
+    value = getattr(options, name)
+    if optional and value is None:
+        return
+    try:
+        size = parse_size(value)
+    except (TypeError, ValueError):
+        size = 0
+    if size <= 0:
+        raise ValueError(f"{name} must be {'None or ' if optional else ''}a positive number of "
+                         f"bytes or a size such as '64MB' or '1GiB'; got {value!r}")
+    object.__setattr__(options, name, size)
+
+
+def _seconds(options: Any, name: str, *, optional: bool = False, zero: bool = False) -> None:
+    """Option ``name`` of ``options`` as a float of seconds, in place: given as a number, a
+    ``timedelta`` or a duration as people type it ("90s", "5m", "2h":
+    :func:`snapcache.units.parse_duration`); positive (``zero``: or 0)."""
+    value = getattr(options, name)
+    if optional and value is None:
+        return
+    try:
+        seconds = parse_duration(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not seconds >= 0 or (seconds == 0 and not zero):  # NaN too
+        raise ValueError(f"{name} must be {'None or ' if optional else ''}"
+                         f"{'seconds >= 0' if zero else 'a positive number of seconds'}, a "
+                         f"timedelta or a duration such as '90s' or '5m'; got {value!r}")
+    object.__setattr__(options, name, seconds)
 
 
 FIRST_RECORD_BATCH = 1 * _MiB
@@ -70,8 +105,8 @@ class WriteOptions:
                              f"{self.compression!r} "
                              + ("picks the codec per shard" if self.compression == "auto"
                                 else "compresses nothing") + "): pass one of them with it")
-        _positive_bytes(self.shard_size, "shard_size")
-        _positive_bytes(self.record_batch_size, "record_batch_size")
+        _bytes(self, "shard_size")
+        _bytes(self, "record_batch_size")
         if not isinstance(self.uploads_in_flight, int) or isinstance(self.uploads_in_flight, bool) \
                 or self.uploads_in_flight < 1:
             raise ValueError(f"uploads_in_flight must be an int >= 1; got "
@@ -92,17 +127,10 @@ class ReadOptions:
     """Bytes the local cache may hold at most."""
 
     def __post_init__(self) -> None:
-        if self.prefetch_bytes is not None:
-            try:
-                _positive_bytes(self.prefetch_bytes, "prefetch_bytes")
-            except ValueError:
-                raise ValueError(f"prefetch_bytes must be None or a positive number of bytes; "
-                                 f"got {self.prefetch_bytes!r}") from None
+        _bytes(self, "prefetch_bytes", optional=True)
         if self.local_cache is not None and not isinstance(self.local_cache, (str, os.PathLike)):
             raise ValueError(f"local_cache must be a folder path; got {self.local_cache!r}")
-        if not isinstance(self.local_cache_limit, int) or self.local_cache_limit <= 0:
-            raise ValueError("local_cache_limit must be a positive number of bytes; got "
-                             f"{self.local_cache_limit!r}")
+        _bytes(self, "local_cache_limit")
 
 
 @dataclass(frozen=True)
@@ -121,8 +149,5 @@ class CoordinationOptions:
         if self.on_busy not in ON_BUSY:
             raise ValueError(f"on_busy must be one of {', '.join(map(repr, ON_BUSY))}; "
                              f"got {self.on_busy!r}")
-        if self.wait_timeout is not None and not (
-                isinstance(self.wait_timeout, (int, float)) and self.wait_timeout >= 0):
-            raise ValueError(f"wait_timeout must be None or seconds >= 0; got {self.wait_timeout!r}")
-        if not isinstance(self.lease_ttl, (int, float)) or self.lease_ttl <= 0:
-            raise ValueError(f"lease_ttl must be a positive number of seconds; got {self.lease_ttl!r}")
+        _seconds(self, "wait_timeout", optional=True, zero=True)
+        _seconds(self, "lease_ttl")

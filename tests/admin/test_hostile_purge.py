@@ -103,6 +103,23 @@ def _age(path, seconds):
     os.utime(path, (when, when))
 
 
+def test_purge_reads_lease_ttl_as_people_type_it(root):
+    """A temporary file is stale once older than ``lease_ttl``: given as "5m" it is 300 s."""
+    from snapcache.store import layout
+
+    folder = os.path.join(root, make_snapshot(root, "snap"))
+    path = os.path.join(folder, layout.tmp_name("x.arrow"))
+    with open(path, "wb") as f:
+        f.write(b"partial")
+    _age(path, 120)
+    assert sc.purge(root, incomplete=True, lease_ttl="5m").tidied == ()
+    with pytest.raises(ValueError, match="lease_ttl must be a positive number of seconds"):
+        sc.purge(root, incomplete=True, lease_ttl="soon")
+    assert os.path.exists(path)
+    assert len(sc.purge(root, incomplete=True, lease_ttl="1m").tidied) == 1
+    assert not os.path.exists(path)
+
+
 def test_purge_incomplete_removes_stale_temporary_files_and_ls_counts_them(root):
     fp = make_snapshot(root, "snap")
     folder = os.path.join(root, fp)

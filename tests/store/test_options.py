@@ -4,6 +4,9 @@ and given at construction."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
+from datetime import timedelta
 
 import pytest
 
@@ -30,6 +33,59 @@ from snapcache.store.reader import SnapshotReader, load_manifest
 def test_each_part_validates_its_own_fields(cls, kwargs, match):
     with pytest.raises(ValueError, match=match):
         cls(**kwargs)
+
+
+@pytest.mark.parametrize("cls, name, given, kept", [
+    (WriteOptions, "shard_size", "256MiB", 256 << 20),
+    (WriteOptions, "shard_size", "64MB", 64_000_000),
+    (WriteOptions, "record_batch_size", "1.5 MiB", 3 << 19),
+    (WriteOptions, "shard_size", 12345, 12345),
+    (ReadOptions, "prefetch_bytes", "2GiB", 2 << 30),
+    (ReadOptions, "local_cache_limit", "1TB", 10**12),
+    (CoordinationOptions, "lease_ttl", "2m", 120.0),
+    (CoordinationOptions, "lease_ttl", timedelta(seconds=90), 90.0),
+    (CoordinationOptions, "lease_ttl", 5, 5.0),
+    (CoordinationOptions, "wait_timeout", "1h", 3600.0),
+    (CoordinationOptions, "wait_timeout", "0s", 0.0),
+])
+def test_sizes_and_durations_as_people_type_them_are_kept_as_bytes_and_seconds(
+        cls, name, given, kept):
+    value = getattr(cls(**{name: given}), name)
+    assert value == kept and type(value) is type(kept)
+
+
+@pytest.mark.parametrize("cls, kwargs, match", [
+    (WriteOptions, dict(shard_size="64XB"), r"shard_size must be a positive number of bytes or "
+                                            r"a size such as '64MB' or '1GiB'; got '64XB'"),
+    (WriteOptions, dict(shard_size="0MB"), "shard_size must be a positive"),
+    (WriteOptions, dict(shard_size=1.5e6), "shard_size"),
+    (ReadOptions, dict(prefetch_bytes="lots"), "prefetch_bytes must be None or a positive"),
+    (CoordinationOptions, dict(lease_ttl="30"), r"lease_ttl must be a positive number of "
+                                                r"seconds, a timedelta or a duration such as "
+                                                r"'90s' or '5m'; got '30'"),
+    (CoordinationOptions, dict(lease_ttl=math.nan), "lease_ttl"),
+    (CoordinationOptions, dict(lease_ttl="0s"), "lease_ttl"),
+    (CoordinationOptions, dict(wait_timeout="-5s"), "wait_timeout must be None or seconds >= 0"),
+    (CoordinationOptions, dict(wait_timeout=timedelta(seconds=-1)), "wait_timeout"),
+])
+def test_a_size_or_duration_that_does_not_parse_names_the_option_and_the_way(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(**kwargs)
+
+
+def test_a_snapshot_given_sizes_and_durations_as_strings_is_the_one_given_numbers(tmp_path):
+    root = str(tmp_path)
+    written = sc.Dataset.range(1000).snapshot(root, shard_size="4KiB", lease_ttl="1m",
+                                              wait_timeout="30s", progress=False)
+    assert list(written) == list(range(1000))
+    assert len(written.open_snapshot().manifest.shards) > 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "options differ from the snapshot's" warning
+        again = sc.Dataset.range(1000).snapshot(root, shard_size=4096, lease_ttl=60.0,
+                                                progress=False)
+        assert list(again) == list(range(1000))
+    assert again.fingerprint() == written.fingerprint()
+    assert again.explain().hit
 
 
 @pytest.mark.parametrize("cls", [WriteOptions, ReadOptions, CoordinationOptions,

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from snapcache.admin.units import format_age, format_size, parse_duration, parse_size
+from snapcache.units import format_age, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize("text, expected", [
