@@ -8,7 +8,7 @@ Where the spec comes from, in order:
    keep the example structure follow it (ops whose traits say ``structure_preserving``:
    shuffle, batch, filter, take, shard, repeat, prefetch, cache). A snapshot not committed yet is built first (the first epoch's work, done once).
    Dimensions that varied between examples are ``None``; each ``batch`` after the snapshot adds
-   a leading ``None``;
+   a leading ``None``; after a ``padded_batch`` every dimension of an array is ``None``;
 3. otherwise the first example (or batch) of epoch 0: its shapes, with a leading ``None`` for
    each ``batch`` of the pipeline (a batch of batches: the last one, or a remainder of the
    inner batch, is smaller in both). Pass ``element_spec`` when later examples may have other
@@ -48,12 +48,17 @@ def infer_element_spec(dataset: Any) -> Any:
     structure = queries.snapshot_structure(dataset)
     if structure is not None:
         schema, batch_dims = structure
-        return spec_from_schema(tf, schema, batch_dims)
-    first = next(iter(dataset.iterate(epoch=0)), _EMPTY)
-    if first is _EMPTY:
-        raise ValueError("ds.to_tf(): the dataset is empty, so its element_spec cannot be "
-                         "inferred; pass to_tf(element_spec=...)")
-    return spec_from_value(tf, first, queries.batch_dims(dataset))
+        spec = spec_from_schema(tf, schema, batch_dims)
+    else:
+        first = next(iter(dataset.iterate(epoch=0)), _EMPTY)
+        if first is _EMPTY:
+            raise ValueError("ds.to_tf(): the dataset is empty, so its element_spec cannot "
+                             "be inferred; pass to_tf(element_spec=...)")
+        spec = spec_from_value(tf, first, queries.batch_dims(dataset))
+    if queries.pads(dataset):  # padded to each batch's longest: no size is known ahead
+        spec = tf.nest.map_structure(
+            lambda s: tf.TensorSpec((None,) * len(s.shape), s.dtype), spec)
+    return spec
 
 
 _EMPTY = object()

@@ -7,6 +7,7 @@ spec (see :mod:`snapcache.pipeline.ops`); nothing runs until the dataset is iter
 from __future__ import annotations
 
 import itertools
+import numbers
 import os
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -25,6 +26,7 @@ from snapcache.pipeline.ops.sources import in_order
 from snapcache.pipeline.rebuild import Rebuilding
 from snapcache.pipeline.streams import StreamSpec, indexable
 from snapcache.runtime import stats
+from snapcache.runtime.batch import Padding
 from snapcache.runtime.process import check_picklable
 from snapcache.pipeline.explain import explain as explain_tree
 from snapcache.store.fs import Storage, check_url
@@ -230,9 +232,35 @@ class Dataset:
         return self._then(ops.FilterOp, predicate=predicate)
 
     def batch(self, batch_size: int, drop_remainder: bool = False) -> "Dataset":
-        """Stack ``batch_size`` consecutive examples per key into numpy arrays."""
+        """Stack ``batch_size`` consecutive examples per key into numpy arrays (of one shape
+        per key: see :meth:`padded_batch` for sequences of different lengths)."""
         _positive_int(batch_size, "batch_size")
         return self._then(ops.BatchOp, batch_size=batch_size, drop_remainder=drop_remainder)
+
+    def padded_batch(self, batch_size: int, padding_values: Any = 0, *,
+                     pad_to_multiple_of: int | None = None,
+                     drop_remainder: bool = False) -> "Dataset":
+        """:meth:`batch` for arrays of different shapes (token sequences, boxes): each array
+        is padded at the end of every dimension to the largest size in its batch, with
+        ``padding_values`` -- one number for every array, or a dict by key (dict examples;
+        only those keys are padded, the others must agree in shape). Scalars, ``str`` and
+        ``bytes`` are stacked as by ``batch``; arrays must agree in their number of
+        dimensions. ``pad_to_multiple_of=m`` rounds each padded array's first dimension up to
+        a multiple of ``m`` (fewer distinct shapes for XLA or ``torch.compile``). Padding
+        happens per batch, after the snapshot when it is downstream of one: the snapshot
+        stores each example at its own length. Exact resume, streams and epochs work as for
+        ``batch``."""
+        _positive_int(batch_size, "batch_size")
+        values = dict(padding_values) if isinstance(padding_values, dict) else padding_values
+        for key, value in (values.items() if isinstance(values, dict) else [(None, values)]):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(
+                    "padding_values must be a number, or a dict of numbers by key; got "
+                    f"{value!r}" + (f" for key {key!r}" if key is not None else ""))
+        multiple = 1 if pad_to_multiple_of is None else pad_to_multiple_of
+        _positive_int(multiple, "pad_to_multiple_of")
+        return self._then(ops.BatchOp, batch_size=batch_size, drop_remainder=drop_remainder,
+                          padding=Padding(values, multiple))
 
     def shuffle(self, buffer_size: int, seed: int | None = None) -> "Dataset":
         """Shuffle through a buffer of ``buffer_size`` examples, differently each epoch;

@@ -161,6 +161,12 @@ def batch_dims(dataset: Any) -> int:
     return sum(node.traits.batch_dims for node in ops.lineage(dataset._op))
 
 
+def pads(dataset: Any) -> bool:
+    """Whether a ``padded_batch`` of the pipeline may change its arrays' trailing shapes."""
+    return any(isinstance(node, ops.BatchOp) and node.padding is not None
+               for node in ops.lineage(dataset._op))
+
+
 def snapshot_structure(dataset: Any) -> tuple[Schema, int] | None:
     """The schema of the pipeline's last snapshot and the batch dimensions added after it,
     when only structure-preserving ops follow the snapshot; building the snapshot first if it

@@ -16,6 +16,7 @@ from snapcache.pipeline import ops, snapshot_exec, streams
 from snapcache.pipeline.completion import committed_reader
 from snapcache.pipeline.shares import piece_rows, read_share
 from snapcache.pipeline.ops import batch as batch_op, shuffle as shuffle_op
+from snapcache.runtime.batch import pad_stacked
 from snapcache.runtime.shuffle import epoch_rng
 from snapcache.store import batched_read
 from snapcache.store.order import EpochOrder
@@ -74,7 +75,8 @@ def run_batch(op: ops.BatchOp, epoch: int) -> Iterator[Any]:
     def body() -> Iterator[Any]:
         try:
             for columns in batched_read.cut_batches(chunks, op.batch_size, op.drop_remainder):
-                yield batched_read.as_structure(columns, schema)
+                batch = batched_read.as_structure(columns, schema)
+                yield batch if op.padding is None else pad_stacked(batch, op.padding)
         finally:
             chunks.close()
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Sequence
 from snapcache.pipeline import ops, streams
 from snapcache.pipeline.shares import piece_rows
 from snapcache.runtime import stats
-from snapcache.runtime.batch import stack
+from snapcache.runtime.batch import pad_stacked, stack
 from snapcache.runtime.errors import mark_position
 from snapcache.runtime.shuffle import buffer_shuffle, epoch_rng
 from snapcache.store import batched_read
@@ -159,7 +159,8 @@ def _columnar(schema: Any, pieces, chunks: Iterator[dict], skip: int,
             return
         for columns in batched_read.cut_batches(chunks, batch.batch_size, batch.drop_remainder):
             position += _rows(columns)
-            yield position, batched_read.as_structure(columns, schema)
+            value = batched_read.as_structure(columns, schema)
+            yield position, value if batch.padding is None else pad_stacked(value, batch.padding)
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
@@ -307,10 +308,10 @@ def run_tagged_batch(op: TaggedBatch, epoch: int) -> Iterator[Any]:
         for item in source:
             chunk.append(item)
             if len(chunk) == op.batch_size:
-                yield chunk[-1][0], stack([v for _, v in chunk])
+                yield chunk[-1][0], stack([v for _, v in chunk], op.padding)
                 chunk = []
         if chunk and not op.drop_remainder:
-            yield chunk[-1][0], stack([v for _, v in chunk])
+            yield chunk[-1][0], stack([v for _, v in chunk], op.padding)
 
     return ops.closing(source, body())
 

@@ -1,7 +1,9 @@
-"""Batching: stack examples into one example of arrays with a leading batch dimension."""
+"""Batching: stack examples into one example of arrays with a leading batch dimension; with
+:class:`Padding`, arrays of different shapes padded to the largest of their batch."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -9,23 +11,44 @@ import numpy as np
 from snapcache.errors import SchemaMismatchError
 
 
-def batch_examples(items: Iterable[Any], batch_size: int, drop_remainder: bool = False
-                   ) -> Iterator[Any]:
+@dataclass(frozen=True)
+class Padding:
+    """How ``padded_batch`` pads: each array at the end of every dimension to the largest size
+    of its batch, with ``values`` (one number for every array, or a dict of numbers by key of
+    dict examples: only those keys are padded), the first dimension then rounded up to a
+    multiple of ``multiple_of`` (fewer distinct shapes for compiled models)."""
+
+    values: Any = 0
+    multiple_of: int = 1
+
+    def value_for(self, key: Any) -> Any:
+        """The padding value of dict key ``key`` (None: not padded), or of any other array."""
+        if isinstance(self.values, dict):
+            return self.values.get(key)
+        return self.values
+
+    def describe(self) -> str:
+        return f"padding_values={self.values!r}" + (
+            f", pad_to_multiple_of={self.multiple_of}" if self.multiple_of > 1 else "")
+
+
+def batch_examples(items: Iterable[Any], batch_size: int, drop_remainder: bool = False,
+                   padding: Padding | None = None) -> Iterator[Any]:
     chunk: list[Any] = []
     for item in items:
         chunk.append(item)
         if len(chunk) == batch_size:
-            yield stack(chunk)
+            yield stack(chunk, padding)
             chunk = []
     if chunk and not drop_remainder:
-        yield stack(chunk)
+        yield stack(chunk, padding)
 
 
-def stack(examples: Sequence[Any]) -> Any:
+def stack(examples: Sequence[Any], padding: Padding | None = None) -> Any:
     """Stack examples of the same structure: dicts per key, tuples per element, values directly.
 
     Numbers and arrays become one numpy array ``(n, *shape)``; ``str`` and ``bytes`` become a
-    1-d object array. Arrays of different shapes cannot be stacked: pad them in a ``map`` first.
+    1-d object array. Arrays of different shapes are padded with ``padding``, else refused.
     """
     first = examples[0]
     if isinstance(first, dict):
@@ -35,17 +58,29 @@ def stack(examples: Sequence[Any]) -> Any:
                 raise SchemaMismatchError(
                     f"batch: examples have different keys ({keys} vs "
                     f"{list(e) if isinstance(e, dict) else type(e).__name__})")
-        return {k: _stack_values([e[k] for e in examples], f"key {k!r}") for k in keys}
+        return {k: _stack_values([e[k] for e in examples], f"key {k!r}",
+                                 _pad_value(padding, k)) for k in keys}
+    if isinstance(padding, Padding) and isinstance(padding.values, dict):
+        raise SchemaMismatchError(
+            f"padded_batch: padding_values is a dict (by key) but the examples are "
+            f"{type(first).__name__}s, not dicts; give one number for every array")
     if isinstance(first, tuple):
         for e in examples:
             if not isinstance(e, tuple) or len(e) != len(first):
                 raise SchemaMismatchError("batch: examples are tuples of different lengths")
-        return tuple(_stack_values([e[i] for e in examples], f"tuple element {i}")
-                     for i in range(len(first)))
-    return _stack_values(list(examples), "the example")
+        return tuple(_stack_values([e[i] for e in examples], f"tuple element {i}",
+                                   _pad_value(padding, i)) for i in range(len(first)))
+    return _stack_values(list(examples), "the example", _pad_value(padding, None))
 
 
-def _stack_values(values: list[Any], where: str) -> Any:
+def _pad_value(padding: Padding | None, key: Any) -> tuple[Any, int] | None:
+    if padding is None:
+        return None
+    value = padding.value_for(key)
+    return None if value is None else (value, padding.multiple_of)
+
+
+def _stack_values(values: list[Any], where: str, pad: tuple[Any, int] | None = None) -> Any:
     first = values[0]
     if isinstance(first, (str, bytes)):
         out = np.empty(len(values), dtype=object)
@@ -53,9 +88,56 @@ def _stack_values(values: list[Any], where: str) -> Any:
         return out
     arrays = [np.asarray(v) for v in values]
     shape = arrays[0].shape
+    if pad is None or not shape:
+        for a in arrays:
+            if a.shape != shape:
+                raise SchemaMismatchError(
+                    f"batch: {where} has examples of different shapes {shape} and {a.shape}; "
+                    + ("padded_batch pads arrays, not scalars" if pad is not None else
+                       "use padded_batch(), or pad or resize them in a map() before batch()"))
+        return np.stack(arrays)
+    value, multiple = pad
     for a in arrays:
-        if a.shape != shape:
+        if a.ndim != len(shape):
             raise SchemaMismatchError(
-                f"batch: {where} has examples of different shapes {shape} and {a.shape}; "
-                "pad or resize them in a map() before batch()")
-    return np.stack(arrays)
+                f"padded_batch: {where} has examples of {len(shape)} and {a.ndim} dimensions "
+                f"({shape} and {a.shape}); padding adds to the sizes of dimensions, never "
+                "dimensions: reshape them in a map() first")
+    target = [max(a.shape[d] for a in arrays) for d in range(len(shape))]
+    target[0] = -(-target[0] // multiple) * multiple
+    dtype = np.result_type(*arrays)
+    try:
+        out = np.full((len(arrays), *target), value, dtype=dtype)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise SchemaMismatchError(f"padded_batch: the padding value {value!r} does not fit "
+                                  f"{where}'s dtype {dtype} ({e}); pass padding_values with "
+                                  "one that does") from None
+    for i, a in enumerate(arrays):
+        out[(i, *(slice(0, n) for n in a.shape))] = a
+    return out
+
+
+def pad_stacked(batch: Any, padding: Padding) -> Any:
+    """A batch stacked without padding (its arrays all of one shape, as whole-column reads cut
+    them) as :func:`stack` with ``padding`` would give it: each padded array's first dimension
+    after the batch's rounded up to a multiple of ``padding.multiple_of``."""
+    if padding.multiple_of == 1:
+        return batch
+    if isinstance(batch, dict):
+        return {k: _round_up(v, _pad_value(padding, k)) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return tuple(_round_up(v, _pad_value(padding, i)) for i, v in enumerate(batch))
+    return _round_up(batch, _pad_value(padding, None))
+
+
+def _round_up(array: Any, pad: tuple[Any, int] | None) -> Any:
+    if pad is None or not isinstance(array, np.ndarray) or array.ndim < 2 or \
+            array.dtype == object:
+        return array
+    value, multiple = pad
+    size = array.shape[1]
+    wanted = -(-size // multiple) * multiple
+    if wanted == size:
+        return array
+    widths = [(0, 0), (0, wanted - size)] + [(0, 0)] * (array.ndim - 2)
+    return np.pad(array, widths, constant_values=value)

@@ -32,14 +32,15 @@ def test_every_op_has_a_runner_and_declares_every_field():
     for cls in ALL_OPS:
         assert cls in ops.RUNNERS, f"{cls.__name__} has no registered runner"
         declared = (set(cls.fingerprint_functions) | set(cls.fingerprint_args)
-                    | set(cls.fingerprint_source) | set(cls.not_fingerprinted))
+                    | set(cls.fingerprint_source) | set(cls.fingerprint_args_if_set)
+                    | set(cls.not_fingerprinted))
         fields = {f.name for f in dataclasses.fields(cls)} - {"parent"}
         assert fields == declared, (
             f"{cls.__name__}: fields {sorted(fields - declared)} are not declared as counting "
             f"or not counting toward the fingerprint; declared but absent: "
             f"{sorted(declared - fields)}")
         counted = (set(cls.fingerprint_functions) | set(cls.fingerprint_args)
-                   | set(cls.fingerprint_source))
+                   | set(cls.fingerprint_source) | set(cls.fingerprint_args_if_set))
         assert not counted & set(cls.not_fingerprinted)
 
 

@@ -9,7 +9,8 @@ every decision follows.
 
 Fingerprints follow the same rule, like HF datasets' ``fingerprint_transform(use_kwargs=...)``:
 each op class lists the fields that decide what it computes (``fingerprint_functions``,
-``fingerprint_args``) and the fields that only decide how (``not_fingerprinted``:
+``fingerprint_args``; ``fingerprint_args_if_set`` when not None) and the fields that only
+decide how (``not_fingerprinted``:
 ``executor``, ``num_parallel_calls``, ...). ``tests/pipeline/test_ops_traits.py`` checks that
 every field of every op is declared one way or the other.
 
@@ -108,6 +109,10 @@ class Op:
     """Fields holding values that decide the output (hashed by :func:`hash_value`)."""
     fingerprint_source: ClassVar[tuple[str, ...]] = ()
     """Fields of a source hashed by its own rule (:meth:`fingerprint_children`)."""
+    fingerprint_args_if_set: ClassVar[tuple[str, ...]] = ()
+    """Fields holding values that decide the output, hashed only when not None: fields added
+    after fingerprints were first taken, so that a pipeline not using them keeps its
+    fingerprint (and its snapshots)."""
     not_fingerprinted: ClassVar[tuple[str, ...]] = ()
     """Fields that decide how, not what (parallelism, executor, buffers, options)."""
 
@@ -149,6 +154,8 @@ class Op:
                                   where=where) for name in self.fingerprint_functions]
         children += [hash_value(getattr(self, name), f"argument `{name}`", where=where)
                      for name in self.fingerprint_args]
+        children += [hash_value(getattr(self, name), f"argument `{name}`", where=where)
+                     for name in self.fingerprint_args_if_set if getattr(self, name) is not None]
         return children
 
     def memo(self, name: str, compute: Callable[[], Any]) -> Any:
