@@ -58,6 +58,12 @@ def stack(examples: Sequence[Any], padding: Padding | None = None) -> Any:
                 raise SchemaMismatchError(
                     f"batch: examples have different keys ({keys} vs "
                     f"{list(e) if isinstance(e, dict) else type(e).__name__})")
+        if padding is not None and isinstance(padding.values, dict) and \
+                not set(padding.values) <= set(keys):
+            raise SchemaMismatchError(
+                f"padded_batch: padding_values names keys the examples do not have: "
+                f"{', '.join(sorted(map(repr, set(padding.values) - set(keys))))} (they have "
+                f"{', '.join(map(repr, keys))})")
         return {k: _stack_values([e[k] for e in examples], f"key {k!r}",
                                  _pad_value(padding, k)) for k in keys}
     if isinstance(padding, Padding) and isinstance(padding.values, dict):
@@ -105,6 +111,8 @@ def _stack_values(values: list[Any], where: str, pad: tuple[Any, int] | None = N
                 "dimensions: reshape them in a map() first")
     target = [max(a.shape[d] for a in arrays) for d in range(len(shape))]
     target[0] = -(-target[0] // multiple) * multiple
+    if tuple(target) == shape and all(a.shape == shape for a in arrays):
+        return np.stack(arrays)  # nothing to pad
     dtype = np.result_type(*arrays)
     try:
         out = np.full((len(arrays), *target), value, dtype=dtype)

@@ -73,6 +73,9 @@ def test_a_dict_of_padding_values_pads_only_its_keys():
      r"padding value -1 does not fit key 'x''s dtype uint8"),
     ([(np.zeros(2),), (np.zeros(3),)], Padding({"x": 0}), "the examples are tuples"),
     ([{"x": np.zeros(2)}, {"x": np.zeros(3)}], None, r"use padded_batch\(\)"),
+    ([{"ids": np.zeros(2)}, {"ids": np.zeros(3)}], Padding({"input_ids": 0}),
+     r"padding_values names keys the examples do not have: 'input_ids' \(they "
+     r"have 'ids'\)"),
 ])
 def test_what_cannot_be_padded_says_why(examples, padding, match):
     with pytest.raises(SchemaMismatchError, match=match):
