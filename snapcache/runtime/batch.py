@@ -120,6 +120,10 @@ def _stack_values(values: list[Any], where: str, pad: tuple[Any, int] | None = N
         raise SchemaMismatchError(f"padded_batch: the padding value {value!r} does not fit "
                                   f"{where}'s dtype {dtype} ({e}); pass padding_values with "
                                   "one that does") from None
+    if len(shape) == 1:  # sequences: one scatter instead of a Python assignment a row
+        lengths = np.fromiter((a.shape[0] for a in arrays), np.int64, len(arrays))
+        out[np.arange(target[0]) < lengths[:, None]] = np.concatenate(arrays)
+        return out
     for i, a in enumerate(arrays):
         out[(i, *(slice(0, n) for n in a.shape))] = a
     return out
