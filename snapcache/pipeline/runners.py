@@ -24,11 +24,12 @@ from snapcache.store.ordered_read import layout_of, ordered_pieces
 
 
 def _fast_columns(snapshot: ops.SnapshotOp, shuffle: ops.ShuffleOp | None, epoch: int,
-                  unit: int = 1) -> tuple[Iterator[dict], Any] | None:
+                  unit: int = 1, ragged: bool = False) -> tuple[Iterator[dict], Any] | None:
     """This stream's share of ``snapshot`` in the epoch's global order, as column chunks, when
-    it is committed and fixed-shape (see :mod:`snapcache.pipeline.ordered`)."""
+    it is committed and fixed-shape, or ``ragged`` allowed (a ``padded_batch`` stacks them;
+    see :mod:`snapcache.pipeline.ordered`)."""
     reader = committed_reader(snapshot)
-    if reader is None or not batched_read.supports_batched(reader.schema):
+    if reader is None or not batched_read.supports_batched(reader.schema, ragged=ragged):
         return None
     spec = streams.current()
     window = shuffle.buffer_size if shuffle is not None else 1
@@ -67,7 +68,8 @@ def _rows(columns: dict) -> int:
 def run_batch(op: ops.BatchOp, epoch: int) -> Iterator[Any]:
     """``snapshot -> [shuffle] -> batch``: batches cut from whole columns; else the generic way."""
     below = ops.snapshot_below(op)
-    fast = _fast_columns(*below, epoch, unit=op.batch_size) if below is not None else None
+    fast = _fast_columns(*below, epoch, unit=op.batch_size, ragged=op.padding is not None) \
+        if below is not None else None
     if fast is None:
         return batch_op.run_batch(op, epoch)
     chunks, schema = fast

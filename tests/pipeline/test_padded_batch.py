@@ -181,3 +181,105 @@ def test_to_torch_and_to_tf_take_padded_batches(root):
     assert tf_ds.element_spec["ids"].shape.as_list() == [None, None]
     widths = {int(b["ids"].shape[1]) for b in tf_ds}
     assert widths == {max(LENGTHS[i:i + 8]) for i in range(0, 40, 8)}
+
+
+# -- whole columns of arrays that differ in shape ---------------------------------------------
+
+def mixed(i):
+    """A sequence, a matrix of a varying number of rows, a fixed vector and a string."""
+    n = LENGTHS[i]
+    return {"id": i, "ids": np.arange(1, n + 1, dtype=np.int32) + 100 * i,
+            "m": np.full((n % 4 + 1, 3), i, np.float32), "box": np.full(4, i, np.int16),
+            "text": "w" * n}
+
+
+READS = {
+    "in order": lambda ds: ds,
+    "shuffled": lambda ds: ds.shuffle(40, seed=1),
+    # record batches of a few rows: shuffle windows decoded whole (store/gather.Window)
+    "small record batches, shuffled": lambda ds: ds.shuffle(60, seed=2),
+}
+
+
+@pytest.mark.parametrize("read", sorted(READS))
+def test_columns_whose_rows_differ_in_shape_are_padded_as_examples_are(root, read, monkeypatch):
+    """A snapshot whose arrays vary in shape is cut into padded batches from whole columns
+    (object arrays of the rows' arrays), not example by example: the same batches as the
+    example path (a map after the snapshot), every row once."""
+    from snapcache.store import ordered_read
+
+    record_batch_size = 512 if read.startswith("small") else 16 << 20
+    snap = sc.Dataset.range(120).map(mixed).snapshot(root, record_batch_size=record_batch_size,
+                                                     progress=False)
+    list(snap)
+    padding = dict(padding_values={"ids": -1, "m": 0}, pad_to_multiple_of=4)
+    decoded = []
+    real = ordered_read.as_columns
+    monkeypatch.setattr(ordered_read, "as_columns",
+                        lambda *a: decoded.append(1) or real(*a))
+    columns = list(READS[read](snap).padded_batch(16, **padding).iterate(3))
+    assert decoded, "the read did not take whole columns"
+    rows = list(READS[read](snap.map(lambda e: e)).padded_batch(16, **padding).iterate(3))
+    assert len(columns) == len(rows) == 8
+    for a, b in zip(columns, rows):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype and np.array_equal(a[key], b[key]), key
+        assert a["ids"].shape[1] % 4 == 0 and a["m"].shape[2] == 3
+        assert a["m"].shape[1] == -(-max(int(i) % 4 + 1 for i in lengths_of(a)) // 4) * 4
+    assert sorted(ids_of(columns)) == list(range(120))
+
+
+def lengths_of(batch):
+    return [LENGTHS[int(i)] for i in batch["id"]]
+
+
+def test_whole_columns_of_arrays_that_differ_still_refuse_to_stack_without_padding(root):
+    snap = sc.Dataset.range(40).map(mixed).snapshot(root, progress=False)
+    list(snap)
+    with pytest.raises(SchemaMismatchError, match="key 'm' has examples of different shapes"):
+        list(snap.padded_batch(8, padding_values={"ids": 0}))
+    with pytest.raises(SchemaMismatchError, match="key 'ids' has examples of different shapes"):
+        list(snap.batch(8))
+    assert [len(b["id"]) for b in snap.padded_batch(8)] == [8] * 5
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+def test_whole_column_padded_epochs_resume_exactly_and_share_out_every_row(root, streams):
+    snap = sc.Dataset.range(120).map(mixed).snapshot(root, shard_size=4096, progress=False)
+    list(snap)
+    ds = snap.shuffle(30, seed=4).padded_batch(8)
+    for k in range(streams):
+        full = list(ds.iterate(1, stream=(k, streams)))
+        it = ds.iterate(1, stream=(k, streams))
+        head = [next(it) for _ in range(2)]
+        state = json.loads(json.dumps(it.state_dict()))
+        it.close()
+        rest = list(ds.iterate(state=state, stream=(k, streams)))
+        assert len(head + rest) == len(full)
+        for a, b in zip(head + rest, full):
+            assert all(np.array_equal(a[key], b[key]) for key in a)
+    shares = [ids_of(ds.iterate(1, stream=(k, streams))) for k in range(streams)]
+    assert sorted(sum(shares, [])) == list(range(120))
+
+
+def test_a_record_batch_whose_rows_happen_to_agree_joins_those_that_differ(root):
+    """A tensor field that varies across the snapshot can have one shape throughout a record
+    batch (here the shard's first, a block of its own); its column is made of rows like the
+    others', so batches that straddle it and a varying one still stack."""
+    def example(i):
+        n = 7 if i < 64 else 3 + i % 11
+        return {"id": i, "ids": np.arange(n, dtype=np.int32) + i}
+
+    snap = sc.Dataset.range(200).map(example).snapshot(root, record_batch_size=1024,
+                                                       progress=False)
+    list(snap)
+    [shard] = snap.open_snapshot().manifest.shards
+    assert shard.batch_rows[0] == 16   # rows 0-15 alone, all of length 7
+    batches = list(snap.padded_batch(24))
+    assert [b["ids"].shape for b in batches[:3]] == [(24, 7), (24, 7), (24, 13)]
+    for b in batches:
+        for i, row in zip(b["id"], b["ids"]):
+            n = 7 if i < 64 else 3 + i % 11
+            assert row[:n].tolist() == list(range(i, i + n)) and not row[n:].any()
+    assert ids_of(batches) == list(range(200))
