@@ -79,14 +79,17 @@ def stack(examples: Sequence[Any], padding: Padding | None = None) -> Any:
     return _stack_values(list(examples), "the example", _pad_value(padding, None))
 
 
-def _pad_value(padding: Padding | None, key: Any) -> tuple[Any, int] | None:
+def _pad_value(padding: Padding | None, key: Any) -> tuple[Any, int] | bool | None:
+    """``(value, multiple_of)`` of ``key``; None without padding (``batch``), False for a key
+    a dict of padding values leaves out."""
     if padding is None:
         return None
     value = padding.value_for(key)
-    return None if value is None else (value, padding.multiple_of)
+    return False if value is None else (value, padding.multiple_of)
 
 
-def _stack_values(values: list[Any], where: str, pad: tuple[Any, int] | None = None) -> Any:
+def _stack_values(values: list[Any], where: str, pad: tuple[Any, int] | bool | None = None
+                  ) -> Any:
     first = values[0]
     if isinstance(first, (str, bytes)):
         out = np.empty(len(values), dtype=object)
@@ -94,13 +97,14 @@ def _stack_values(values: list[Any], where: str, pad: tuple[Any, int] | None = N
         return out
     arrays = [np.asarray(v) for v in values]
     shape = arrays[0].shape
-    if pad is None or not shape:
+    if not pad or not shape:
         for a in arrays:
             if a.shape != shape:
                 raise SchemaMismatchError(
                     f"batch: {where} has examples of different shapes {shape} and {a.shape}; "
-                    + ("padded_batch pads arrays, not scalars" if pad is not None else
-                       "use padded_batch(), or pad or resize them in a map() before batch()"))
+                    + ("use padded_batch(), or pad or resize them in a map() before batch()"
+                       if pad is None else "padding_values does not name it: add it to them"
+                       if pad is False else "padded_batch pads arrays, not scalars"))
         return np.stack(arrays)
     value, multiple = pad
     for a in arrays:
@@ -168,10 +172,10 @@ def _pad_column(column: Any, where: str, pad: tuple[Any, int] | None) -> Any:
         if not len(column) or not isinstance(column[0], np.ndarray):
             return column  # str, bytes
         rows = column.tolist()  # a tensor field whose rows differ in shape
-        if pad is None or rows[0].ndim != 1:
+        if not pad or rows[0].ndim != 1:
             return _stack_values(rows, where, pad)
         return _pad_sequences(rows, where, *pad)
-    if pad is None or column.ndim < 2:
+    if not pad or column.ndim < 2:
         return column
     value, multiple = pad
     size = column.shape[1]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from snapcache.units import parse_duration, parse_size
 
@@ -27,38 +27,38 @@ ON_BUSY = ("wait", "compute")
 _MiB = 1 << 20
 
 
-def _bytes(options: Any, name: str, *, optional: bool = False) -> None:
-    """Option ``name`` of ``options`` as a positive int of bytes, in place: given as one, or as
-    a size as people type it ("64MB", "1.5GiB": :func:`snapcache.units.parse_size`)."""
+def _normalize(options: Any, name: str, parse: Callable[[Any], float], *, optional: bool,
+               zero: bool, expected: str) -> None:
+    """Option ``name`` of ``options`` replaced, in place, by ``parse`` of it: a positive number
+    (``zero``: or 0), else a ValueError saying what is ``expected``; None kept if
+    ``optional``."""
     value = getattr(options, name)
     if optional and value is None:
         return
     try:
-        size = parse_size(value)
+        parsed = parse(value)
     except (TypeError, ValueError):
-        size = 0
-    if size <= 0:
-        raise ValueError(f"{name} must be {'None or ' if optional else ''}a positive number of "
-                         f"bytes or a size such as '64MB' or '1GiB'; got {value!r}")
-    object.__setattr__(options, name, size)
+        parsed = -1
+    if not parsed >= 0 or (parsed == 0 and not zero):  # NaN too
+        raise ValueError(f"{name} must be {'None or ' if optional else ''}{expected}; "
+                         f"got {value!r}")
+    object.__setattr__(options, name, parsed)
+
+
+def _bytes(options: Any, name: str, *, optional: bool = False) -> None:
+    """Option ``name`` as a positive int of bytes: given as one, or as a size as people type
+    it ("64MB", "1.5GiB": :func:`snapcache.units.parse_size`)."""
+    _normalize(options, name, parse_size, optional=optional, zero=False,
+               expected="a positive number of bytes or a size such as '64MB' or '1GiB'")
 
 
 def _seconds(options: Any, name: str, *, optional: bool = False, zero: bool = False) -> None:
-    """Option ``name`` of ``options`` as a float of seconds, in place: given as a number, a
-    ``timedelta`` or a duration as people type it ("90s", "5m", "2h":
-    :func:`snapcache.units.parse_duration`); positive (``zero``: or 0)."""
-    value = getattr(options, name)
-    if optional and value is None:
-        return
-    try:
-        seconds = parse_duration(value)
-    except (TypeError, ValueError):
-        seconds = -1.0
-    if not seconds >= 0 or (seconds == 0 and not zero):  # NaN too
-        raise ValueError(f"{name} must be {'None or ' if optional else ''}"
-                         f"{'seconds >= 0' if zero else 'a positive number of seconds'}, a "
-                         f"timedelta or a duration such as '90s' or '5m'; got {value!r}")
-    object.__setattr__(options, name, seconds)
+    """Option ``name`` as a float of seconds: given as a number, a ``timedelta`` or a duration
+    as people type it ("90s", "5m", "2h": :func:`snapcache.units.parse_duration`); positive
+    (``zero``: or 0)."""
+    _normalize(options, name, parse_duration, optional=optional, zero=zero,
+               expected=f"{'seconds >= 0' if zero else 'a positive number of seconds'}, a "
+                        "timedelta or a duration such as '90s' or '5m'")
 
 
 FIRST_RECORD_BATCH = 1 * _MiB
