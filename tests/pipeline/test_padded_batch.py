@@ -285,3 +285,25 @@ def test_a_record_batch_whose_rows_happen_to_agree_joins_those_that_differ(root)
             n = 7 if i < 64 else 3 + i % 11
             assert row[:n].tolist() == list(range(i, i + n)) and not row[n:].any()
     assert ids_of(batches) == list(range(200))
+
+
+def test_the_guides_padded_batch_snippet_runs_as_written(tmp_path):
+    import pathlib
+
+    guide = pathlib.Path(__file__).parents[2] / "docs" / "guide.md"
+    blocks = [part.split("```")[0] for part in guide.read_text().split("```python\n")[1:]]
+    [block] = [b for b in blocks if ".padded_batch(" in b]
+
+    def tokenize(text):
+        ids = np.array([len(w) for w in text.split()], np.int32)
+        return {"input_ids": ids, "length": len(ids)}
+
+    texts = [" ".join("w" * (1 + (i * j) % 5) for j in range(1 + i % 9)) for i in range(100)]
+    namespace = {"sc": sc, "texts": texts, "tokenize": tokenize}
+    exec(compile(block.replace("/data/snapshots", str(tmp_path)), "docs/guide.md", "exec"),
+         namespace)
+    batches = list(namespace["ds"])
+    assert [len(b["length"]) for b in batches] == [32, 32, 32, 4]
+    for b in batches:
+        assert b["input_ids"].shape[1] % 8 == 0
+        assert (b["input_ids"] > 0).sum(axis=1).tolist() == b["length"].tolist()
