@@ -30,8 +30,7 @@ def to_block(schema: Schema, columns: dict[str, Any]) -> pa.Table:
     for spec in schema.fields:
         value = columns[spec.name]
         if spec.kind == "tensor" and spec.ndim >= 1:
-            uniform = spec.shape is not None and None not in spec.shape
-            if uniform and not isinstance(value, list):
+            if not spec.varies and not isinstance(value, list):
                 arrays.append(ArrowTensorArray.from_numpy(value))
             else:
                 arrays.append(ArrowVariableShapedTensorArray.from_numpy(list(value)))

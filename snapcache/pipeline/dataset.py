@@ -7,7 +7,6 @@ spec (see :mod:`snapcache.pipeline.ops`); nothing runs until the dataset is iter
 from __future__ import annotations
 
 import itertools
-import numbers
 import os
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -251,16 +250,8 @@ class Dataset:
         stores each example at its own length. Exact resume, streams and epochs work as for
         ``batch``."""
         _positive_int(batch_size, "batch_size")
-        values = dict(padding_values) if isinstance(padding_values, dict) else padding_values
-        for key, value in (values.items() if isinstance(values, dict) else [(None, values)]):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise ValueError(
-                    "padding_values must be a number, or a dict of numbers by key; got "
-                    f"{value!r}" + (f" for key {key!r}" if key is not None else ""))
-        multiple = 1 if pad_to_multiple_of is None else pad_to_multiple_of
-        _positive_int(multiple, "pad_to_multiple_of")
         return self._then(ops.BatchOp, batch_size=batch_size, drop_remainder=drop_remainder,
-                          padding=Padding(values, multiple))
+                          padding=Padding.asked(padding_values, pad_to_multiple_of))
 
     def shuffle(self, buffer_size: int, seed: int | None = None) -> "Dataset":
         """Shuffle through a buffer of ``buffer_size`` examples, differently each epoch;

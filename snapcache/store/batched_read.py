@@ -313,12 +313,7 @@ def supports_batched(schema: Schema | None, *, ragged: bool = False) -> bool:
     arrays of the rows' arrays (:func:`as_columns`)."""
     if schema is None:
         return False
-    return ragged or all(not _varies(f) for f in schema.fields)
-
-
-def _varies(spec: Any) -> bool:
-    """A tensor field whose shape is not the same in every row."""
-    return spec.kind == "tensor" and (spec.shape is None or None in spec.shape)
+    return ragged or not any(f.varies for f in schema.fields)
 
 
 def shard_order(shards: Sequence[ShardInfo], rng: np.random.Generator | None
@@ -432,9 +427,8 @@ def as_columns(batch: pa.RecordBatch, decoder: Decoder) -> Columns:
     shape varies between rows, as object arrays (of the rows' arrays: also in a record batch
     whose rows happen to share one shape, so that columns of several concatenate)."""
     columns = decoder.columns(batch)
-    varying = {f.name for f in decoder.schema.fields if _varies(f)}
     for name, column in columns.items():
-        if name in varying:
+        if name in decoder.varying:
             if not isinstance(column, list) and column.dtype == object:
                 continue
             columns[name] = np.fromiter(column, dtype=object, count=len(column))

@@ -103,16 +103,14 @@ class Decoder:
         self._schema = schema
         self._arrow_schema = schema.arrow_schema()
         self._names = tuple(f.name for f in schema.fields)
+        self.varying = frozenset(f.name for f in schema.fields if f.varies)
+        """The tensor fields whose shape is not the same in every row."""
         self._dtypes = [np.dtype(f.dtype) if f.dtype else None for f in schema.fields]
         self._starts: list[int] = []
         index = 0
         for spec in schema.fields:
             self._starts.append(index)
             index += 2 if spec.kind == "tensor" and spec.ndim >= 2 else 1
-
-    @property
-    def schema(self) -> Schema:
-        return self._schema
 
     def _decode(self, batch: pa.RecordBatch) -> list[_Column]:
         if not batch.schema.equals(self._arrow_schema):

@@ -211,6 +211,11 @@ class FieldSpec:
             ):
                 raise ValueError(f"field {self.name!r}: bad shape {self.shape!r}")
 
+    @property
+    def varies(self) -> bool:
+        """A tensor field whose shape is not the same in every row written."""
+        return self.kind == "tensor" and (self.shape is None or None in self.shape)
+
     def arrow_fields(self) -> list[pa.Field]:
         """The Arrow column(s) this field is stored in."""
         if self.kind == "str":
